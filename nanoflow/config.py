@@ -1,0 +1,450 @@
+"""The run configuration: nanotron's config schema, written in TOML.
+
+Field names follow nanotron so a nanotron YAML translates key for key, with HF LlamaConfig names
+in [model]. Every section is a small frozen attrs class; one cattrs converter structures the
+TOML into them, rejecting unknown keys. `load_config` then resolves paths relative to the TOML
+file and checks everything that can be checked before any expensive work, naming the file, the
+stage and the key of each problem.
+"""
+
+from __future__ import annotations
+
+import difflib
+import glob
+import os
+import sys
+from pathlib import Path
+from typing import Literal, Union
+
+import attrs
+import cattrs
+from attrs import Factory, field, frozen
+from attrs.validators import ge, gt, instance_of, optional
+from cattrs.errors import ForbiddenExtraKeysError
+
+from nanoflow.schedule import Schedule, ScheduleError, stage_steps
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot run. The message names the file, the stage and the key."""
+
+
+positive = [instance_of(int), gt(0)]
+non_negative = [instance_of(int), ge(0)]
+positive_float = [instance_of((int, float)), gt(0)]
+
+
+@frozen
+class GeneralArgs:
+    project: str = "nanoflow"
+    run: str = "run"
+    seed: int = 42
+
+
+@frozen
+class ModelArgs:
+    """A Llama decoder, in HF LlamaConfig names, plus how to train it."""
+
+    vocab_size: int = field(validator=positive)
+    hidden_size: int = field(validator=positive)
+    intermediate_size: int = field(validator=positive)
+    num_hidden_layers: int = field(validator=positive)
+    num_attention_heads: int = field(validator=positive)
+    num_key_value_heads: int = field(
+        default=Factory(lambda self: self.num_attention_heads, takes_self=True), validator=positive)
+    max_position_embeddings: int = field(default=2048, validator=positive)
+    rms_norm_eps: float = field(default=1e-5, validator=positive_float)
+    rope_theta: float = field(default=10000.0, validator=positive_float)
+    tie_word_embeddings: bool = False
+    initializer_range: float = field(default=0.02, validator=positive_float)
+    dtype: Literal["float32", "bfloat16"] = "float32"   # autocast dtype; master weights stay float32
+    init_from: Union[str, None] = None                 # start from these weights (a checkpoint or HF folder)
+
+
+@frozen
+class TokenizerArgs:
+    tokenizer_name_or_path: str = "bytes"   # the built-in byte tokenizer, or a tokenizer.json
+
+
+@frozen
+class ParallelismArgs:
+    dp: int = field(default=1, validator=positive)
+    tp: int = field(default=1, validator=positive)
+
+
+@frozen
+class TokensArgs:
+    sequence_length: int = field(validator=positive)
+    train_steps: int = field(validator=positive)
+    micro_batch_size: int = field(validator=positive)
+    batch_accumulation_per_replica: int = field(default=1, validator=positive)
+    global_batch_size: Union[int, None] = field(default=None, validator=optional(positive))
+
+
+@frozen
+class LRSchedulerArgs:
+    learning_rate: float = field(validator=positive_float)
+    lr_warmup_steps: int = field(default=0, validator=non_negative)
+    lr_warmup_style: Literal["linear", "constant"] = "linear"
+    lr_decay_style: Literal["linear", "cosine", "1-sqrt", "constant"] = "cosine"
+    lr_decay_starting_step: Union[int, None] = field(default=None, validator=optional(positive))
+    lr_decay_steps: Union[int, None] = field(default=None, validator=optional(positive))
+    min_decay_lr: float = field(default=0.0, validator=[instance_of((int, float)), ge(0)])
+
+
+@frozen
+class OptimizerFactoryArgs:
+    name: Literal["adamW"] = "adamW"
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.95
+    adam_eps: float = 1e-8
+    torch_adam_is_fused: bool = False
+
+
+@frozen
+class OptimizerArgs:
+    learning_rate_scheduler: LRSchedulerArgs
+    optimizer_factory: OptimizerFactoryArgs = Factory(OptimizerFactoryArgs)
+    weight_decay: float = field(default=0.0, validator=[instance_of((int, float)), ge(0)])
+    clip_grad: Union[float, None] = field(default=1.0, validator=optional(positive_float))
+
+
+@frozen
+class CheckpointsArgs:
+    checkpoints_path: str = "checkpoints"          # a local folder or s3://bucket/prefix; metrics.jsonl goes here too
+    checkpoint_interval: int = field(default=1000, validator=positive)
+    resume_checkpoint_path: Union[str, None] = None
+    load_optimizer: bool = True
+    load_lr_scheduler: bool = True
+    keep: Union[int, None] = field(default=None, validator=optional(positive))
+
+
+@frozen
+class LoggingArgs:
+    iteration_step_info_interval: int = field(default=1, validator=positive)
+
+
+@frozen
+class DatasetArgs:
+    """An HF `datasets` source: a builder ("text", "json", "parquet", "csv") over local files, or a saved dataset folder."""
+
+    hf_dataset_or_datasets: str
+    hf_data_files: Union[str, list[str], None] = None
+    hf_dataset_config_name: Union[str, None] = None
+    hf_dataset_splits: str = "train"
+    text_column_name: str = "text"
+    prompt_column_name: Union[str, None] = None       # with completion_column_name: an SFT stage
+    completion_column_name: Union[str, None] = None
+    dataset_processing_num_proc_per_process: int = field(default=1, validator=positive)
+    dataset_overwrite_cache: bool = False
+
+    @property
+    def is_sft(self) -> bool:
+        return self.prompt_column_name is not None
+
+
+@frozen
+class DataArgs:
+    dataset: DatasetArgs
+    seed: Union[int, None] = None             # defaults to general.seed
+    num_loading_workers: int = field(default=0, validator=non_negative)
+
+
+@frozen
+class DatasetStageArgs:
+    name: str
+    start_training_step: int
+    data: DataArgs
+    # Per-stage overrides of [tokens]:
+    sequence_length: Union[int, None] = field(default=None, validator=optional(positive))
+    micro_batch_size: Union[int, None] = field(default=None, validator=optional(positive))
+    batch_accumulation_per_replica: Union[int, None] = field(default=None, validator=optional(positive))
+    global_batch_size: Union[int, None] = field(default=None, validator=optional(positive))
+
+
+@frozen
+class Config:
+    model: ModelArgs
+    tokens: TokensArgs
+    optimizer: OptimizerArgs
+    data_stages: tuple[DatasetStageArgs, ...]
+    general: GeneralArgs = Factory(GeneralArgs)
+    tokenizer: TokenizerArgs = Factory(TokenizerArgs)
+    parallelism: ParallelismArgs = Factory(ParallelismArgs)
+    checkpoints: CheckpointsArgs = Factory(CheckpointsArgs)
+    logging: LoggingArgs = Factory(LoggingArgs)
+
+    def stage_tokens(self, index: int) -> TokensArgs:
+        """[tokens] with stage `index`'s overrides applied."""
+        stage = self.data_stages[index]
+        overrides = {key: getattr(stage, key) for key in
+                     ("sequence_length", "micro_batch_size", "batch_accumulation_per_replica", "global_batch_size")
+                     if getattr(stage, key) is not None}
+        return attrs.evolve(self.tokens, **overrides)
+
+    def data_seed(self, index: int) -> int:
+        seed = self.data_stages[index].data.seed
+        return self.general.seed if seed is None else seed
+
+    def to_dict(self) -> dict:
+        """The resolved config as plain data (None values dropped, so it round-trips through TOML)."""
+        return _drop_none(converter.unstructure(self))
+
+
+def _drop_none(value):
+    if isinstance(value, dict):
+        return {k: _drop_none(v) for k, v in value.items() if v is not None}
+    if isinstance(value, (list, tuple)):
+        return [_drop_none(v) for v in value]
+    return value
+
+
+converter = cattrs.Converter(forbid_extra_keys=True)
+
+
+def _structure_exact(value, cls):
+    """TOML already gives exact types: refuse lossy coercions such as "3" -> 3, 2.5 -> 2 or 1 -> True."""
+    if cls is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    elif cls is bool:
+        ok = isinstance(value, bool)
+    else:
+        ok = isinstance(value, cls) and not isinstance(value, bool)
+    if not ok:
+        raise TypeError(f"expected {cls.__name__}, got {type(value).__name__} {value!r}")
+    return cls(value)
+
+
+for _type in (int, float, str, bool):
+    converter.register_structure_hook(_type, _structure_exact)
+
+
+def _structure_paths(value, _cls):
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return value
+    raise TypeError(f"expected a path or a list of paths, got {value!r}")
+
+
+converter.register_structure_hook(Union[str, list[str], None], _structure_paths)
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading
+
+BUILDERS = ("text", "json", "csv", "parquet", "arrow")
+
+
+def load_config(path: str | os.PathLike, overrides: list[str] = ()) -> Config:
+    """Read, override, structure and validate a TOML config. Raises ConfigError."""
+    path = Path(path)
+    try:
+        raw = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such config file") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: not valid TOML: {e}") from None
+    for override in overrides:
+        apply_override(raw, override, path)
+    _resolve_paths(raw, path.parent)
+    try:
+        config = converter.structure(raw, Config)
+    except Exception as e:  # cattrs gathers every problem into one exception group
+        raise ConfigError(f"{path}:\n  " + "\n  ".join(_describe_structure_errors(e, raw))) from None
+    problems = validate(config)
+    if problems:
+        raise ConfigError(f"{path}:\n  " + "\n  ".join(problems))
+    return config
+
+
+def apply_override(raw: dict, override: str, path: Path) -> None:
+    """Apply `section.key=value` (value in TOML syntax; a bare word is a string) to the raw config.
+
+    Stages are addressed by name or index: `data_stages.sft.sequence_length=64`.
+    """
+    dotted, sep, text = override.partition("=")
+    if not sep or not dotted:
+        raise ConfigError(f"--set {override!r}: expected section.key=value")
+    try:
+        value = tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = text
+    keys = dotted.strip().split(".")
+    node = raw
+    for i, key in enumerate(keys[:-1]):
+        if isinstance(node, list):
+            node = _stage_by_name_or_index(node, key, override, path)
+        else:
+            node = node.setdefault(key, {})
+            if not isinstance(node, (dict, list)):
+                raise ConfigError(f"--set {override!r}: {'.'.join(keys[:i + 1])} in {path} is not a table")
+    if isinstance(node, list):
+        raise ConfigError(f"--set {override!r}: name a key inside the stage, e.g. data_stages.{keys[-1]}.sequence_length")
+    node[keys[-1]] = value
+
+
+def _stage_by_name_or_index(stages: list, key: str, override: str, path: Path) -> dict:
+    for i, stage in enumerate(stages):
+        if stage.get("name") == key or str(i) == key:
+            return stage
+    names = ", ".join(str(s.get("name")) for s in stages)
+    raise ConfigError(f"--set {override!r}: {path} has no stage {key!r} (stages: {names})")
+
+
+def _resolve(base: Path, value: str) -> str:
+    if "://" in value or os.path.isabs(value):
+        return value
+    return os.path.abspath(base / value)
+
+
+def _resolve_paths(raw: dict, base: Path) -> None:
+    """Make every path in the config relative to the TOML file, not to the working directory."""
+    for section, key in (("checkpoints", "checkpoints_path"), ("checkpoints", "resume_checkpoint_path"),
+                         ("model", "init_from")):
+        table = raw.get(section)
+        if isinstance(table, dict) and isinstance(table.get(key), str):
+            table[key] = _resolve(base, table[key])
+    tokenizer = raw.get("tokenizer")
+    if isinstance(tokenizer, dict) and isinstance(tokenizer.get("tokenizer_name_or_path"), str) \
+            and tokenizer["tokenizer_name_or_path"] != "bytes":
+        tokenizer["tokenizer_name_or_path"] = _resolve(base, tokenizer["tokenizer_name_or_path"])
+    for stage in raw.get("data_stages", []) if isinstance(raw.get("data_stages"), list) else []:
+        dataset = stage.get("data", {}).get("dataset") if isinstance(stage.get("data"), dict) else None
+        if not isinstance(dataset, dict):
+            continue
+        files = dataset.get("hf_data_files")
+        if isinstance(files, str):
+            dataset["hf_data_files"] = _resolve(base, files)
+        elif isinstance(files, list):
+            dataset["hf_data_files"] = [_resolve(base, f) if isinstance(f, str) else f for f in files]
+        name = dataset.get("hf_dataset_or_datasets")
+        if isinstance(name, str) and name not in BUILDERS and (base / name).exists():
+            dataset["hf_dataset_or_datasets"] = _resolve(base, name)
+
+
+# ---------------------------------------------------------------------------------------------
+# Error messages
+
+def _describe_structure_errors(exc: BaseException, raw: dict) -> list[str]:
+    def describe(error: BaseException, _type) -> str:
+        if isinstance(error, ForbiddenExtraKeysError):
+            valid = [f.name for f in attrs.fields(error.cl)]
+            parts = []
+            for key in sorted(error.extra_fields):
+                near = difflib.get_close_matches(key, valid, n=1)
+                parts.append(f"unknown key {key!r}" + (f" (did you mean {near[0]!r}?)" if near else
+                                                      f" (valid keys: {', '.join(valid)})"))
+            return "; ".join(parts)
+        if isinstance(error, KeyError):
+            return "required key missing"
+        if isinstance(error, (ValueError, TypeError)):
+            return str(error)
+        return cattrs.v.format_exception(error, _type)
+
+    lines = []
+    for line in cattrs.transform_error(exc, path="$", format_exception=describe):
+        message, _, where = line.rpartition(" @ ")
+        lines.append(f"{_readable_path(where, raw)}: {message}")
+    return lines
+
+
+def _readable_path(where: str, raw: dict) -> str:
+    """'$.data_stages[1].data.dataset' -> 'data_stages[1] (stage "sft").data.dataset'."""
+    where = where.removeprefix("$").lstrip(".")
+    if where.startswith("data_stages["):
+        index_text, _, rest = where[len("data_stages["):].partition("]")
+        stages = raw.get("data_stages", [])
+        try:
+            name = stages[int(index_text)].get("name")
+        except (ValueError, IndexError, AttributeError):
+            name = None
+        label = f'data_stages[{index_text}]' + (f' (stage "{name}")' if name else "")
+        return label + rest
+    return where or "(top level)"
+
+
+# ---------------------------------------------------------------------------------------------
+# Validation across keys
+
+def validate(config: Config) -> list[str]:
+    """Every problem that can be found without loading data or building the model."""
+    problems = []
+    model, par = config.model, config.parallelism
+
+    def stage_label(i: int) -> str:
+        return f'data_stages[{i}] (stage "{config.data_stages[i].name}")'
+
+    if model.num_attention_heads % model.num_key_value_heads:
+        problems.append(f"model.num_attention_heads = {model.num_attention_heads} is not divisible by "
+                        f"model.num_key_value_heads = {model.num_key_value_heads}")
+    if model.hidden_size % model.num_attention_heads:
+        problems.append(f"model.hidden_size = {model.hidden_size} is not divisible by "
+                        f"model.num_attention_heads = {model.num_attention_heads}")
+    for key in ("num_attention_heads", "num_key_value_heads"):
+        if getattr(model, key) % par.tp:
+            problems.append(f"model.{key} = {getattr(model, key)} is not divisible by parallelism.tp = {par.tp}")
+    world = os.environ.get("WORLD_SIZE")
+    if world is not None and int(world) != par.dp * par.tp:
+        problems.append(f"parallelism.dp × parallelism.tp = {par.dp} × {par.tp} = {par.dp * par.tp}, "
+                        f"but torchrun started {world} processes")
+
+    if not config.data_stages:
+        problems.append("data_stages: the schedule has no stages; add at least one [[data_stages]] table")
+        return problems
+    too_long = "sequence_length = {} exceeds model.max_position_embeddings = " + str(model.max_position_embeddings)
+    if config.tokens.sequence_length > model.max_position_embeddings:
+        problems.append("tokens: " + too_long.format(config.tokens.sequence_length))
+    for i in range(len(config.data_stages)):
+        tokens = config.stage_tokens(i)
+        if config.data_stages[i].sequence_length is not None and tokens.sequence_length > model.max_position_embeddings:
+            problems.append(f"{stage_label(i)}: " + too_long.format(tokens.sequence_length))
+        derived = tokens.micro_batch_size * tokens.batch_accumulation_per_replica * par.dp
+        if tokens.global_batch_size is not None and tokens.global_batch_size != derived:
+            problems.append(
+                f"{stage_label(i)}: global_batch_size = {tokens.global_batch_size}, but micro_batch_size × "
+                f"batch_accumulation_per_replica × dp = {tokens.micro_batch_size} × "
+                f"{tokens.batch_accumulation_per_replica} × {par.dp} = {derived}")
+        problems.extend(f"{stage_label(i)}.data.dataset: {p}" for p in _dataset_problems(config.data_stages[i].data.dataset))
+    if config.tokenizer.tokenizer_name_or_path != "bytes" and not os.path.exists(config.tokenizer.tokenizer_name_or_path):
+        problems.append(f"tokenizer.tokenizer_name_or_path: {config.tokenizer.tokenizer_name_or_path} does not exist")
+    if model.init_from is not None and "://" not in model.init_from and not os.path.exists(model.init_from):
+        problems.append(f"model.init_from: {model.init_from} does not exist")
+
+    try:
+        Schedule.from_config(config)
+    except ScheduleError as e:
+        culprit = next((i for i, s in enumerate(config.data_stages) if s.name == e.stage), None)
+        key = {"start_step": "start_training_step"}.get(e.key, e.key)
+        prefix = f"{stage_label(culprit)}.{key}" if culprit is not None else (
+            "tokens.train_steps" if e.key == "train_steps" else e.key)
+        problems.append(f"{prefix}: {e}")
+    return problems
+
+
+def _dataset_problems(dataset: DatasetArgs) -> list[str]:
+    problems = []
+    name, files = dataset.hf_dataset_or_datasets, dataset.hf_data_files
+    if name in BUILDERS:
+        patterns = [files] if isinstance(files, str) else (files or [])
+        if not patterns:
+            problems.append(f'hf_data_files: the "{name}" builder needs hf_data_files')
+        for pattern in patterns:
+            if not glob.glob(pattern, recursive=True):
+                problems.append(f"hf_data_files: {pattern} matches no file")
+    elif os.path.isabs(name) and not os.path.exists(name):
+        problems.append(f"hf_dataset_or_datasets: {name} does not exist")
+    if (dataset.prompt_column_name is None) != (dataset.completion_column_name is None):
+        problems.append("an SFT stage needs both prompt_column_name and completion_column_name")
+    return problems
+
+
+def unreached_stages(config: Config) -> list[str]:
+    """Names of stages that start after train_steps: legal (a short trial of a long schedule), but worth a warning."""
+    schedule = Schedule.from_config(config)
+    return [s.name for i, s in enumerate(schedule.stages) if not stage_steps(schedule, i)]

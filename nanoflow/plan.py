@@ -1,0 +1,46 @@
+"""The plan of a run as text: what `bin/train CONFIG --plan` prints. Pure: no torch, no IO."""
+
+from __future__ import annotations
+
+from nanoflow.config import Config
+from nanoflow.lr import lr_at
+from nanoflow.schedule import Schedule, consumed_samples, consumed_tokens, stage_steps
+
+
+def render_plan(config: Config) -> str:
+    schedule = Schedule.from_config(config)
+    samples = consumed_samples(schedule, schedule.train_steps)
+    tokens = consumed_tokens(schedule, schedule.train_steps)
+    lr_args = config.optimizer.learning_rate_scheduler
+    header = ("stage", "steps", "n steps", "global batch", "seq len", "samples", "tokens", "lr first → last")
+    rows = []
+    for i, stage in enumerate(schedule.stages):
+        steps = stage_steps(schedule, i)
+        if steps:
+            first, last = steps[0], steps[-1]
+            lr = f"{lr_at(first, lr_args, schedule.train_steps):.3g} → {lr_at(last, lr_args, schedule.train_steps):.3g}"
+            span = f"{first}–{last}"
+        else:
+            lr, span = "not reached", f"{stage.start_step}– (after train_steps)"
+        rows.append((stage.name, span, f"{len(steps):,}", f"{stage.global_batch_size:,}",
+                     f"{stage.sequence_length:,}", f"{samples[i]:,}", f"{tokens[i]:,}", lr))
+    widths = [max(len(r[c]) for r in [header, *rows]) for c in range(len(header))]
+
+    def line(cells) -> str:
+        return "  ".join(cell.ljust(w) if c < 2 else cell.rjust(w) for c, (cell, w) in enumerate(zip(cells, widths)))
+
+    model = config.model
+    out = [
+        f"{config.general.project}/{config.general.run}: {schedule.train_steps:,} steps, "
+        f"{len(schedule.stages)} stages, dp={config.parallelism.dp} tp={config.parallelism.tp}",
+        f"model: {model.num_hidden_layers} layers × {model.hidden_size} hidden, {model.num_attention_heads} heads "
+        f"({model.num_key_value_heads} kv), vocab {model.vocab_size}, {model.dtype}",
+        "",
+        line(header),
+        line(["─" * w for w in widths]),
+        *(line(r) for r in rows),
+        "",
+        f"total: {sum(samples):,} samples, {sum(tokens):,} tokens",
+        f"checkpoints: {config.checkpoints.checkpoints_path} every {config.checkpoints.checkpoint_interval} steps",
+    ]
+    return "\n".join(out)
