@@ -1,0 +1,146 @@
+"""A Llama decoder with the parameter names, shapes and RoPE convention of HF's LlamaForCausalLM.
+
+`cfg` is any object with: vocab_size, hidden_size, intermediate_size, num_hidden_layers,
+num_attention_heads, num_key_value_heads, max_position_embeddings, rms_norm_eps,
+rope_theta, tie_word_embeddings, initializer_range.
+"""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalise in float32 and cast back before scaling, exactly as HF does, so bf16 matches HF bit for bit.
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
+
+
+def rope_cos_sin(seq_len: int, head_dim: int, theta: float, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin of shape [seq_len, head_dim] for positions 0..seq_len-1, in float32.
+
+    Recomputed every forward instead of cached in buffers: it is tiny next to the matmuls, and it stays
+    correct after `model.to(bfloat16)` (which would round cached tables) and after meta-device init
+    (which would leave cached tables empty).
+    """
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim))
+    freqs = torch.arange(seq_len, dtype=torch.float32, device=device)[:, None] * inv_freq[None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)  # HF's layout: pairs are (i, i + head_dim/2), not (2i, 2i+1)
+    return emb.cos(), emb.sin()
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    return x * cos + rotate_half(x) * sin
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.head_dim = cfg.hidden_size // cfg.num_attention_heads
+        self.q_proj = nn.Linear(cfg.hidden_size, cfg.num_attention_heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(cfg.hidden_size, cfg.num_key_value_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(cfg.hidden_size, cfg.num_key_value_heads * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(cfg.num_attention_heads * self.head_dim, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        B, T, _ = x.shape
+        # Head counts come from the projection outputs, not the config, so column-sharded
+        # (tensor-parallel) projections that hold only a slice of the heads still work.
+        q = self.q_proj(x).view(B, T, -1, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(B, T, -1, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(B, T, -1, self.head_dim).transpose(1, 2)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        # enable_gqa maps query head h to kv head h // (n_heads // n_kv_heads), the same as HF's repeat_kv.
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaModel(nn.Module):
+    """The decoder stack without the output head; lives at `Llama.model`, as in HF."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.head_dim = cfg.hidden_size // cfg.num_attention_heads
+        self.rope_theta = cfg.rope_theta
+        self.max_position_embeddings = cfg.max_position_embeddings
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        T = input_ids.shape[1]
+        if T > self.max_position_embeddings:
+            raise ValueError(f"sequence length {T} exceeds max_position_embeddings={self.max_position_embeddings}")
+        x = self.embed_tokens(input_ids)
+        cos, sin = rope_cos_sin(T, self.head_dim, self.rope_theta, x.device)
+        cos, sin = cos.to(x.dtype), sin.to(x.dtype)  # HF rounds the tables to the activation dtype too
+        for layer in self.layers:
+            x = layer(x, cos, sin)
+        return self.norm(x)
+
+
+class Llama(nn.Module):
+    """Causal LM: input_ids [B, T] -> logits [B, T, vocab_size]. No loss, no training logic."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.cfg = cfg
+        self.model = LlamaModel(cfg)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(self.model(input_ids))
+
+    @torch.no_grad()
+    def reset_parameters(self, generator: torch.Generator) -> None:
+        """HF's _init_weights: Linear/Embedding ~ N(0, initializer_range), norms = 1.
+
+        Draws only from `generator` (never the global RNG), in module order, so equal seeds give bitwise-equal models.
+        """
+        seen = set()  # a tied weight is drawn once, not overwritten by a second draw
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)) and id(module.weight) not in seen:
+                seen.add(id(module.weight))
+                nn.init.normal_(module.weight, mean=0.0, std=self.cfg.initializer_range, generator=generator)
+            elif isinstance(module, RMSNorm):
+                nn.init.ones_(module.weight)
+
+    init_weights = reset_parameters
