@@ -1,0 +1,77 @@
+"""One optimizer step on one global batch: `train_step(state, batch) -> (state, metrics)`."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+
+import torch
+import torch.nn.functional as F
+
+from nanoflow.lr import lr_at
+from nanoflow.schedule import active_stage
+from nanoflow.state import TrainState
+
+IGNORE_INDEX = -100
+
+
+def train_step(state: TrainState, batch) -> tuple[TrainState, dict]:
+    """Forward, backward and AdamW update on `batch`, split into the stage's micro-batches.
+
+    `batch` maps "input_ids" and "labels" to LongTensors [micro_batch_size × accumulation, seq]
+    (this process's part of the global batch), labels already shifted, -100 ignored. The loss is
+    the mean over every target token of the batch, so how the batch is split into micro-batches
+    does not change the gradient (beyond float rounding), masks included.
+    """
+    state.check_live()
+    schedule, config = state.schedule, state.config
+    step = state.step + 1
+    if step > schedule.train_steps:
+        raise ValueError(f"training is complete: all {schedule.train_steps} steps of the schedule are done")
+    index = active_stage(schedule, step)
+    stage, tokens = schedule.stages[index], config.stage_tokens(index)
+    input_ids, labels = batch["input_ids"], batch["labels"]
+    rows = tokens.micro_batch_size * tokens.batch_accumulation_per_replica
+    if tuple(input_ids.shape) != (rows, stage.sequence_length) or labels.shape != input_ids.shape:
+        raise ValueError(
+            f'step {step} (stage "{stage.name}") expects input_ids and labels of shape [{rows}, {stage.sequence_length}] '
+            f"(micro_batch_size × batch_accumulation_per_replica, sequence_length), "
+            f"got {list(input_ids.shape)} and {list(labels.shape)}")
+
+    lr = lr_at(step, config.optimizer.learning_rate_scheduler, schedule.train_steps, state.lr_origin)
+    model, optimizer = state.model, state.optimizer
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    optimizer.zero_grad(set_to_none=True)
+
+    target_tokens = int((labels != IGNORE_INDEX).sum())
+    denominator = max(target_tokens, 1)  # a fully masked batch contributes no gradient rather than NaN
+    loss_sum = torch.zeros((), dtype=torch.float32)
+    for ids, targets in zip(input_ids.split(tokens.micro_batch_size), labels.split(tokens.micro_batch_size)):
+        with _autocast(config.model.dtype, ids.device):
+            logits = model(ids)
+        loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(),
+                               ignore_index=IGNORE_INDEX, reduction="sum") / denominator
+        loss.backward()
+        loss_sum += loss.detach()
+
+    clip = config.optimizer.clip_grad
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip if clip is not None else math.inf)
+    optimizer.step()
+
+    metrics = {
+        "step": step,
+        "stage": stage.name,
+        "loss": float(loss_sum),
+        "lr": lr,
+        "grad_norm": float(grad_norm),
+        "tokens": int(input_ids.numel()),
+        "target_tokens": target_tokens,
+    }
+    return state.advance(step), metrics
+
+
+def _autocast(dtype: str, device: torch.device):
+    if dtype == "bfloat16":
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
