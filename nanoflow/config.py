@@ -167,12 +167,17 @@ class DatasetStageArgs:
     global_batch_size: Union[int, None] = field(default=None, validator=optional(positive))
 
 
+def _by_start_step(stages) -> tuple[DatasetStageArgs, ...]:
+    return tuple(sorted(stages, key=lambda s: s.start_training_step))
+
+
 @frozen
 class Config:
     model: ModelArgs
     tokens: TokensArgs
     optimizer: OptimizerArgs
-    data_stages: tuple[DatasetStageArgs, ...]
+    # Sorted by start step, so a stage's index here is its index in the Schedule.
+    data_stages: tuple[DatasetStageArgs, ...] = field(converter=_by_start_step)
     general: GeneralArgs = Factory(GeneralArgs)
     tokenizer: TokenizerArgs = Factory(TokenizerArgs)
     parallelism: ParallelismArgs = Factory(ParallelismArgs)
@@ -390,7 +395,7 @@ def validate(config: Config) -> list[str]:
         if getattr(model, key) % par.tp:
             problems.append(f"model.{key} = {getattr(model, key)} is not divisible by parallelism.tp = {par.tp}")
     world = os.environ.get("WORLD_SIZE")
-    if world is not None and int(world) != par.dp * par.tp:
+    if world is not None and (not world.isdigit() or int(world) != par.dp * par.tp):
         problems.append(f"parallelism.dp × parallelism.tp = {par.dp} × {par.tp} = {par.dp * par.tp}, "
                         f"but torchrun started {world} processes")
 
@@ -419,7 +424,8 @@ def validate(config: Config) -> list[str]:
     try:
         Schedule.from_config(config)
     except ScheduleError as e:
-        culprit = next((i for i, s in enumerate(config.data_stages) if s.name == e.stage), None)
+        # The last stage of that name: for a duplicate name, the second one is the culprit.
+        culprit = next((i for i, s in reversed(list(enumerate(config.data_stages))) if s.name == e.stage), None)
         key = {"start_step": "start_training_step"}.get(e.key, e.key)
         prefix = f"{stage_label(culprit)}.{key}" if culprit is not None else (
             "tokens.train_steps" if e.key == "train_steps" else e.key)

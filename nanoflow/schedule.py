@@ -201,23 +201,27 @@ def schedule_drift(schedule: Schedule, meta: TrainingMetadata) -> list[str]:
     """
     if meta.completed > schedule.train_steps:
         return [f"the checkpoint has trained {meta.completed} steps, beyond train_steps = {schedule.train_steps}"]
-    now = begun_stages(schedule, meta.completed)
     differences = []
-    for i in range(max(len(now), len(meta.stages))):
-        before = meta.stages[i] if i < len(meta.stages) else None
-        after = now[i] if i < len(now) else None
-        if before == after:
-            continue
-        if before is None:
-            differences.append(f'+ stage "{after.name}" starts at step {after.start_step}, '
+    current = {stage.name: stage for stage in schedule.stages}
+    renamed = {}  # a trained stage missing by name, but with a stage at its start: a rename
+    for before in meta.stages:
+        after = current.get(before.name)
+        if after is None:
+            after = next((s for s in schedule.stages if s.start_step == before.start_step), None)
+            if after is None:
+                differences.append(f'- stage "{before.name}" (trained from step {before.start_step}) is gone')
+                continue
+            renamed[after.name] = before.name
+            differences.append(f'stage "{before.name}": name was "{before.name}", the config now says "{after.name}"')
+        for key in ("start_step", "global_batch_size", "sequence_length"):
+            was, now = getattr(before, key), getattr(after, key)
+            if was != now:
+                differences.append(f'stage "{before.name}": {key} was {was}, the config now says {now}')
+    trained = {stage.name for stage in meta.stages}
+    for stage in begun_stages(schedule, meta.completed):
+        if stage.name not in trained and stage.name not in renamed:
+            differences.append(f'+ stage "{stage.name}" starts at step {stage.start_step}, '
                                f"inside the {meta.completed} steps already trained")
-        elif after is None:
-            differences.append(f'- stage "{before.name}" (trained from step {before.start_step}) is gone')
-        else:
-            for key in ("name", "start_step", "global_batch_size", "sequence_length"):
-                was, now_value = getattr(before, key), getattr(after, key)
-                if was != now_value:
-                    differences.append(f'stage "{before.name}": {key} was {was}, the config now says {now_value}')
     return differences
 
 
