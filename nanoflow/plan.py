@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from nanoflow.config import Config
 from nanoflow.lr import lr_at
 from nanoflow.schedule import Schedule, consumed_samples, consumed_tokens, stage_steps
@@ -41,6 +43,14 @@ def render_plan(config: Config) -> str:
         *(line(r) for r in rows),
         "",
         f"total: {sum(samples):,} samples, {sum(tokens):,} tokens",
-        f"checkpoints: {config.checkpoints.checkpoints_path} every {config.checkpoints.checkpoint_interval} steps",
+        f"checkpoints: {_shown_path(config.checkpoints.checkpoints_path)} every {config.checkpoints.checkpoint_interval} steps",
     ]
     return "\n".join(out)
+
+
+def _shown_path(path: str) -> str:
+    """Paths are stored absolute; show them relative to the working directory when that is shorter."""
+    if "://" in path:
+        return path
+    relative = os.path.relpath(path)
+    return relative if len(relative) < len(path) else path

@@ -1,0 +1,36 @@
+"""Command-line front ends. Thin: parse arguments, call the library, turn known errors into exit codes."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from nanoflow.config import ConfigError, load_config
+
+EXIT_BAD_INPUT = 2
+
+
+def train_main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="bin/train",
+        description="Train a Llama-style model through the data stages of a TOML curriculum.",
+        epilog="Example: bin/train schedules/curriculum.toml --set tokens.train_steps=50 --plan")
+    parser.add_argument("config", help="the run's TOML config (paths inside it are relative to it)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                        help="override a config key; the value is TOML (a bare word is a string). "
+                             "Stages by name or index: data_stages.sft.sequence_length=64. Repeatable.")
+    parser.add_argument("--plan", action="store_true", help="print the stage plan and exit without training")
+    args = parser.parse_args(argv)
+
+    try:
+        config = load_config(args.config, args.overrides)
+        if args.plan:
+            from nanoflow.plan import render_plan
+            print(render_plan(config))
+            return 0
+        from nanoflow.loop import train  # imports torch: not needed for --plan or config errors
+        train(config)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    return 0

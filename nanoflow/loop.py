@@ -1,0 +1,169 @@
+"""The driver: runs steps state.step+1 .. train_steps, switching stage loaders as the schedule says.
+
+It orchestrates and reports; the stage math lives in schedule.py, the step in step.py, the data
+in data/. Progress goes to a live bar on a terminal and to plain lines otherwise; every step is
+one JSON line in metrics.jsonl.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import TextIO
+
+from nanoflow.config import Config, ConfigError, unreached_stages
+from nanoflow.data import load_tokenizer, open_stage
+from nanoflow.schedule import active_stage, stage_steps
+from nanoflow.state import TrainState, init_state
+from nanoflow.step import train_step
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
+
+
+def run_dir(config: Config) -> Path:
+    """Where metrics.jsonl goes: the checkpoint folder when it is local, else runs/<run> here."""
+    path = config.checkpoints.checkpoints_path
+    return Path("runs", config.general.run) if "://" in path else Path(path)
+
+
+def train(config: Config, *, out: TextIO = sys.stdout, progress: bool | None = None) -> TrainState:
+    """Train `config` from step 1 to train_steps. Returns the final state."""
+    tokenizer = load_tokenizer(config.tokenizer.tokenizer_name_or_path)
+    if tokenizer.vocab_size > config.model.vocab_size:
+        raise ConfigError(f"model.vocab_size = {config.model.vocab_size} is smaller than the tokenizer's "
+                          f"vocabulary ({tokenizer.vocab_size}, {config.tokenizer.tokenizer_name_or_path})")
+    for name in unreached_stages(config):
+        print(f'warning: stage "{name}" starts after train_steps = {config.tokens.train_steps}: not reached',
+              file=out)
+
+    state = init_state(config)
+    schedule = state.schedule
+    directory = run_dir(config)
+    directory.mkdir(parents=True, exist_ok=True)
+    report = Progress(schedule.train_steps, state.step, out, progress, config.logging.iteration_step_info_interval)
+    stop = StopRequest()
+    loader, loader_index = None, None
+    try:
+        with stop.installed(), MetricsLog(directory / "metrics.jsonl", state.step) as metrics_log:
+            for step in range(state.step + 1, schedule.train_steps + 1):
+                index = active_stage(schedule, step)
+                if index != loader_index:
+                    if loader is not None:
+                        loader.close()  # free the finished stage's data before the next one loads
+                    loader, loader_index = open_stage(config, index, tokenizer, schedule), index
+                    report.stage_started(schedule, index)
+                state, metrics = train_step(state, loader.batch_at(step))
+                metrics["elapsed"] = round(report.elapsed(), 3)
+                metrics_log.write(metrics)
+                report.step_done(metrics)
+                if stop.requested:
+                    report.message(f"stopped by {stop.requested} after step {state.step} of {schedule.train_steps}")
+                    break
+    finally:
+        if loader is not None:
+            loader.close()
+        report.close()
+    if state.step == schedule.train_steps:
+        report.message(f"done: {state.step} steps in {report.elapsed():.1f}s; metrics in {directory / 'metrics.jsonl'}")
+    return state
+
+
+class StopRequest:
+    """Ctrl-C, SIGTERM or SIGUSR1 ask the loop to stop after the current step; a second Ctrl-C stops at once."""
+
+    def __init__(self):
+        self.requested: str | None = None
+
+    def _handle(self, signum, _frame):
+        if self.requested and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.requested = signal.Signals(signum).name
+
+    def installed(self):
+        stop = self
+
+        class _Installed:
+            def __enter__(self):
+                self.previous = {s: signal.signal(s, stop._handle) for s in STOP_SIGNALS}
+
+            def __exit__(self, *exc):
+                for s, handler in self.previous.items():
+                    signal.signal(s, handler)
+
+        return _Installed()
+
+
+class MetricsLog:
+    """metrics.jsonl: one JSON object per step. Lines after `start_step` (from an abandoned attempt) are dropped."""
+
+    def __init__(self, path: Path, start_step: int):
+        kept = []
+        if path.exists():
+            kept = [line for line in path.read_text().splitlines() if line and json.loads(line)["step"] <= start_step]
+        path.write_text("".join(line + "\n" for line in kept))
+        self.path = path
+        self.file = None
+
+    def __enter__(self) -> MetricsLog:
+        self.file = open(self.path, "a")
+        return self
+
+    def write(self, metrics: dict) -> None:
+        self.file.write(json.dumps(metrics) + "\n")
+        self.file.flush()
+
+    def __exit__(self, *exc) -> None:
+        self.file.close()
+
+
+class Progress:
+    """A tqdm bar on a terminal; plain lines every logging interval elsewhere (CI logs, files)."""
+
+    def __init__(self, train_steps: int, start_step: int, out: TextIO, live: bool | None, interval: int = 10):
+        self.out, self.interval, self.train_steps, self.start_step = out, interval, train_steps, start_step
+        self.start_time = self.last_time = time.perf_counter()
+        self.step_time = 0.0  # time spent in steps (batch + train_step), not in loading a stage's data
+        self.tokens = 0
+        live = out.isatty() if live is None else live
+        self.bar = None
+        if live:
+            from tqdm import tqdm
+            self.bar = tqdm(total=train_steps, initial=start_step, file=out, unit="step", dynamic_ncols=True)
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.start_time
+
+    def message(self, text: str) -> None:
+        if self.bar is not None:
+            self.bar.write(text, file=self.out)
+        else:
+            print(text, file=self.out, flush=True)
+
+    def stage_started(self, schedule, index: int) -> None:
+        self.last_time = time.perf_counter()
+        stage, steps = schedule.stages[index], stage_steps(schedule, index)
+        self.message(f'stage "{stage.name}": steps {steps[0]}–{steps[-1]}, global batch {stage.global_batch_size}, '
+                     f"sequence length {stage.sequence_length}")
+
+    def step_done(self, m: dict) -> None:
+        now = time.perf_counter()
+        self.step_time += now - self.last_time
+        self.last_time = now
+        self.tokens += m["tokens"]
+        rate = self.tokens / self.step_time
+        if self.bar is not None:
+            self.bar.set_description(m["stage"], refresh=False)
+            self.bar.set_postfix(loss=f"{m['loss']:.3f}", lr=f"{m['lr']:.2e}", tok_s=f"{rate:,.0f}", refresh=False)
+            self.bar.update(1)
+        elif m["step"] % self.interval == 0 or m["step"] == self.train_steps:
+            remaining = (self.train_steps - m["step"]) * self.step_time / (m["step"] - self.start_step)
+            print(f"step {m['step']:>{len(str(self.train_steps))}}/{self.train_steps}  {m['stage']:<12} "
+                  f"loss {m['loss']:.4f}  lr {m['lr']:.2e}  grad {m['grad_norm']:.3f}  {rate:,.0f} tok/s  "
+                  f"eta {remaining:.0f}s", file=self.out, flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
