@@ -20,6 +20,9 @@ def train_main(argv: list[str] | None = None) -> int:
                         help="override a config key; the value is TOML (a bare word is a string). "
                              "Stages by name or index: data_stages.sft.sequence_length=64. Repeatable.")
     parser.add_argument("--plan", action="store_true", help="print the stage plan and exit without training")
+    parser.add_argument("--fresh", action="store_true",
+                        help="start from step 1 even if checkpoints_path or resume_checkpoint_path holds a checkpoint "
+                             "(its checkpoints are replaced as the new run commits its own)")
     args = parser.parse_args(argv)
 
     try:
@@ -28,8 +31,15 @@ def train_main(argv: list[str] | None = None) -> int:
             from nanoflow.plan import render_plan
             print(render_plan(config))
             return 0
-        from nanoflow.loop import train  # imports torch: not needed for --plan or config errors
-        train(config)
+        # Imported here: torch is not needed for --plan or for config errors.
+        from nanoflow.io import CheckpointError
+        from nanoflow.loop import train
+        from nanoflow.schedule import ScheduleDriftError
+        try:
+            train(config, fresh=args.fresh)
+        except (CheckpointError, ScheduleDriftError) as e:
+            print(f"error: {args.config}: {e}", file=sys.stderr)
+            return EXIT_BAD_INPUT
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -11,13 +11,15 @@ import json
 import signal
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import TextIO
 
+from nanoflow import io
 from nanoflow.config import Config, ConfigError, unreached_stages
 from nanoflow.data import load_tokenizer, open_stage
-from nanoflow.schedule import active_stage, stage_steps
-from nanoflow.state import TrainState, init_state
+from nanoflow.schedule import TrainingMetadata, active_stage, resume_point, stage_steps
+from nanoflow.state import TrainState, checkpoint_contents, init_state, restore_state
 from nanoflow.step import train_step
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
@@ -29,8 +31,13 @@ def run_dir(config: Config) -> Path:
     return Path("runs", config.general.run) if "://" in path else Path(path)
 
 
-def train(config: Config, *, out: TextIO = sys.stdout, progress: bool | None = None) -> TrainState:
-    """Train `config` from step 1 to train_steps. Returns the final state."""
+def train(config: Config, *, fresh: bool = False, until_step: int | None = None, out: TextIO = sys.stdout,
+          progress: bool | None = None) -> TrainState:
+    """Train `config` to train_steps, resuming from its latest committed checkpoint unless `fresh`.
+
+    Saves every checkpoint_interval steps, at the end, when a stop signal arrives, and after
+    `until_step` (stop there, as a planned interruption, without changing the schedule).
+    """
     tokenizer = load_tokenizer(config.tokenizer.tokenizer_name_or_path)
     if tokenizer.vocab_size > config.model.vocab_size:
         raise ConfigError(f"model.vocab_size = {config.model.vocab_size} is smaller than the tokenizer's "
@@ -39,8 +46,11 @@ def train(config: Config, *, out: TextIO = sys.stdout, progress: bool | None = N
         print(f'warning: stage "{name}" starts after train_steps = {config.tokens.train_steps}: not reached',
               file=out)
 
-    state = init_state(config)
+    state = start_state(config, fresh=fresh, out=out)
     schedule = state.schedule
+    if state.step >= schedule.train_steps:
+        print(f"nothing to do: the checkpoint has completed all {schedule.train_steps} steps", file=out)
+        return state
     directory = run_dir(config)
     directory.mkdir(parents=True, exist_ok=True)
     report = Progress(schedule.train_steps, state.step, out, progress, config.logging.iteration_step_info_interval)
@@ -59,8 +69,13 @@ def train(config: Config, *, out: TextIO = sys.stdout, progress: bool | None = N
                 metrics["elapsed"] = round(report.elapsed(), 3)
                 metrics_log.write(metrics)
                 report.step_done(metrics)
+                if until_step is not None and step >= until_step:
+                    stop.requested = stop.requested or f"until_step={until_step}"
+                if step % config.checkpoints.checkpoint_interval == 0 or step == schedule.train_steps or stop.requested:
+                    report.message(f"saved step {step}: {save(state)}")
                 if stop.requested:
-                    report.message(f"stopped by {stop.requested} after step {state.step} of {schedule.train_steps}")
+                    report.message(f"stopped by {stop.requested} after step {step} of {schedule.train_steps}; "
+                                   "run the same command again to resume from the checkpoint just saved")
                     break
     finally:
         if loader is not None:
@@ -68,6 +83,48 @@ def train(config: Config, *, out: TextIO = sys.stdout, progress: bool | None = N
         report.close()
     if state.step == schedule.train_steps:
         report.message(f"done: {state.step} steps in {report.elapsed():.1f}s; metrics in {directory / 'metrics.jsonl'}")
+    return state
+
+
+def save(state: TrainState) -> str:
+    groups, info = checkpoint_contents(state)
+    checkpoints = state.config.checkpoints
+    return io.save_checkpoint(checkpoints.checkpoints_path, state.step, groups, info, keep=checkpoints.keep)
+
+
+def start_state(config: Config, *, fresh: bool = False, out: TextIO = sys.stdout) -> TrainState:
+    """A fresh state, or the one the checkpoint to resume from recorded.
+
+    resume_checkpoint_path, when set, must hold a committed checkpoint (never a silent fresh
+    start); otherwise the run's own checkpoints_path is resumed from when it holds one, so
+    rerunning the same command after a crash continues the run. `fresh` ignores both.
+    """
+    checkpoints = config.checkpoints
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", io.CheckpointWarning)
+        if fresh:
+            source = None
+        elif checkpoints.resume_checkpoint_path is not None:
+            source = checkpoints.resume_checkpoint_path
+            if io.latest(source) is None:
+                raise io.CheckpointError(
+                    f"checkpoints.resume_checkpoint_path = {source} holds no committed checkpoint; "
+                    "refusing to start from scratch (unset it, or pass --fresh)")
+        else:
+            source = checkpoints.checkpoints_path if io.latest(checkpoints.checkpoints_path) is not None else None
+        checkpoint = io.read_checkpoint(source) if source is not None else None
+    for warning in caught:
+        print(f"warning: {warning.message}", file=out)
+    if checkpoint is None:
+        return init_state(config)
+    state = restore_state(config, checkpoint.groups, checkpoint.metadata, load_optimizer=checkpoints.load_optimizer,
+                          load_lr_scheduler=checkpoints.load_lr_scheduler, source=checkpoint.path)
+    point = resume_point(state.schedule, TrainingMetadata.from_dict(checkpoint.metadata["training"]))
+    skipped = [what for what, loaded in (("optimizer moments", checkpoints.load_optimizer),
+                                         ("LR schedule position", checkpoints.load_lr_scheduler)) if not loaded]
+    print(f"resuming from {checkpoint.path}: step {state.step} done, next step {point.step} "
+          f'(stage "{state.schedule.stages[point.stage].name}", {point.samples_in_stage} samples in)'
+          + (f"; fresh {' and '.join(skipped)}" if skipped else ""), file=out)
     return state
 
 

@@ -1,0 +1,423 @@
+"""Checkpoints: the only module that reads or writes checkpoint bytes, on a local disk or on S3.
+
+Layout (nanotron's, with a commit marker):
+
+    <run>/latest.txt                        "300", written last, after the step is committed
+    <run>/300/model/rank00000.safetensors   weights by HF name: this rank's block of each tensor
+    <run>/300/optimizer/rank00000.safetensors  AdamW moments and step counts, by the same names
+    <run>/300/rng.safetensors               generator state
+    <run>/300/checkpoint_metadata.json      written LAST: the commit marker
+
+The metadata lists every file with its size and SHA-256, every tensor with its global shape and
+the boxes (file, offset, shape) it was written in, the schedule position, the topology, the
+resolved config and the versions. A step folder without it is incomplete and never loaded.
+
+Every object is written whole: locally to a temporary name, flushed and renamed; on S3 each PUT
+(or multipart upload) lands entirely or not at all. Replacing a committed step (a run branched
+from an older checkpoint) writes new file names beside the old ones, commits by replacing the
+metadata, and only then deletes the old files — no committed checkpoint is lost before a newer
+one is committed. Endpoint and credentials come from the standard AWS environment
+(AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID …) and are never written anywhere.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import os
+import platform
+import secrets
+import warnings
+
+import attrs
+import torch
+from safetensors.torch import load as load_safetensors
+from safetensors.torch import save as save_safetensors
+
+METADATA = "checkpoint_metadata.json"
+LATEST = "latest.txt"
+FORMAT = "nanoflow-checkpoint/1"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be used: missing, incomplete, damaged, or not what was asked for."""
+
+
+class CheckpointWarning(UserWarning):
+    """A checkpoint was skipped in favour of an older intact one."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Storage: a local folder or an s3:// prefix, reached through smart_open.
+
+class Store:
+    """Objects under one root (a local folder or s3://bucket/prefix), addressed by relative POSIX paths."""
+
+    def __init__(self, root: str):
+        self.root = root.rstrip("/")
+        self.is_s3 = self.root.startswith("s3://")
+
+    def url(self, relative: str) -> str:
+        return f"{self.root}/{relative}" if relative else self.root
+
+    def write(self, relative: str, data: bytes) -> None:
+        """Write one object whole: it is either absent or complete, never partial."""
+        import smart_open
+
+        if self.is_s3:
+            with smart_open.open(self.url(relative), "wb") as f:
+                _write_in_chunks(f, data)
+            return
+        path = self.url(relative)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        temporary = f"{path}.tmp-{os.getpid()}"
+        with smart_open.open(temporary, "wb") as f:
+            _write_in_chunks(f, data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temporary, path)
+
+    def read(self, relative: str) -> bytes:
+        import smart_open
+
+        try:
+            with smart_open.open(self.url(relative), "rb") as f:
+                return f.read()
+        except (FileNotFoundError, OSError) as e:
+            raise CheckpointError(f"cannot read {self.url(relative)}: {e}") from e
+        except Exception as e:  # botocore's NoSuchKey and friends
+            raise CheckpointError(f"cannot read {self.url(relative)}: {e}") from e
+
+    def exists(self, relative: str) -> bool:
+        if not self.is_s3:
+            return os.path.exists(self.url(relative))
+        bucket, key = self._bucket_key(relative)
+        return any(obj["Key"] == key for obj in self._list(bucket, key))
+
+    def size(self, relative: str) -> int | None:
+        if not self.is_s3:
+            try:
+                return os.path.getsize(self.url(relative))
+            except OSError:
+                return None
+        bucket, key = self._bucket_key(relative)
+        return next((obj["Size"] for obj in self._list(bucket, key) if obj["Key"] == key), None)
+
+    def folders(self) -> list[str]:
+        """Names of the immediate sub-folders of the root."""
+        if not self.is_s3:
+            try:
+                return [e.name for e in os.scandir(self.root) if e.is_dir()]
+            except FileNotFoundError:
+                return []
+        bucket, prefix = self._bucket_key("")
+        names = set()
+        for obj in self._list(bucket, prefix + "/" if prefix else ""):
+            rest = obj["Key"][len(prefix) + 1 if prefix else 0:]
+            if "/" in rest:
+                names.add(rest.split("/", 1)[0])
+        return sorted(names)
+
+    def files(self, folder: str) -> list[str]:
+        """Every object under `folder`, as paths relative to the root."""
+        if not self.is_s3:
+            found = []
+            for directory, _, names in os.walk(self.url(folder)):
+                found += [os.path.relpath(os.path.join(directory, n), self.root).replace(os.sep, "/") for n in names]
+            return found
+        bucket, prefix = self._bucket_key(folder)
+        root_prefix = self._bucket_key("")[1]
+        return [obj["Key"][len(root_prefix) + 1 if root_prefix else 0:] for obj in self._list(bucket, prefix + "/")]
+
+    def delete(self, relatives: list[str]) -> None:
+        if not self.is_s3:
+            for relative in relatives:
+                try:
+                    os.remove(self.url(relative))
+                except FileNotFoundError:
+                    pass
+            return
+        client = _s3_client()
+        for relative in relatives:
+            bucket, key = self._bucket_key(relative)
+            client.delete_object(Bucket=bucket, Key=key)
+
+    def remove_empty_folder(self, folder: str) -> None:
+        if not self.is_s3:
+            for directory, _, _ in sorted(os.walk(self.url(folder)), key=lambda w: -len(w[0])):
+                try:
+                    os.rmdir(directory)
+                except OSError:
+                    pass
+
+    def _bucket_key(self, relative: str) -> tuple[str, str]:
+        bucket, _, prefix = self.root[len("s3://"):].partition("/")
+        key = "/".join(p for p in (prefix, relative) if p)
+        return bucket, key
+
+    @staticmethod
+    def _list(bucket: str, prefix: str):
+        paginator = _s3_client().get_paginator("list_objects_v2")
+        for page in paginator.paginate(Bucket=bucket, Prefix=prefix):
+            yield from page.get("Contents", [])
+
+
+def _s3_client():
+    import boto3  # smart_open[s3] brings it; it reads AWS_ENDPOINT_URL and credentials from the environment
+
+    return boto3.client("s3")
+
+
+_CHUNK = 64 << 20
+
+
+def _write_in_chunks(f, data: bytes) -> None:
+    view = memoryview(data)
+    for start in range(0, len(view), _CHUNK):
+        f.write(view[start:start + _CHUNK])
+        _crash_point(start + _CHUNK)
+
+
+def _crash_point(written: int) -> None:
+    """Fault injection for the kill -9 tests: NANOFLOW_KILL_AFTER_BYTES=N kills this process after N bytes of a write."""
+    limit = os.environ.get("NANOFLOW_KILL_AFTER_BYTES")
+    if limit is not None and written >= int(limit):
+        import signal
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+# ---------------------------------------------------------------------------------------------
+# Finding committed checkpoints
+
+def _step_of(name: str) -> int | None:
+    return int(name) if name.isdigit() else None
+
+
+def latest(path: str) -> str | None:
+    """The newest intact committed step folder of a run folder, or the step folder itself; None if there is none.
+
+    latest.txt is followed when it names an intact checkpoint; otherwise the newest intact one is
+    taken, with a CheckpointWarning naming what was skipped.
+    """
+    store = Store(path)
+    if store.exists(METADATA):  # a step folder
+        _check_files(store, _read_metadata(store, ""), "")
+        return store.root
+    return _first_usable(store, lambda folder: folder)
+
+
+def _first_usable(store: Store, use):
+    """`use(folder)` of the first committed step that is intact and usable, latest.txt's first, then newest first."""
+    pointer = _latest_pointer(store)
+    steps = sorted((s for s in map(_step_of, store.folders()) if s is not None), reverse=True)
+    skipped = []
+    for step in ([pointer] if pointer is not None else []) + [s for s in steps if s != pointer]:
+        try:
+            _check_files(store, _read_metadata(store, str(step)), str(step))
+            result = use(store.url(str(step)))
+        except CheckpointError as e:
+            skipped.append(str(e))
+            continue
+        if skipped:
+            warnings.warn(f"{store.root}: resuming from step {step}; skipped: " + "; ".join(skipped),
+                          CheckpointWarning, stacklevel=3)
+        return result
+    if skipped:
+        warnings.warn(f"{store.root}: no intact checkpoint; skipped: " + "; ".join(skipped), CheckpointWarning,
+                      stacklevel=3)
+    return None
+
+
+def _latest_pointer(store: Store) -> int | None:
+    if not store.exists(LATEST):
+        return None
+    text = store.read(LATEST).decode(errors="replace").strip()
+    if not text.isdigit():
+        warnings.warn(f"{store.url(LATEST)} holds {text[:40]!r}, not a step number; ignoring it",
+                      CheckpointWarning, stacklevel=3)
+        return None
+    return int(text)
+
+
+def _read_metadata(store: Store, folder: str) -> dict:
+    relative = f"{folder}/{METADATA}" if folder else METADATA
+    if not store.exists(relative):
+        raise CheckpointError(f"{store.url(folder)} is incomplete (no {METADATA})")
+    try:
+        meta = json.loads(store.read(relative))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{store.url(relative)} is not valid JSON: {e}") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise CheckpointError(f"{store.url(relative)} is not a {FORMAT} checkpoint")
+    return meta
+
+
+def _check_files(store: Store, meta: dict, folder: str) -> None:
+    """Cheap integrity check: every listed file is present with its recorded size (hashes are checked on read)."""
+    for name, entry in meta["files"].items():
+        size = store.size(f"{folder}/{name}" if folder else name)
+        if size != entry["bytes"]:
+            state = "missing" if size is None else f"{size} bytes, expected {entry['bytes']}"
+            raise CheckpointError(f"{store.url(folder)}: {name} is {state}")
+
+
+def read_metadata(path: str) -> dict:
+    """The metadata of a step folder, or of the latest intact checkpoint of a run folder."""
+    folder = _require(path)
+    return _read_metadata(Store(folder), "")
+
+
+def _require(path: str) -> str:
+    folder = latest(path)
+    if folder is None:
+        raise CheckpointError(f"{path} holds no committed checkpoint")
+    return folder
+
+
+# ---------------------------------------------------------------------------------------------
+# Writing
+
+def tensor_index(tensors: dict[str, torch.Tensor], file: str) -> dict:
+    """Index entries for full (unsharded) tensors written whole into `file`."""
+    return {name: {"shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch."),
+                   "shards": [{"file": file, "key": name, "offset": [0] * t.dim(), "shape": list(t.shape)}]}
+            for name, t in tensors.items()}
+
+
+def save_checkpoint(root: str, step: int, groups: dict[str, dict[str, torch.Tensor]], info: dict, *,
+                    keep: int | None = None) -> str:
+    """Commit `groups` ({"model": {...}, "optimizer": {...}, "rng": {...}}) as step `step` under `root`.
+
+    Returns the step folder. `info` goes into the metadata as is (schedule position, config …).
+    """
+    store, folder = Store(root), str(step)
+    previous = None
+    if store.exists(f"{folder}/{METADATA}"):
+        try:
+            previous = _read_metadata(store, folder)
+        except CheckpointError:
+            previous = None
+    # Beside a committed step, write under fresh names so it stays loadable until the new metadata lands.
+    suffix = f".{secrets.token_hex(4)}" if previous is not None else ""
+
+    files, index = {}, {}
+    for group, tensors in groups.items():
+        name = f"{group}/rank00000{suffix}.safetensors" if group != "rng" else f"rng{suffix}.safetensors"
+        data = save_safetensors({k: v.detach().contiguous().cpu() for k, v in tensors.items()})
+        store.write(f"{folder}/{name}", data)
+        files[name] = {"bytes": len(data), "sha256": _sha256(data)}
+        index[group] = tensor_index(tensors, name)
+    meta = {
+        "format": FORMAT,
+        "step": step,
+        "files": files,
+        "tensors": index,
+        **info,
+        "versions": {"nanoflow": _nanoflow_version(), "torch": torch.__version__, "python": platform.python_version()},
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+    store.write(f"{folder}/{METADATA}", json.dumps(meta, indent=1).encode())   # the commit
+    store.write(LATEST, f"{step}\n".encode())
+    if previous is not None:
+        store.delete([f"{folder}/{n}" for n in previous["files"] if n not in files])
+    _retain(store, keep, step)
+    return store.url(folder)
+
+
+def _retain(store: Store, keep: int | None, newest: int) -> None:
+    """Delete incomplete step folders, and committed ones beyond the `keep` newest (never the one latest.txt names)."""
+    steps = [s for s in map(_step_of, store.folders()) if s is not None]
+    committed = [s for s in steps if store.exists(f"{s}/{METADATA}")]
+    doomed = [s for s in steps if s not in committed]
+    if keep is not None:
+        doomed += [s for s in sorted(committed, reverse=True)[keep:] if s != newest]
+    for step in doomed:
+        # The marker goes first, so a folder half-deleted by a crash reads as incomplete, never as damaged data.
+        files = store.files(str(step))
+        marker = f"{step}/{METADATA}"
+        store.delete([f for f in files if f == marker])
+        store.delete([f for f in files if f != marker])
+        store.remove_empty_folder(str(step))
+
+
+def _nanoflow_version() -> str:
+    from nanoflow import __version__
+    return __version__
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading
+
+@attrs.frozen
+class Checkpoint:
+    path: str                                   # the step folder
+    metadata: dict
+    groups: dict[str, dict[str, torch.Tensor]]  # full tensors by group and HF name
+
+
+def read_checkpoint(path: str, groups: tuple[str, ...] = ("model", "optimizer", "rng")) -> Checkpoint:
+    """Read a step folder (or the latest intact checkpoint of a run folder), verifying every byte read.
+
+    In a run folder, a checkpoint found damaged while reading is skipped for the next older intact one.
+    """
+    store = Store(path)
+    if store.exists(METADATA):
+        return _read_step(store.root, groups)
+    checkpoint = _first_usable(store, lambda folder: _read_step(folder, groups))
+    if checkpoint is None:
+        raise CheckpointError(f"{path} holds no intact committed checkpoint")
+    return checkpoint
+
+
+def _read_step(folder: str, groups: tuple[str, ...]) -> Checkpoint:
+    store = Store(folder)
+    meta = _read_metadata(store, "")
+    files: dict[str, dict[str, torch.Tensor]] = {}
+    result = {}
+    for group in groups:
+        entries = meta["tensors"].get(group)
+        if entries is None:
+            raise CheckpointError(f"{folder}: the checkpoint has no {group!r} tensors")
+        result[group] = {name: _assemble(store, meta, files, name, entry) for name, entry in entries.items()}
+    return Checkpoint(store.root, meta, result)
+
+
+def _assemble(store: Store, meta: dict, files: dict, name: str, entry: dict) -> torch.Tensor:
+    """The full tensor `name` from the boxes it was written in (one box for an unsharded tensor)."""
+    shards = entry["shards"]
+    if len(shards) == 1 and shards[0]["shape"] == entry["shape"]:
+        return _load_file(store, meta, files, shards[0]["file"])[shards[0]["key"]]
+    full = torch.empty(entry["shape"], dtype=getattr(torch, entry["dtype"]))
+    for shard in shards:
+        block = _load_file(store, meta, files, shard["file"])[shard["key"]]
+        full[tuple(slice(o, o + n) for o, n in zip(shard["offset"], shard["shape"]))] = block
+    return full
+
+
+def _load_file(store: Store, meta: dict, cache: dict, name: str) -> dict[str, torch.Tensor]:
+    if name not in cache:
+        expected = meta["files"].get(name)
+        if expected is None:
+            raise CheckpointError(f"{store.root}: {name} is not listed in {METADATA}")
+        data = store.read(name)
+        if len(data) != expected["bytes"] or _sha256(data) != expected["sha256"]:
+            raise CheckpointError(f"{store.url(name)} is damaged (size or checksum differs from {METADATA})")
+        try:
+            cache[name] = load_safetensors(data)
+        except Exception as e:
+            raise CheckpointError(f"{store.url(name)} is not a readable safetensors file: {e}") from None
+    return cache[name]
+
+
+def read_model(path: str) -> dict[str, torch.Tensor]:
+    """Full weights by HF name, from a run folder (its latest intact checkpoint) or a step folder."""
+    return read_checkpoint(path, groups=("model",)).groups["model"]
+
+
+__all__ = ["Checkpoint", "CheckpointError", "CheckpointWarning", "latest", "read_checkpoint", "read_metadata",
+           "read_model", "save_checkpoint"]
