@@ -44,3 +44,30 @@ def train_main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
     return 0
+
+
+def verify_resume_main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="bin/verify-resume",
+        description="Train CONFIG straight, then again with kill -9 at random moments (mid-step and mid-save) and "
+                    "a resume after each; PASS if both end bit-identical (weights, optimizer moments, RNG).")
+    parser.add_argument("config")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    parser.add_argument("--kills", type=int, default=6, help="how many times to kill the run (default 6)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the kill moments")
+    parser.add_argument("--workdir", help="where the two runs go (default: a temporary folder, removed after)")
+    args = parser.parse_args(argv)
+    try:
+        load_config(args.config, args.overrides)  # fail fast, with the usual message, on a bad config
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+
+    import tempfile
+    from pathlib import Path
+
+    from nanoflow.verify import verify_resume
+    with tempfile.TemporaryDirectory(prefix="verify-resume-") as temporary:
+        workdir = Path(args.workdir or temporary)
+        ok = verify_resume(args.config, args.overrides, workdir, kills=args.kills, seed=args.seed)
+    return 0 if ok else 1

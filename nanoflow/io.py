@@ -130,6 +130,18 @@ class Store:
         root_prefix = self._bucket_key("")[1]
         return [obj["Key"][len(root_prefix) + 1 if root_prefix else 0:] for obj in self._list(bucket, prefix + "/")]
 
+    def root_files(self) -> list[str]:
+        """Names of the objects directly under the root."""
+        if not self.is_s3:
+            try:
+                return [e.name for e in os.scandir(self.root) if e.is_file()]
+            except FileNotFoundError:
+                return []
+        bucket, prefix = self._bucket_key("")
+        start = len(prefix) + 1 if prefix else 0
+        return [obj["Key"][start:] for obj in self._list(bucket, prefix + "/" if prefix else "")
+                if "/" not in obj["Key"][start:]]
+
     def delete(self, relatives: list[str]) -> None:
         if not self.is_s3:
             for relative in relatives:
@@ -175,16 +187,28 @@ _CHUNK = 64 << 20
 def _write_in_chunks(f, data: bytes) -> None:
     view = memoryview(data)
     for start in range(0, len(view), _CHUNK):
-        f.write(view[start:start + _CHUNK])
-        _crash_point(start + _CHUNK)
+        chunk = view[start:start + _CHUNK]
+        _crash_point(f, chunk)
+        f.write(chunk)
 
 
-def _crash_point(written: int) -> None:
-    """Fault injection for the kill -9 tests: NANOFLOW_KILL_AFTER_BYTES=N kills this process after N bytes of a write."""
+_bytes_written = 0
+
+
+def _crash_point(f, chunk: memoryview) -> None:
+    """Fault injection for the kill -9 tests: with NANOFLOW_KILL_AFTER_BYTES=N, the process writes
+    exactly N checkpoint bytes (counted across files) and then kills itself with SIGKILL."""
+    global _bytes_written
     limit = os.environ.get("NANOFLOW_KILL_AFTER_BYTES")
-    if limit is not None and written >= int(limit):
+    if limit is None:
+        return
+    allowed = int(limit) - _bytes_written
+    if allowed < len(chunk):
         import signal
+        f.write(chunk[:max(allowed, 0)])
+        f.flush()
         os.kill(os.getpid(), signal.SIGKILL)
+    _bytes_written += len(chunk)
 
 
 def _sha256(data: bytes) -> str:
@@ -296,14 +320,8 @@ def save_checkpoint(root: str, step: int, groups: dict[str, dict[str, torch.Tens
     Returns the step folder. `info` goes into the metadata as is (schedule position, config …).
     """
     store, folder = Store(root), str(step)
-    previous = None
-    if store.exists(f"{folder}/{METADATA}"):
-        try:
-            previous = _read_metadata(store, folder)
-        except CheckpointError:
-            previous = None
     # Beside a committed step, write under fresh names so it stays loadable until the new metadata lands.
-    suffix = f".{secrets.token_hex(4)}" if previous is not None else ""
+    suffix = f".{secrets.token_hex(4)}" if store.exists(f"{folder}/{METADATA}") else ""
 
     files, index = {}, {}
     for group, tensors in groups.items():
@@ -323,8 +341,9 @@ def save_checkpoint(root: str, step: int, groups: dict[str, dict[str, torch.Tens
     }
     store.write(f"{folder}/{METADATA}", json.dumps(meta, indent=1).encode())   # the commit
     store.write(LATEST, f"{step}\n".encode())
-    if previous is not None:
-        store.delete([f"{folder}/{n}" for n in previous["files"] if n not in files])
+    # Now that the new metadata is committed: the replaced step's files, and any left by a killed write.
+    listed = {f"{folder}/{name}" for name in files} | {f"{folder}/{METADATA}"}
+    store.delete([f for f in store.files(folder) if f not in listed])
     _retain(store, keep, step)
     return store.url(folder)
 
@@ -336,6 +355,7 @@ def _retain(store: Store, keep: int | None, newest: int) -> None:
     doomed = [s for s in steps if s not in committed]
     if keep is not None:
         doomed += [s for s in sorted(committed, reverse=True)[keep:] if s != newest]
+    store.delete([name for name in store.root_files() if name.startswith(f"{LATEST}.tmp-")])  # left by a kill
     for step in doomed:
         # The marker goes first, so a folder half-deleted by a crash reads as incomplete, never as damaged data.
         files = store.files(str(step))

@@ -1,0 +1,303 @@
+"""Resume: a run that stops and resumes ends exactly where an uninterrupted run ends."""
+
+import io as text_io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from nanoflow import io, load_config
+from nanoflow.loop import start_state, train
+from nanoflow.lr import lr_at
+from nanoflow.schedule import ScheduleDriftError
+from nanoflow.verify import first_difference
+
+REPO = Path(__file__).parent.parent
+TINY = REPO / "schedules" / "tiny.toml"
+
+
+def tiny(run: Path, *overrides: str):
+    return load_config(TINY, [f'checkpoints.checkpoints_path="{run}"', *overrides])
+
+
+def quiet() -> text_io.StringIO:
+    return text_io.StringIO()
+
+
+def assert_same_training_state(a, b):
+    for (name, x), y in zip(a.model.state_dict().items(), b.model.state_dict().values()):
+        assert torch.equal(x, y), name
+    for (name, p), q in zip(a.model.named_parameters(), b.model.parameters()):
+        for key in ("exp_avg", "exp_avg_sq", "step"):
+            assert torch.equal(a.optimizer.state[p][key], b.optimizer.state[q][key]), f"{key} of {name}"
+    assert torch.equal(a.rng_state, b.rng_state)
+    assert (a.step, a.consumed_samples, a.lr_origin) == (b.step, b.consumed_samples, b.lr_origin)
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory):
+    run = tmp_path_factory.mktemp("straight")
+    return train(tiny(run), out=quiet()), run
+
+
+# Stage "sft" starts at step 8 with its own sequence length and batch: stop before, at and after it.
+@pytest.mark.parametrize("k", [3, 7, 8, 10])
+def test_stop_and_resume_is_bit_identical(straight, tmp_path, k):
+    reference, _ = straight
+    train(tiny(tmp_path, "checkpoints.checkpoint_interval=100"), until_step=k, out=quiet())
+    assert io.latest(str(tmp_path)) == f"{tmp_path}/{k}"
+    out = quiet()
+    resumed = train(tiny(tmp_path), out=out)
+    assert f"resuming from {tmp_path}/{k}: step {k} done" in out.getvalue()
+    assert_same_training_state(reference, resumed)
+
+
+def test_metrics_log_continues_without_duplicates(tmp_path):
+    train(tiny(tmp_path), until_step=5, out=quiet())
+    train(tiny(tmp_path), out=quiet())
+    steps = [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(1, 13))
+
+
+def test_checkpoint_contents_and_layout(straight):
+    reference, run = straight
+    assert (run / "latest.txt").read_text().strip() == "12"
+    meta = io.read_metadata(str(run))
+    assert meta["step"] == 12 and meta["training"]["completed"] == 12
+    assert [s["name"] for s in meta["training"]["stages"]] == ["pretrain", "sft"]
+    assert meta["training"]["consumed_samples"] == list(reference.consumed_samples)
+    assert meta["config"]["tokens"]["train_steps"] == 12
+    assert set(meta["versions"]) >= {"nanoflow", "torch"}
+    for name, entry in meta["files"].items():
+        assert (run / "12" / name).stat().st_size == entry["bytes"]
+    weights = io.read_model(str(run))
+    for name, p in reference.model.named_parameters():
+        assert torch.equal(weights[name], p), name
+    assert not list(run.rglob("*.pkl")) and not list(run.rglob("*.pt"))
+
+
+def test_load_optimizer_false_starts_fresh_moments_and_keeps_position(tmp_path):
+    train(tiny(tmp_path), until_step=5, out=quiet())
+    state = start_state(tiny(tmp_path, "checkpoints.load_optimizer=false"), out=quiet())
+    assert state.step == 5 and state.consumed_samples == (20, 0)
+    assert len(state.optimizer.state) == 0
+    assert state.lr_origin == 0
+    assert torch.equal(io.read_model(str(tmp_path))["model.norm.weight"], state.model.model.norm.weight)
+
+
+def test_load_lr_scheduler_false_restarts_warmup_at_the_resume_step(tmp_path):
+    train(tiny(tmp_path), until_step=5, out=quiet())
+    config = tiny(tmp_path, "checkpoints.load_lr_scheduler=false")
+    state = start_state(config, out=quiet())
+    assert state.lr_origin == 5 and len(state.optimizer.state) > 0
+    train(config, out=quiet())
+    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    args = config.optimizer.learning_rate_scheduler
+    assert lines[5]["step"] == 6
+    assert lines[5]["lr"] == pytest.approx(args.learning_rate / args.lr_warmup_steps)  # warmup step 1 again
+    assert lines[5]["lr"] == pytest.approx(lr_at(6, args, 12, origin=5))
+
+
+def test_init_from_starts_a_new_run_from_existing_weights(straight, tmp_path):
+    _, run = straight
+    state = start_state(tiny(tmp_path / "new", f'model.init_from="{run}"'), out=quiet())
+    assert state.step == 0 and len(state.optimizer.state) == 0
+    for name, tensor in io.read_model(str(run)).items():
+        assert torch.equal(dict(state.model.named_parameters())[name], tensor), name
+
+
+def test_rewriting_a_begun_stage_is_refused_with_the_difference(tmp_path):
+    train(tiny(tmp_path), until_step=9, out=quiet())
+    with pytest.raises(ScheduleDriftError, match='stage "sft": sequence_length was 24, the config now says 16'):
+        start_state(tiny(tmp_path, "data_stages.sft.sequence_length=16"), out=quiet())
+
+
+def test_editing_a_stage_not_yet_begun_is_allowed_and_takes_effect(tmp_path):
+    train(tiny(tmp_path), until_step=5, out=quiet())
+    state = train(tiny(tmp_path, "data_stages.sft.sequence_length=16"), out=quiet())
+    assert state.step == 12
+    last = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])
+    assert last["stage"] == "sft" and last["tokens"] == 8 * 16
+
+
+def test_explicit_resume_path_without_a_checkpoint_is_an_error(tmp_path):
+    (tmp_path / "empty").mkdir()
+    config = tiny(tmp_path / "run", f'checkpoints.resume_checkpoint_path="{tmp_path / "empty"}"')
+    with pytest.raises(io.CheckpointError, match="holds no committed checkpoint"):
+        start_state(config, out=quiet())
+    result = subprocess.run([sys.executable, "bin/train", str(TINY), "--set",
+                             f'checkpoints.resume_checkpoint_path="{tmp_path / "empty"}"', "--set",
+                             f'checkpoints.checkpoints_path="{tmp_path / "run"}"'],
+                            cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert "holds no committed checkpoint" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_resume_from_a_named_step_folder_of_another_run(straight, tmp_path):
+    _, run = straight
+    state = start_state(tiny(tmp_path, f'checkpoints.resume_checkpoint_path="{run}/8"'), out=quiet())
+    assert state.step == 8
+
+
+def test_fresh_ignores_existing_checkpoints(straight, tmp_path):
+    train(tiny(tmp_path), until_step=4, out=quiet())
+    assert start_state(tiny(tmp_path), fresh=True, out=quiet()).step == 0
+
+
+def test_branching_from_an_older_step_replaces_later_steps_only_once_committed(tmp_path, straight):
+    reference, _ = straight
+    train(tiny(tmp_path), out=quiet())                              # commits 4, 8, 12
+    old_files = set((tmp_path / "8").rglob("*.safetensors"))
+    config = tiny(tmp_path, f'checkpoints.resume_checkpoint_path="{tmp_path}/4"')
+    state = train(config, out=quiet())                              # saves 8 and 12 again
+    assert_same_training_state(reference, state)
+    new_files = set((tmp_path / "8").rglob("*.safetensors"))
+    assert new_files and not (new_files & old_files)                # new names; the old ones are gone
+    assert io.latest(str(tmp_path)) == f"{tmp_path}/12"
+
+
+def test_retention_keeps_the_newest_and_removes_incomplete_steps(tmp_path):
+    (tmp_path / "3" / "model").mkdir(parents=True)                  # a save that never committed
+    (tmp_path / "3" / "model" / "rank00000.safetensors").write_bytes(b"partial")
+    train(tiny(tmp_path, "checkpoints.keep=2", "checkpoints.checkpoint_interval=2"), out=quiet())
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == ["10", "12"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Damaged checkpoints: each falls back to an older intact one, loudly, or fails clearly.
+
+@pytest.fixture
+def two_checkpoints(tmp_path):
+    train(tiny(tmp_path, "checkpoints.checkpoint_interval=4"), until_step=8, out=quiet())
+    return tmp_path
+
+
+def damage_truncate(run):
+    f = run / "8" / "model" / "rank00000.safetensors"
+    f.write_bytes(f.read_bytes()[:100])
+
+
+def damage_flip(run):
+    f = run / "8" / "optimizer" / "rank00000.safetensors"
+    data = bytearray(f.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    f.write_bytes(bytes(data))
+
+
+def damage_metadata_missing(run):
+    (run / "8" / "checkpoint_metadata.json").unlink()
+
+
+def damage_metadata_garbage(run):
+    (run / "8" / "checkpoint_metadata.json").write_text("{not json")
+
+
+def damage_latest_nowhere(run):
+    (run / "latest.txt").write_text("999\n")
+
+
+def damage_latest_garbage(run):
+    (run / "latest.txt").write_text("\x00\x01 garbage")
+
+
+@pytest.mark.parametrize("damage", [damage_truncate, damage_flip, damage_metadata_missing, damage_metadata_garbage])
+def test_damaged_latest_falls_back_to_the_newest_intact(two_checkpoints, damage):
+    damage(two_checkpoints)
+    out = quiet()
+    state = start_state(tiny(two_checkpoints), out=out)
+    assert state.step == 4
+    assert "warning:" in out.getvalue() and "/8" in out.getvalue()
+    reference = io.read_checkpoint(str(two_checkpoints / "4"))
+    for name, p in state.model.named_parameters():
+        assert torch.equal(reference.groups["model"][name], p), name
+
+
+@pytest.mark.parametrize("damage", [damage_latest_nowhere, damage_latest_garbage])
+def test_bad_latest_pointer_falls_back_to_the_newest_intact(two_checkpoints, damage):
+    damage(two_checkpoints)
+    with pytest.warns(io.CheckpointWarning):
+        assert io.latest(str(two_checkpoints)) == f"{two_checkpoints}/8"
+
+
+def test_a_damaged_step_folder_named_explicitly_is_refused(two_checkpoints):
+    damage_flip(two_checkpoints)
+    with pytest.raises(io.CheckpointError, match="damaged"):
+        io.read_checkpoint(str(two_checkpoints / "8"))
+
+
+def test_nothing_intact_means_no_checkpoint(two_checkpoints):
+    damage_metadata_missing(two_checkpoints)
+    (two_checkpoints / "4" / "checkpoint_metadata.json").unlink()
+    assert io.latest(str(two_checkpoints)) is None
+    with pytest.raises(io.CheckpointError):
+        io.read_checkpoint(str(two_checkpoints))
+
+
+# ---------------------------------------------------------------------------------------------
+# Real processes: SIGTERM saves and exits; kill -9 anywhere, even mid-write, loses nothing committed.
+
+def train_command(run: Path, *overrides: str) -> list[str]:
+    sets = [a for o in (f'checkpoints.checkpoints_path="{run}"', *overrides) for a in ("--set", o)]
+    return [sys.executable, "bin/train", str(TINY), *sets]
+
+
+@pytest.mark.slow
+def test_sigterm_finishes_the_step_saves_and_says_how_to_resume(tmp_path, straight):
+    reference, _ = straight
+    process = subprocess.Popen(train_command(tmp_path, "checkpoints.checkpoint_interval=100"), cwd=REPO,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    metrics = tmp_path / "metrics.jsonl"
+    deadline = time.monotonic() + 60
+    while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 2):
+        assert time.monotonic() < deadline and process.poll() is None
+        time.sleep(0.01)
+    process.send_signal(signal.SIGTERM)
+    out, _ = process.communicate(timeout=60)
+    assert process.returncode == 0, out
+    assert "stopped by SIGTERM" in out and "run the same command again" in out
+    stopped_at = io.read_metadata(str(tmp_path))["step"]
+    assert 2 <= stopped_at < 12
+    assert subprocess.run(train_command(tmp_path), cwd=REPO, capture_output=True, timeout=120).returncode == 0
+    final = io.read_checkpoint(str(tmp_path))
+    for name, p in reference.model.named_parameters():
+        assert torch.equal(final.groups["model"][name], p), name
+
+
+def save_size(run: Path) -> int:
+    return sum(f["bytes"] for f in io.read_metadata(str(run))["files"].values())
+
+
+@pytest.mark.slow
+def test_kill_9_mid_save_at_several_byte_offsets_then_resume_is_bit_identical(tmp_path, straight):
+    _, reference_run = straight
+    size = save_size(reference_run)
+    run = tmp_path / "run"
+    # Offsets inside the first save (step 2), in its model file, its optimizer file, its metadata and
+    # latest.txt, then inside the second save; each kill is followed by a plain rerun of the same command.
+    for offset in (0, 1000, size // 2, size - 10, size + 50, size + size // 3):
+        env = {**os.environ, "NANOFLOW_KILL_AFTER_BYTES": str(offset)}
+        killed = subprocess.run(train_command(run, "checkpoints.checkpoint_interval=2"), cwd=REPO, env=env,
+                                capture_output=True, timeout=120)
+        assert killed.returncode == -signal.SIGKILL
+        committed = io.latest(str(run))
+        if committed is not None:
+            io.read_checkpoint(committed)  # whatever is committed is whole and loads
+    finished = subprocess.run(train_command(run, "checkpoints.checkpoint_interval=2"), cwd=REPO,
+                              capture_output=True, text=True, timeout=120)
+    assert finished.returncode == 0, finished.stderr
+    assert first_difference(io.read_checkpoint(str(reference_run)), io.read_checkpoint(str(run))) is None
+    assert not list(run.rglob("*.tmp-*")), "temporary files of killed writes are cleaned up"
+
+
+@pytest.mark.slow
+def test_verify_resume_command_passes_on_tiny():
+    result = subprocess.run([sys.executable, "bin/verify-resume", str(TINY), "--kills", "4"], cwd=REPO,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "PASS" in result.stdout
