@@ -35,6 +35,8 @@ import torch
 from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 
+from nanoflow.io.store import Store, StoreError
+
 METADATA = "checkpoint_metadata.json"
 LATEST = "latest.txt"
 FORMAT = "nanoflow-checkpoint/1"
@@ -48,167 +50,11 @@ class CheckpointWarning(UserWarning):
     """A checkpoint was skipped in favour of an older intact one."""
 
 
-# ---------------------------------------------------------------------------------------------
-# Storage: a local folder or an s3:// prefix, reached through smart_open.
-
-class Store:
-    """Objects under one root (a local folder or s3://bucket/prefix), addressed by relative POSIX paths."""
-
-    def __init__(self, root: str):
-        self.root = root.rstrip("/")
-        self.is_s3 = self.root.startswith("s3://")
-
-    def url(self, relative: str) -> str:
-        return f"{self.root}/{relative}" if relative else self.root
-
-    def write(self, relative: str, data: bytes) -> None:
-        """Write one object whole: it is either absent or complete, never partial."""
-        import smart_open
-
-        if self.is_s3:
-            with smart_open.open(self.url(relative), "wb") as f:
-                _write_in_chunks(f, data)
-            return
-        path = self.url(relative)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        temporary = f"{path}.tmp-{os.getpid()}"
-        with smart_open.open(temporary, "wb") as f:
-            _write_in_chunks(f, data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(temporary, path)
-
-    def read(self, relative: str) -> bytes:
-        import smart_open
-
-        try:
-            with smart_open.open(self.url(relative), "rb") as f:
-                return f.read()
-        except (FileNotFoundError, OSError) as e:
-            raise CheckpointError(f"cannot read {self.url(relative)}: {e}") from e
-        except Exception as e:  # botocore's NoSuchKey and friends
-            raise CheckpointError(f"cannot read {self.url(relative)}: {e}") from e
-
-    def exists(self, relative: str) -> bool:
-        if not self.is_s3:
-            return os.path.exists(self.url(relative))
-        bucket, key = self._bucket_key(relative)
-        return any(obj["Key"] == key for obj in self._list(bucket, key))
-
-    def size(self, relative: str) -> int | None:
-        if not self.is_s3:
-            try:
-                return os.path.getsize(self.url(relative))
-            except OSError:
-                return None
-        bucket, key = self._bucket_key(relative)
-        return next((obj["Size"] for obj in self._list(bucket, key) if obj["Key"] == key), None)
-
-    def folders(self) -> list[str]:
-        """Names of the immediate sub-folders of the root."""
-        if not self.is_s3:
-            try:
-                return [e.name for e in os.scandir(self.root) if e.is_dir()]
-            except FileNotFoundError:
-                return []
-        bucket, prefix = self._bucket_key("")
-        names = set()
-        for obj in self._list(bucket, prefix + "/" if prefix else ""):
-            rest = obj["Key"][len(prefix) + 1 if prefix else 0:]
-            if "/" in rest:
-                names.add(rest.split("/", 1)[0])
-        return sorted(names)
-
-    def files(self, folder: str) -> list[str]:
-        """Every object under `folder`, as paths relative to the root."""
-        if not self.is_s3:
-            found = []
-            for directory, _, names in os.walk(self.url(folder)):
-                found += [os.path.relpath(os.path.join(directory, n), self.root).replace(os.sep, "/") for n in names]
-            return found
-        bucket, prefix = self._bucket_key(folder)
-        root_prefix = self._bucket_key("")[1]
-        return [obj["Key"][len(root_prefix) + 1 if root_prefix else 0:] for obj in self._list(bucket, prefix + "/")]
-
-    def root_files(self) -> list[str]:
-        """Names of the objects directly under the root."""
-        if not self.is_s3:
-            try:
-                return [e.name for e in os.scandir(self.root) if e.is_file()]
-            except FileNotFoundError:
-                return []
-        bucket, prefix = self._bucket_key("")
-        start = len(prefix) + 1 if prefix else 0
-        return [obj["Key"][start:] for obj in self._list(bucket, prefix + "/" if prefix else "")
-                if "/" not in obj["Key"][start:]]
-
-    def delete(self, relatives: list[str]) -> None:
-        if not self.is_s3:
-            for relative in relatives:
-                try:
-                    os.remove(self.url(relative))
-                except FileNotFoundError:
-                    pass
-            return
-        client = _s3_client()
-        for relative in relatives:
-            bucket, key = self._bucket_key(relative)
-            client.delete_object(Bucket=bucket, Key=key)
-
-    def remove_empty_folder(self, folder: str) -> None:
-        if not self.is_s3:
-            for directory, _, _ in sorted(os.walk(self.url(folder)), key=lambda w: -len(w[0])):
-                try:
-                    os.rmdir(directory)
-                except OSError:
-                    pass
-
-    def _bucket_key(self, relative: str) -> tuple[str, str]:
-        bucket, _, prefix = self.root[len("s3://"):].partition("/")
-        key = "/".join(p for p in (prefix, relative) if p)
-        return bucket, key
-
-    @staticmethod
-    def _list(bucket: str, prefix: str):
-        paginator = _s3_client().get_paginator("list_objects_v2")
-        for page in paginator.paginate(Bucket=bucket, Prefix=prefix):
-            yield from page.get("Contents", [])
-
-
-def _s3_client():
-    import boto3  # smart_open[s3] brings it; it reads AWS_ENDPOINT_URL and credentials from the environment
-
-    return boto3.client("s3")
-
-
-_CHUNK = 64 << 20
-
-
-def _write_in_chunks(f, data: bytes) -> None:
-    view = memoryview(data)
-    for start in range(0, len(view), _CHUNK):
-        chunk = view[start:start + _CHUNK]
-        _crash_point(f, chunk)
-        f.write(chunk)
-
-
-_bytes_written = 0
-
-
-def _crash_point(f, chunk: memoryview) -> None:
-    """Fault injection for the kill -9 tests: with NANOFLOW_KILL_AFTER_BYTES=N, the process writes
-    exactly N checkpoint bytes (counted across files) and then kills itself with SIGKILL."""
-    global _bytes_written
-    limit = os.environ.get("NANOFLOW_KILL_AFTER_BYTES")
-    if limit is None:
-        return
-    allowed = int(limit) - _bytes_written
-    if allowed < len(chunk):
-        import signal
-        f.write(chunk[:max(allowed, 0)])
-        f.flush()
-        os.kill(os.getpid(), signal.SIGKILL)
-    _bytes_written += len(chunk)
+def _read(store: Store, relative: str) -> bytes:
+    try:
+        return store.read(relative)
+    except StoreError as e:
+        raise CheckpointError(str(e)) from e
 
 
 def _sha256(data: bytes) -> str:
@@ -260,7 +106,7 @@ def _first_usable(store: Store, use):
 def _latest_pointer(store: Store) -> int | None:
     if not store.exists(LATEST):
         return None
-    text = store.read(LATEST).decode(errors="replace").strip()
+    text = _read(store, LATEST).decode(errors="replace").strip()
     if not text.isdigit():
         warnings.warn(f"{store.url(LATEST)} holds {text[:40]!r}, not a step number; ignoring it",
                       CheckpointWarning, stacklevel=3)
@@ -273,7 +119,7 @@ def _read_metadata(store: Store, folder: str) -> dict:
     if not store.exists(relative):
         raise CheckpointError(f"{store.url(folder)} is incomplete (no {METADATA})")
     try:
-        meta = json.loads(store.read(relative))
+        meta = json.loads(_read(store, relative))
     except (ValueError, UnicodeDecodeError) as e:
         raise CheckpointError(f"{store.url(relative)} is not valid JSON: {e}") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
@@ -424,7 +270,7 @@ def _load_file(store: Store, meta: dict, cache: dict, name: str) -> dict[str, to
         expected = meta["files"].get(name)
         if expected is None:
             raise CheckpointError(f"{store.root}: {name} is not listed in {METADATA}")
-        data = store.read(name)
+        data = _read(store, name)
         if len(data) != expected["bytes"] or _sha256(data) != expected["sha256"]:
             raise CheckpointError(f"{store.url(name)} is damaged (size or checksum differs from {METADATA})")
         try:
@@ -439,5 +285,3 @@ def read_model(path: str) -> dict[str, torch.Tensor]:
     return read_checkpoint(path, groups=("model",)).groups["model"]
 
 
-__all__ = ["Checkpoint", "CheckpointError", "CheckpointWarning", "latest", "read_checkpoint", "read_metadata",
-           "read_model", "save_checkpoint"]
