@@ -34,12 +34,15 @@ def train_main(argv: list[str] | None = None) -> int:
         # Imported here: torch is not needed for --plan or for config errors.
         from nanoflow.io import CheckpointError
         from nanoflow.loop import train
+        from nanoflow.parallel import shutdown
         from nanoflow.schedule import ScheduleDriftError
         try:
             train(config, fresh=args.fresh)
         except (CheckpointError, ScheduleDriftError) as e:
             print(f"error: {args.config}: {e}", file=sys.stderr)
             return EXIT_BAD_INPUT
+        finally:
+            shutdown()
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT

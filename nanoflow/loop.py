@@ -8,6 +8,7 @@ one JSON line in metrics.jsonl.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
 import time
@@ -15,11 +16,15 @@ import warnings
 from pathlib import Path
 from typing import TextIO
 
+import torch
+
 from nanoflow import io
 from nanoflow.config import Config, ConfigError, unreached_stages
 from nanoflow.data import load_tokenizer, open_stage
+from nanoflow.parallel import SINGLE, Topology, broadcast_object, device, init_topology
 from nanoflow.schedule import TrainingMetadata, active_stage, resume_point, stage_steps
-from nanoflow.state import TrainState, checkpoint_contents, init_state, restore_state
+from nanoflow.snapshot import checkpoint_blocks, restore_state
+from nanoflow.state import TrainState, init_state
 from nanoflow.step import train_step
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
@@ -32,12 +37,16 @@ def run_dir(config: Config) -> Path:
 
 
 def train(config: Config, *, fresh: bool = False, until_step: int | None = None, out: TextIO = sys.stdout,
-          progress: bool | None = None) -> TrainState:
+          progress: bool | None = None, topology: Topology | None = None) -> TrainState:
     """Train `config` to train_steps, resuming from its latest committed checkpoint unless `fresh`.
 
     Saves every checkpoint_interval steps, at the end, when a stop signal arrives, and after
-    `until_step` (stop there, as a planned interruption, without changing the schedule).
+    `until_step` (stop there, as a planned interruption, without changing the schedule). Under
+    torchrun every rank runs this; only rank 0 prints and writes metrics.jsonl.
     """
+    topology = init_topology(config) if topology is None else topology
+    if not topology.is_main:
+        out = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the process
     tokenizer = load_tokenizer(config.tokenizer.tokenizer_name_or_path)
     if tokenizer.vocab_size > config.model.vocab_size:
         raise ConfigError(f"model.vocab_size = {config.model.vocab_size} is smaller than the tokenizer's "
@@ -46,35 +55,37 @@ def train(config: Config, *, fresh: bool = False, until_step: int | None = None,
         print(f'warning: stage "{name}" starts after train_steps = {config.tokens.train_steps}: not reached',
               file=out)
 
-    state = start_state(config, fresh=fresh, out=out)
+    state = start_state(config, topology, fresh=fresh, out=out)
     schedule = state.schedule
     if state.step >= schedule.train_steps:
         print(f"nothing to do: the checkpoint has completed all {schedule.train_steps} steps", file=out)
         return state
     directory = run_dir(config)
-    directory.mkdir(parents=True, exist_ok=True)
+    if topology.is_main:
+        directory.mkdir(parents=True, exist_ok=True)
     report = Progress(schedule.train_steps, state.step, out, progress, config.logging.iteration_step_info_interval)
-    stop = StopRequest()
+    stop = StopRequest(topology)
     loader, loader_index = None, None
     try:
-        with stop.installed(), MetricsLog(directory / "metrics.jsonl", state.step) as metrics_log:
+        with stop.installed(), MetricsLog(directory / "metrics.jsonl", state.step, topology.is_main) as metrics_log:
             for step in range(state.step + 1, schedule.train_steps + 1):
                 index = active_stage(schedule, step)
                 if index != loader_index:
                     if loader is not None:
                         loader.close()  # free the finished stage's data before the next one loads
-                    loader, loader_index = open_stage(config, index, tokenizer, schedule), index
+                    loader, loader_index = open_stage(config, index, tokenizer, schedule, log=report.message), index
                     report.stage_started(schedule, index)
-                state, metrics = train_step(state, loader.batch_at(step))
+                state, metrics = train_step(state, loader.batch_at(step, topology.dp_rank, topology.dp))
                 metrics["elapsed"] = round(report.elapsed(), 3)
                 metrics_log.write(metrics)
                 report.step_done(metrics)
                 if until_step is not None and step >= until_step:
                     stop.requested = stop.requested or f"until_step={until_step}"
-                if step % config.checkpoints.checkpoint_interval == 0 or step == schedule.train_steps or stop.requested:
+                stopping = stop.agreed()
+                if step % config.checkpoints.checkpoint_interval == 0 or step == schedule.train_steps or stopping:
                     report.message(f"saved step {step}: {save(state)}")
-                if stop.requested:
-                    report.message(f"stopped by {stop.requested} after step {step} of {schedule.train_steps}; "
+                if stopping:
+                    report.message(f"stopped by {stopping} after step {step} of {schedule.train_steps}; "
                                    "run the same command again to resume from the checkpoint just saved")
                     break
     finally:
@@ -87,18 +98,48 @@ def train(config: Config, *, fresh: bool = False, until_step: int | None = None,
 
 
 def save(state: TrainState) -> str:
-    groups, info = checkpoint_contents(state)
+    groups, info = checkpoint_blocks(state)
     checkpoints = state.config.checkpoints
-    return io.save_checkpoint(checkpoints.checkpoints_path, state.step, groups, info, keep=checkpoints.keep)
+    return io.save_checkpoint(checkpoints.checkpoints_path, state.step, groups, info, keep=checkpoints.keep,
+                              topology=state.topology)
 
 
-def start_state(config: Config, *, fresh: bool = False, out: TextIO = sys.stdout) -> TrainState:
-    """A fresh state, or the one the checkpoint to resume from recorded.
+def start_state(config: Config, topology: Topology = SINGLE, *, fresh: bool = False,
+                out: TextIO = sys.stdout) -> TrainState:
+    """A fresh state, or the one the checkpoint to resume from recorded, on this topology.
 
     resume_checkpoint_path, when set, must hold a committed checkpoint (never a silent fresh
     start); otherwise the run's own checkpoints_path is resumed from when it holds one, so
-    rerunning the same command after a crash continues the run. `fresh` ignores both.
+    rerunning the same command after a crash continues the run. `fresh` ignores both. Rank 0
+    picks and verifies the checkpoint; every rank then reads just the boxes it holds.
     """
+    checkpoints = config.checkpoints
+    reader, failure = None, None
+    if topology.is_main:
+        try:
+            reader = _choose_checkpoint(config, fresh, out)
+        except io.CheckpointError as e:
+            failure = str(e)
+    failure, path = broadcast_object((failure, reader.path if reader is not None else None), topology)
+    if failure is not None:
+        raise io.CheckpointError(failure)
+    if path is None:
+        return init_state(config, topology)
+    if reader is None:  # not rank 0: the checkpoint rank 0 chose and verified
+        reader = io.open_checkpoint(path, verify=False)
+    state = restore_state(config, reader, topology, load_optimizer=checkpoints.load_optimizer,
+                          load_lr_scheduler=checkpoints.load_lr_scheduler)
+    point = resume_point(state.schedule, TrainingMetadata.from_dict(reader.metadata["training"]))
+    skipped = [what for what, loaded in (("optimizer moments", checkpoints.load_optimizer),
+                                         ("LR schedule position", checkpoints.load_lr_scheduler)) if not loaded]
+    print(f"resuming from {reader.path}: step {state.step} done, next step {point.step} "
+          f'(stage "{state.schedule.stages[point.stage].name}", {point.samples_in_stage} samples in)'
+          + (f"; fresh {' and '.join(skipped)}" if skipped else ""), file=out)
+    return state
+
+
+def _choose_checkpoint(config: Config, fresh: bool, out: TextIO):
+    """The verified reader of the checkpoint to resume from, or None for a fresh start."""
     checkpoints = config.checkpoints
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", io.CheckpointWarning)
@@ -112,27 +153,29 @@ def start_state(config: Config, *, fresh: bool = False, out: TextIO = sys.stdout
                     "refusing to start from scratch (unset it, or pass --fresh)")
         else:
             source = checkpoints.checkpoints_path if io.latest(checkpoints.checkpoints_path) is not None else None
-        checkpoint = io.read_checkpoint(source) if source is not None else None
+        reader = io.open_checkpoint(source) if source is not None else None
     for warning in caught:
         print(f"warning: {warning.message}", file=out)
-    if checkpoint is None:
-        return init_state(config)
-    state = restore_state(config, checkpoint.groups, checkpoint.metadata, load_optimizer=checkpoints.load_optimizer,
-                          load_lr_scheduler=checkpoints.load_lr_scheduler, source=checkpoint.path)
-    point = resume_point(state.schedule, TrainingMetadata.from_dict(checkpoint.metadata["training"]))
-    skipped = [what for what, loaded in (("optimizer moments", checkpoints.load_optimizer),
-                                         ("LR schedule position", checkpoints.load_lr_scheduler)) if not loaded]
-    print(f"resuming from {checkpoint.path}: step {state.step} done, next step {point.step} "
-          f'(stage "{state.schedule.stages[point.stage].name}", {point.samples_in_stage} samples in)'
-          + (f"; fresh {' and '.join(skipped)}" if skipped else ""), file=out)
-    return state
+    return reader
 
 
 class StopRequest:
-    """Ctrl-C, SIGTERM or SIGUSR1 ask the loop to stop after the current step; a second Ctrl-C stops at once."""
+    """Ctrl-C, SIGTERM or SIGUSR1 ask the loop to stop after the current step; a second Ctrl-C stops at once.
 
-    def __init__(self):
+    Under torchrun the ranks may see a signal at different steps, so they agree each step (one
+    tiny all-reduce) and all stop, and save, after the same one.
+    """
+
+    def __init__(self, topology: Topology = SINGLE):
         self.requested: str | None = None
+        self.topology = topology
+
+    def agreed(self) -> str | None:
+        if self.topology.mesh is None:
+            return self.requested
+        flag = torch.tensor([1.0 if self.requested else 0.0], device=device())
+        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+        return (self.requested or "a signal to another rank") if flag.item() else None
 
     def _handle(self, signum, _frame):
         if self.requested and signum == signal.SIGINT:
@@ -154,26 +197,35 @@ class StopRequest:
 
 
 class MetricsLog:
-    """metrics.jsonl: one JSON object per step. Lines after `start_step` (from an abandoned attempt) are dropped."""
+    """metrics.jsonl: one JSON object per step. Lines after `start_step` (from an abandoned attempt) are dropped.
 
-    def __init__(self, path: Path, start_step: int):
+    Written by rank 0 only (`enabled`); the metrics are global, the same on every rank.
+    """
+
+    def __init__(self, path: Path, start_step: int, enabled: bool = True):
+        self.enabled = enabled
+        self.file = None
+        if not enabled:
+            return
         kept = []
         if path.exists():
             kept = [line for line in path.read_text().splitlines() if line and json.loads(line)["step"] <= start_step]
         path.write_text("".join(line + "\n" for line in kept))
         self.path = path
-        self.file = None
 
     def __enter__(self) -> MetricsLog:
-        self.file = open(self.path, "a")
+        if self.enabled:
+            self.file = open(self.path, "a")
         return self
 
     def write(self, metrics: dict) -> None:
-        self.file.write(json.dumps(metrics) + "\n")
-        self.file.flush()
+        if self.file is not None:
+            self.file.write(json.dumps(metrics) + "\n")
+            self.file.flush()
 
     def __exit__(self, *exc) -> None:
-        self.file.close()
+        if self.file is not None:
+            self.file.close()
 
 
 class Progress:

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import contextlib
-import math
 
 import torch
 import torch.nn.functional as F
 
 from nanoflow.lr import lr_at
+from nanoflow.parallel import all_reduce_sum, grad_norm
 from nanoflow.schedule import active_stage
 from nanoflow.state import TrainState
 
@@ -19,9 +19,10 @@ def train_step(state: TrainState, batch) -> tuple[TrainState, dict]:
     """Forward, backward and AdamW update on `batch`, split into the stage's micro-batches.
 
     `batch` maps "input_ids" and "labels" to LongTensors [micro_batch_size × accumulation, seq]
-    (this process's part of the global batch), labels already shifted, -100 ignored. The loss is
-    the mean over every target token of the batch, so how the batch is split into micro-batches
-    does not change the gradient (beyond float rounding), masks included.
+    (this data-parallel replica's part of the global batch), labels already shifted, -100
+    ignored. The loss is the mean over every target token of the global batch, so how the batch
+    is split into replicas and micro-batches does not change the gradient (beyond float
+    rounding), masks included. Metrics are global: the same on every rank.
     """
     state.check_live()
     schedule, config = state.schedule, state.config
@@ -38,15 +39,19 @@ def train_step(state: TrainState, batch) -> tuple[TrainState, dict]:
             f"(micro_batch_size × batch_accumulation_per_replica, sequence_length), "
             f"got {list(input_ids.shape)} and {list(labels.shape)}")
 
+    target_device = next(state.model.parameters()).device
+    input_ids, labels = input_ids.to(target_device, non_blocking=True), labels.to(target_device, non_blocking=True)
     lr = lr_at(step, config.optimizer.learning_rate_scheduler, schedule.train_steps, state.lr_origin)
     model, optimizer = state.model, state.optimizer
     for group in optimizer.param_groups:
         group["lr"] = lr
     optimizer.zero_grad(set_to_none=True)
 
-    target_tokens = int((labels != IGNORE_INDEX).sum())
+    topology = state.topology
+    # The loss is the mean over every target token of the *global* batch: count them across dp replicas.
+    target_tokens = int(all_reduce_sum((labels != IGNORE_INDEX).sum(), topology))
     denominator = max(target_tokens, 1)  # a fully masked batch contributes no gradient rather than NaN
-    loss_sum = torch.zeros((), dtype=torch.float32)
+    loss_sum = torch.zeros((), dtype=torch.float32, device=input_ids.device)
     for ids, targets in zip(input_ids.split(tokens.micro_batch_size), labels.split(tokens.micro_batch_size)):
         with _autocast(config.model.dtype, ids.device):
             logits = model(ids)
@@ -55,17 +60,22 @@ def train_step(state: TrainState, batch) -> tuple[TrainState, dict]:
         loss.backward()
         loss_sum += loss.detach()
 
+    total_norm = grad_norm(model.parameters())
     clip = config.optimizer.clip_grad
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip if clip is not None else math.inf)
+    if clip is not None:
+        scale = float(torch.clamp(clip / (total_norm + 1e-6), max=1.0))
+        for p in model.parameters():
+            if p.grad is not None:
+                p.grad.mul_(scale)
     optimizer.step()
 
     metrics = {
         "step": step,
         "stage": stage.name,
-        "loss": float(loss_sum),
+        "loss": float(all_reduce_sum(loss_sum, topology)),
         "lr": lr,
-        "grad_norm": float(grad_norm),
-        "tokens": int(input_ids.numel()),
+        "grad_norm": float(total_norm),
+        "tokens": int(input_ids.numel()) * topology.dp,
         "target_tokens": target_tokens,
     }
     return state.advance(step), metrics

@@ -25,6 +25,7 @@ from __future__ import annotations
 import datetime
 import hashlib
 import json
+import math
 import os
 import platform
 import secrets
@@ -152,45 +153,71 @@ def _require(path: str) -> str:
 # ---------------------------------------------------------------------------------------------
 # Writing
 
-def tensor_index(tensors: dict[str, torch.Tensor], file: str) -> dict:
-    """Index entries for full (unsharded) tensors written whole into `file`."""
-    return {name: {"shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch."),
-                   "shards": [{"file": file, "key": name, "offset": [0] * t.dim(), "shape": list(t.shape)}]}
-            for name, t in tensors.items()}
+@attrs.frozen
+class Block:
+    """One rank's piece of a tensor: `data` sits at `offset` inside a tensor of global `shape`."""
+
+    data: torch.Tensor
+    shape: tuple[int, ...]
+    offset: tuple[int, ...]
+
+    @classmethod
+    def whole(cls, tensor: torch.Tensor) -> Block:
+        return cls(tensor, tuple(tensor.shape), (0,) * tensor.dim())
 
 
-def save_checkpoint(root: str, step: int, groups: dict[str, dict[str, torch.Tensor]], info: dict, *,
-                    keep: int | None = None) -> str:
+def save_checkpoint(root: str, step: int, groups: dict[str, dict[str, Block | torch.Tensor]], info: dict, *,
+                    keep: int | None = None, topology=None) -> str:
     """Commit `groups` ({"model": {...}, "optimizer": {...}, "rng": {...}}) as step `step` under `root`.
 
-    Returns the step folder. `info` goes into the metadata as is (schedule position, config …).
+    Called on every rank with the blocks that rank owns (plain tensors are whole blocks); each rank
+    writes its own files, rank 0 writes the metadata — the commit — then latest.txt. Returns the
+    step folder. `info` goes into the metadata as is (schedule position, config …).
     """
+    from nanoflow.parallel import SINGLE, barrier, broadcast_object, gather_objects
+
+    topology = topology or SINGLE
     store, folder = Store(root), str(step)
     # Beside a committed step, write under fresh names so it stays loadable until the new metadata lands.
-    suffix = f".{secrets.token_hex(4)}" if store.exists(f"{folder}/{METADATA}") else ""
-
+    suffix = broadcast_object(f".{secrets.token_hex(4)}" if topology.is_main and store.exists(
+        f"{folder}/{METADATA}") else "", topology)
     files, index = {}, {}
     for group, tensors in groups.items():
-        name = f"{group}/rank00000{suffix}.safetensors" if group != "rng" else f"rng{suffix}.safetensors"
-        data = save_safetensors({k: v.detach().contiguous().cpu() for k, v in tensors.items()})
+        blocks = {k: v if isinstance(v, Block) else Block.whole(v) for k, v in tensors.items()}
+        if not blocks:
+            continue
+        name = f"{group}/rank{topology.rank:05d}{suffix}.safetensors"
+        data = save_safetensors({k: b.data.detach().contiguous().cpu() for k, b in blocks.items()})
         store.write(f"{folder}/{name}", data)
         files[name] = {"bytes": len(data), "sha256": _sha256(data)}
-        index[group] = tensor_index(tensors, name)
-    meta = {
-        "format": FORMAT,
-        "step": step,
-        "files": files,
-        "tensors": index,
-        **info,
-        "versions": {"nanoflow": _nanoflow_version(), "torch": torch.__version__, "python": platform.python_version()},
-        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-    }
-    store.write(f"{folder}/{METADATA}", json.dumps(meta, indent=1).encode())   # the commit
-    store.write(LATEST, f"{step}\n".encode())
-    # Now that the new metadata is committed: the replaced step's files, and any left by a killed write.
-    listed = {f"{folder}/{name}" for name in files} | {f"{folder}/{METADATA}"}
-    store.delete([f for f in store.files(folder) if f not in listed])
-    _retain(store, keep, step)
+        index[group] = {k: {"shape": list(b.shape), "dtype": str(b.data.dtype).removeprefix("torch."),
+                            "shards": [{"file": name, "key": k, "offset": list(b.offset),
+                                        "shape": list(b.data.shape)}]} for k, b in blocks.items()}
+    gathered = gather_objects((files, index), topology)
+    if topology.is_main:
+        files, index = {}, {}
+        for rank_files, rank_index in gathered:
+            files.update(rank_files)
+            for group, entries in rank_index.items():
+                for k, entry in entries.items():
+                    index.setdefault(group, {}).setdefault(k, {**entry, "shards": []})["shards"] += entry["shards"]
+        meta = {
+            "format": FORMAT,
+            "step": step,
+            "files": files,
+            "tensors": index,
+            **info,
+            "versions": {"nanoflow": _nanoflow_version(), "torch": torch.__version__,
+                         "python": platform.python_version()},
+            "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        }
+        store.write(f"{folder}/{METADATA}", json.dumps(meta, indent=1).encode())   # the commit
+        store.write(LATEST, f"{step}\n".encode())
+        # Now that the new metadata is committed: the replaced step's files, and any left by a killed write.
+        listed = {f"{folder}/{name}" for name in files} | {f"{folder}/{METADATA}"}
+        store.delete([f for f in store.files(folder) if f not in listed])
+        _retain(store, keep, step)
+    barrier(topology)  # no rank runs ahead of a save that has not committed
     return store.url(folder)
 
 
@@ -219,6 +246,94 @@ def _nanoflow_version() -> str:
 # ---------------------------------------------------------------------------------------------
 # Reading
 
+class CheckpointReader:
+    """One committed step folder. Reads any box of any saved tensor, loading only the files that
+    hold part of it; every file is checked against its recorded size and SHA-256 when loaded."""
+
+    def __init__(self, folder: str):
+        self.store = Store(folder)
+        self.path = self.store.root
+        self.metadata = _read_metadata(self.store, "")
+        self._files: dict[str, dict[str, torch.Tensor]] = {}
+
+    def names(self, group: str) -> list[str]:
+        return list(self._entries(group))
+
+    def shape(self, group: str, name: str) -> tuple[int, ...]:
+        return tuple(self._entries(group)[name]["shape"])
+
+    def read(self, group: str, name: str, offset=None, shape=None) -> torch.Tensor:
+        """The box [offset, offset + shape) of tensor `name` (the whole tensor by default)."""
+        entry = self._entries(group).get(name)
+        if entry is None:
+            raise CheckpointError(f"{self.path}: no tensor {name!r} in its {group} group")
+        shape = tuple(entry["shape"]) if shape is None else tuple(shape)
+        offset = (0,) * len(shape) if offset is None else tuple(offset)
+        if len(shape) != len(entry["shape"]) or any(o + n > m for o, n, m in zip(offset, shape, entry["shape"])):
+            raise CheckpointError(f"{self.path}: {group} tensor {name} has shape {entry['shape']}; the box at "
+                                  f"{list(offset)} of shape {list(shape)} does not fit it")
+        box, covered = torch.empty(shape, dtype=getattr(torch, entry["dtype"])), 0
+        for shard in entry["shards"]:
+            lo = [max(o, so) for o, so in zip(offset, shard["offset"])]
+            hi = [min(o + n, so + sn) for o, n, so, sn in zip(offset, shape, shard["offset"], shard["shape"])]
+            if any(l >= h for l, h in zip(lo, hi)) and len(shape) > 0:
+                continue
+            block = self._load(shard["file"])[shard["key"]]
+            if len(shape) == 0:
+                return block.clone()
+            source = tuple(slice(l - so, h - so) for l, h, so in zip(lo, hi, shard["offset"]))
+            target = tuple(slice(l - o, h - o) for l, h, o in zip(lo, hi, offset))
+            box[target] = block[source]
+            covered += math.prod(h - l for l, h in zip(lo, hi))
+        if covered != box.numel():
+            raise CheckpointError(f"{self.path}: the saved shards of {group} tensor {name} do not cover "
+                                  f"the box at {list(offset)} of shape {list(shape)}")
+        return box
+
+    def verify(self) -> CheckpointReader:
+        """Load and check every file now, so a damaged checkpoint is found before anything uses it."""
+        for name in self.metadata["files"]:
+            self._load(name)
+        return self
+
+    def _entries(self, group: str) -> dict:
+        entries = self.metadata["tensors"].get(group)
+        if entries is None:
+            raise CheckpointError(f"{self.path}: the checkpoint has no {group!r} tensors")
+        return entries
+
+    def _load(self, name: str) -> dict[str, torch.Tensor]:
+        if name not in self._files:
+            expected = self.metadata["files"].get(name)
+            if expected is None:
+                raise CheckpointError(f"{self.path}: {name} is not listed in {METADATA}")
+            data = _read(self.store, name)
+            if len(data) != expected["bytes"] or _sha256(data) != expected["sha256"]:
+                raise CheckpointError(f"{self.store.url(name)} is damaged (size or checksum differs from {METADATA})")
+            try:
+                self._files[name] = load_safetensors(data)
+            except Exception as e:
+                raise CheckpointError(f"{self.store.url(name)} is not a readable safetensors file: {e}") from None
+        return self._files[name]
+
+
+def open_checkpoint(path: str, *, verify: bool = True) -> CheckpointReader:
+    """A reader of a step folder, or of the latest intact checkpoint of a run folder.
+
+    With `verify`, every file is checked up front, and in a run folder a checkpoint found damaged
+    is skipped for the next older intact one (with a CheckpointWarning).
+    """
+    store = Store(path)
+    if store.exists(METADATA):
+        reader = CheckpointReader(store.root)
+        return reader.verify() if verify else reader
+    reader = _first_usable(store, lambda folder: CheckpointReader(folder).verify() if verify
+                           else CheckpointReader(folder))
+    if reader is None:
+        raise CheckpointError(f"{path} holds no intact committed checkpoint")
+    return reader
+
+
 @attrs.frozen
 class Checkpoint:
     path: str                                   # the step folder
@@ -227,61 +342,13 @@ class Checkpoint:
 
 
 def read_checkpoint(path: str, groups: tuple[str, ...] = ("model", "optimizer", "rng")) -> Checkpoint:
-    """Read a step folder (or the latest intact checkpoint of a run folder), verifying every byte read.
-
-    In a run folder, a checkpoint found damaged while reading is skipped for the next older intact one.
-    """
-    store = Store(path)
-    if store.exists(METADATA):
-        return _read_step(store.root, groups)
-    checkpoint = _first_usable(store, lambda folder: _read_step(folder, groups))
-    if checkpoint is None:
-        raise CheckpointError(f"{path} holds no intact committed checkpoint")
-    return checkpoint
-
-
-def _read_step(folder: str, groups: tuple[str, ...]) -> Checkpoint:
-    store = Store(folder)
-    meta = _read_metadata(store, "")
-    files: dict[str, dict[str, torch.Tensor]] = {}
-    result = {}
-    for group in groups:
-        entries = meta["tensors"].get(group)
-        if entries is None:
-            raise CheckpointError(f"{folder}: the checkpoint has no {group!r} tensors")
-        result[group] = {name: _assemble(store, meta, files, name, entry) for name, entry in entries.items()}
-    return Checkpoint(store.root, meta, result)
-
-
-def _assemble(store: Store, meta: dict, files: dict, name: str, entry: dict) -> torch.Tensor:
-    """The full tensor `name` from the boxes it was written in (one box for an unsharded tensor)."""
-    shards = entry["shards"]
-    if len(shards) == 1 and shards[0]["shape"] == entry["shape"]:
-        return _load_file(store, meta, files, shards[0]["file"])[shards[0]["key"]]
-    full = torch.empty(entry["shape"], dtype=getattr(torch, entry["dtype"]))
-    for shard in shards:
-        block = _load_file(store, meta, files, shard["file"])[shard["key"]]
-        full[tuple(slice(o, o + n) for o, n in zip(shard["offset"], shard["shape"]))] = block
-    return full
-
-
-def _load_file(store: Store, meta: dict, cache: dict, name: str) -> dict[str, torch.Tensor]:
-    if name not in cache:
-        expected = meta["files"].get(name)
-        if expected is None:
-            raise CheckpointError(f"{store.root}: {name} is not listed in {METADATA}")
-        data = _read(store, name)
-        if len(data) != expected["bytes"] or _sha256(data) != expected["sha256"]:
-            raise CheckpointError(f"{store.url(name)} is damaged (size or checksum differs from {METADATA})")
-        try:
-            cache[name] = load_safetensors(data)
-        except Exception as e:
-            raise CheckpointError(f"{store.url(name)} is not a readable safetensors file: {e}") from None
-    return cache[name]
+    """Full tensors of a step folder (or of the latest intact checkpoint of a run folder), from any layout."""
+    reader = open_checkpoint(path)
+    return Checkpoint(reader.path, reader.metadata,
+                      {group: {name: reader.read(group, name) for name in reader.names(group)} for group in groups})
 
 
 def read_model(path: str) -> dict[str, torch.Tensor]:
-    """Full weights by HF name, from a run folder (its latest intact checkpoint) or a step folder."""
-    return read_checkpoint(path, groups=("model",)).groups["model"]
-
-
+    """Full weights by HF name, from a run folder (its latest intact checkpoint) or a step folder, any layout."""
+    reader = open_checkpoint(path)
+    return {name: reader.read("model", name) for name in reader.names("model")}

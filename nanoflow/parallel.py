@@ -1,0 +1,165 @@
+"""The parallel layout: torch.distributed from torchrun's environment, a ("dp", "tp") DeviceMesh,
+and the one place where the model is sharded — with PyTorch's own FSDP2 and DTensor APIs.
+
+Tensor parallel (the "tp" mesh dimension): q/k/v/gate/up are split column-wise (by output
+features, so each rank holds whole heads), o/down row-wise (their all-reduce restores the full
+hidden state). Embeddings, norms and lm_head stay replicated across tp: with a small vocabulary
+that costs less than sharding and keeps tied embeddings simple.
+
+Data parallel (the "dp" mesh dimension): FSDP2 `fully_shard` per decoder layer and on the root,
+so parameters, gradients and AdamW moments are sharded over dp. The loss is already the mean over
+the global batch's target tokens, so FSDP sums gradients instead of averaging them.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+
+import attrs
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from nanoflow.config import Config, ConfigError
+
+TP_PLAN = {
+    "self_attn.q_proj": "colwise", "self_attn.k_proj": "colwise", "self_attn.v_proj": "colwise",
+    "self_attn.o_proj": "rowwise",
+    "mlp.gate_proj": "colwise", "mlp.up_proj": "colwise", "mlp.down_proj": "rowwise",
+}
+
+
+@attrs.frozen
+class Topology:
+    """Where this process sits. A single process has no mesh and rank 0 of 1."""
+
+    dp: int = 1
+    tp: int = 1
+    rank: int = 0
+    mesh: DeviceMesh | None = None
+
+    @property
+    def world_size(self) -> int:
+        return self.dp * self.tp
+
+    @property
+    def dp_rank(self) -> int:
+        return self.mesh["dp"].get_local_rank() if self.mesh is not None else 0
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def dp_group(self):
+        return self.mesh["dp"].get_group() if self.mesh is not None and self.dp > 1 else None
+
+    def to_dict(self) -> dict:
+        return {"dp": self.dp, "tp": self.tp, "world_size": self.world_size}
+
+
+SINGLE = Topology()
+
+
+def device() -> torch.device:
+    return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if torch.cuda.is_available() else torch.device("cpu")
+
+
+def init_topology(config: Config) -> Topology:
+    """Join the process group torchrun started (NCCL on CUDA, gloo on CPU) and build the mesh.
+
+    Without torchrun (no WORLD_SIZE) this is a single process, which needs dp = tp = 1.
+    """
+    dp, tp = config.parallelism.dp, config.parallelism.tp
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world != dp * tp:
+        how = (f"launch with torchrun --nproc_per_node={dp * tp}" if world == 1
+               else f"torchrun started {world} processes")
+        raise ConfigError(f"parallelism.dp × parallelism.tp = {dp} × {tp} = {dp * tp} processes, but {how}")
+    if world == 1:
+        return SINGLE
+    if not dist.is_initialized():
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        if backend == "nccl":
+            torch.cuda.set_device(device())
+        dist.init_process_group(backend, timeout=timedelta(minutes=10))
+    mesh = init_device_mesh(device().type, (dp, tp), mesh_dim_names=("dp", "tp"))
+    return Topology(dp, tp, dist.get_rank(), mesh)
+
+
+def parallelize(model: torch.nn.Module, topology: Topology, config: Config) -> torch.nn.Module:
+    """Apply the tensor-parallel plan over "tp", then FSDP2 over "dp". Returns the same module, sharded."""
+    if topology.mesh is None:
+        return model
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    if topology.tp > 1:
+        styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
+        for layer in model.model.layers:
+            parallelize_module(layer, topology.mesh["tp"], {path: styles[s]() for path, s in TP_PLAN.items()})
+    if topology.dp > 1:
+        bf16 = config.model.dtype == "bfloat16"
+        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if bf16 else None, reduce_dtype=torch.float32)
+        for module in [*model.model.layers, model]:
+            fully_shard(module, mesh=topology.mesh["dp"], mp_policy=policy)
+            module.set_gradient_divide_factor(1.0)
+            module.set_force_sum_reduction_for_comms(True)  # a plain SUM: gloo has no PREMUL_SUM
+    return model
+
+
+def all_reduce_sum(value: torch.Tensor, topology: Topology) -> torch.Tensor:
+    """Sum over the data-parallel replicas (tp ranks of one replica already hold the same value)."""
+    if topology.dp_group is not None:
+        dist.all_reduce(value, group=topology.dp_group)
+    return value
+
+
+def grad_norm(parameters) -> torch.Tensor:
+    """The global L2 norm of all gradients, whatever mix of meshes they are sharded over.
+
+    torch's clip_grad_norm_ refuses gradients on different meshes (FSDP-only norms beside
+    FSDP×TP matrices), so the norm is taken per mesh and the results combined.
+    """
+    from torch.distributed.tensor import DTensor
+
+    by_mesh: dict = {}
+    for p in parameters:
+        if p.grad is not None:
+            key = p.grad.device_mesh if isinstance(p.grad, DTensor) else None
+            by_mesh.setdefault(key, []).append(p.grad)
+    norms = []
+    for grads in by_mesh.values():
+        norm = torch.nn.utils.get_total_norm(grads, 2.0)
+        norms.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+    return norms[0] if len(norms) == 1 else torch.stack(norms).square().sum().sqrt()
+
+
+def barrier(topology: Topology) -> None:
+    if topology.mesh is not None:
+        dist.barrier()
+
+
+def broadcast_object(value, topology: Topology):
+    """Rank 0's `value` on every rank."""
+    if topology.mesh is None:
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def gather_objects(value, topology: Topology) -> list:
+    """Every rank's `value`, in rank order, on every rank."""
+    if topology.mesh is None:
+        return [value]
+    out = [None] * topology.world_size
+    dist.all_gather_object(out, value)
+    return out
+
+
+def shutdown() -> None:
+    """Leave the process group, if this process joined one."""
+    if dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,151 @@
+"""A TrainState as checkpoint blocks, and back: on any layout, each rank handles only its own pieces.
+
+A sharded parameter (a DTensor under FSDP2 and/or tensor parallelism) is one contiguous box of
+the global tensor on each rank; torch's `compute_local_shape_and_global_offset` — the helper
+DCP's planner uses — says where, also for the `_StridedShard` FSDP2 puts on top of a column-wise
+TP shard. Saving writes each box once (the lowest rank among replicas holding it); restoring
+reads just the box each rank of the *new* layout holds, so a checkpoint resumes on any dp × tp.
+The bytes themselves go through nanoflow.io.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.distributed.tensor import DTensor
+
+from nanoflow.config import Config
+from nanoflow.io import Block, CheckpointError, CheckpointReader
+from nanoflow.model import Llama
+from nanoflow.parallel import Topology
+from nanoflow.schedule import Schedule, TrainingMetadata, resume_point, training_metadata
+from nanoflow.state import TrainState, build_optimizer, new_model
+
+MOMENTS = ("exp_avg", "exp_avg_sq")   # per-element AdamW state, sharded like the parameter
+STEP = "step"                          # AdamW's per-parameter step count, a scalar
+
+
+def local_box(tensor: torch.Tensor) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(offset, shape) of this rank's box of `tensor` in the global tensor."""
+    if isinstance(tensor, DTensor):
+        from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+        shape, offset = compute_local_shape_and_global_offset(tensor.shape, tensor.device_mesh, tensor.placements)
+        return tuple(offset), tuple(shape)
+    return (0,) * tensor.dim(), tuple(tensor.shape)
+
+
+def owns(tensor: torch.Tensor, topology: Topology) -> bool:
+    """Whether this rank writes its box of `tensor`: only the first of the ranks holding the same box."""
+    if topology.mesh is None:
+        return True
+    coordinate = dict(zip(topology.mesh.mesh_dim_names, topology.mesh.get_coordinate()))
+    if not isinstance(tensor, DTensor):
+        return all(c == 0 for c in coordinate.values())
+    sharded_on = {name for name, placement in zip(tensor.device_mesh.mesh_dim_names, tensor.placements)
+                  if not (placement.is_replicate() or placement.is_partial())}  # Shard or FSDP's _StridedShard
+    return all(c == 0 for name, c in coordinate.items() if name not in sharded_on)
+
+
+def _block(tensor: torch.Tensor) -> Block:
+    offset, _ = local_box(tensor)
+    data = tensor.to_local() if isinstance(tensor, DTensor) else tensor
+    return Block(data.detach(), tuple(tensor.shape), offset)
+
+
+def checkpoint_blocks(state: TrainState) -> tuple[dict[str, dict[str, Block]], dict]:
+    """This rank's blocks of the state by group and HF name, and what the metadata records besides them."""
+    state.check_live()
+    topology = state.topology
+    params = dict(state.model.named_parameters())  # a tied lm_head is saved once, as model.embed_tokens.weight
+    model = {name: _block(p) for name, p in params.items() if owns(p, topology)}
+    optimizer = {}
+    for name, p in params.items():
+        moments = state.optimizer.state.get(p)
+        if not moments:
+            continue
+        if owns(p, topology):
+            optimizer.update({f"{key}.{name}": _block(moments[key]) for key in MOMENTS})
+        if topology.is_main:
+            optimizer[f"{STEP}.{name}"] = Block.whole(moments[STEP])
+    info = {
+        "training": training_metadata(state.schedule, state.step).to_dict(),
+        "lr_origin": state.lr_origin,
+        "topology": topology.to_dict(),
+        "config": state.config.to_dict(),
+    }
+    rng = {"cpu": Block.whole(state.rng_state)} if topology.is_main else {}
+    return {"model": model, "optimizer": optimizer, "rng": rng}, info
+
+
+def place(target: torch.Tensor, read_box) -> None:
+    """Fill this rank's box of `target` (a parameter or moment, sharded or not) with read_box(offset, shape)."""
+    offset, shape = local_box(target)
+    local = target.to_local() if isinstance(target, DTensor) else target
+    with torch.no_grad():
+        local.copy_(read_box(offset, shape))
+
+
+def load_weights(model: Llama, reader: CheckpointReader | dict[str, torch.Tensor], source: str) -> None:
+    """Copy weights by HF name into a (possibly sharded) model, refusing missing, unexpected or misshapen ones."""
+    params = dict(model.named_parameters())
+    if isinstance(reader, dict):
+        tensors = reader
+        names, shape_of = set(tensors), (lambda n: tuple(tensors[n].shape))
+        read = lambda n: lambda o, s: tensors[n][tuple(slice(a, a + b) for a, b in zip(o, s))]  # noqa: E731
+    else:
+        names, shape_of = set(reader.names("model")), (lambda n: reader.shape("model", n))
+        read = lambda n: lambda o, s: reader.read("model", n, o, s)  # noqa: E731
+    tied_alias = {"lm_head.weight"} if model.cfg.tie_word_embeddings else set()
+    missing, unexpected = sorted(set(params) - names), sorted(names - set(params) - tied_alias)
+    if missing or unexpected:
+        raise ValueError(f"{source}: the weights do not fit the model: missing {missing[:5]}, "
+                         f"unexpected {unexpected[:5]}")
+    for name, p in params.items():
+        if shape_of(name) != tuple(p.shape):
+            raise ValueError(f"{source}: {name} has shape {list(shape_of(name))}, the model expects {list(p.shape)}")
+        place(p, read(name))
+
+
+ARCHITECTURE = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                "num_key_value_heads", "tie_word_embeddings")
+
+
+def _check_architecture(config: Config, reader: CheckpointReader) -> None:
+    """Refuse, on every rank alike and before any tensor is read, a model that the checkpoint's weights cannot fit."""
+    saved = reader.metadata["config"]["model"]
+    differences = [f"model.{key} was {saved.get(key)}, the config now says {getattr(config.model, key)}"
+                   for key in ARCHITECTURE if saved.get(key) != getattr(config.model, key)]
+    if differences:
+        raise CheckpointError(f"{reader.path} holds a different model:\n  " + "\n  ".join(differences))
+
+
+def restore_state(config: Config, reader: CheckpointReader, topology: Topology, *, load_optimizer: bool = True,
+                  load_lr_scheduler: bool = True) -> TrainState:
+    """The TrainState a checkpoint recorded, under `config` and on this `topology`, whatever layout saved it.
+
+    The config's begun stages must match the checkpoint's (ScheduleDriftError otherwise).
+    `load_optimizer=False` starts fresh AdamW moments; `load_lr_scheduler=False` restarts the LR
+    schedule (warmup included) at the resume step. Step, stage and data position are kept either way.
+    """
+    schedule = Schedule.from_config(config)
+    trained = TrainingMetadata.from_dict(reader.metadata["training"])
+    resume_point(schedule, trained)  # raises ScheduleDriftError if the config rewrites trained history
+    _check_architecture(config, reader)
+    model = new_model(config, topology, init=False)
+    load_weights(model, reader, reader.path)
+    optimizer = build_optimizer(model, config.optimizer)
+    saved = set(reader.names("optimizer"))
+    if load_optimizer:
+        for name, p in model.named_parameters():
+            if f"{STEP}.{name}" not in saved:
+                continue  # a parameter the optimizer had not stepped yet
+            state = {STEP: reader.read("optimizer", f"{STEP}.{name}")}
+            for key in MOMENTS:
+                moment = torch.zeros_like(p)
+                place(moment, lambda o, s, k=key: reader.read("optimizer", f"{k}.{name}", o, s))
+                state[key] = moment
+            optimizer.state[p] = state
+    lr_origin = reader.metadata["lr_origin"] if load_lr_scheduler else trained.completed
+    return TrainState.create(step=trained.completed, model=model, optimizer=optimizer,
+                             rng_state=reader.read("rng", "cpu"), lr_origin=lr_origin, config=config,
+                             schedule=schedule, topology=topology)

@@ -1,0 +1,20 @@
+"""Run under torchrun by test_parallel.py: restore a checkpoint on this layout, then save it again unchanged.
+
+    torchrun --nproc_per_node=N tests/resave_worker.py SOURCE DESTINATION [SECTION.KEY=VALUE ...]
+
+The re-saved checkpoint must hold exactly the tensors of the source: what a layout reads is what it writes.
+"""
+
+import sys
+from pathlib import Path
+
+from nanoflow import load_config
+from nanoflow.loop import save, start_state
+from nanoflow.parallel import init_topology, shutdown
+
+source, destination, *overrides = sys.argv[1:]
+config = load_config(Path(__file__).parent.parent / "schedules" / "tiny.toml", [
+    *overrides, f'checkpoints.resume_checkpoint_path="{source}"', f'checkpoints.checkpoints_path="{destination}"'])
+topology = init_topology(config)
+save(start_state(config, topology))
+shutdown()

@@ -1,0 +1,120 @@
+"""Data- and tensor-parallel training in real processes (torchrun, gloo on CPU), and checkpoints that
+resume on another layout."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from nanoflow import io
+from nanoflow.verify import first_difference
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).parent.parent
+TINY = REPO / "schedules" / "tiny.toml"
+STEPS = 4
+# One schedule for every layout: global batch 8 = micro 2 × accumulation × dp, the SFT stage out of reach.
+COMMON = [f"tokens.train_steps={STEPS}", "data_stages.sft.start_training_step=100", "tokens.micro_batch_size=2",
+          "checkpoints.checkpoint_interval=2"]
+LAYOUTS = {  # name: (dp, tp)
+    "dp1": (1, 1), "dp2": (2, 1), "tp2": (1, 2), "dp2tp2": (2, 2), "dp4": (4, 1),
+}
+
+
+def layout_overrides(dp: int, tp: int) -> list[str]:
+    return [f"parallelism.dp={dp}", f"parallelism.tp={tp}", f"tokens.batch_accumulation_per_replica={8 // (2 * dp)}"]
+
+
+def run(layout: str, run_dir: Path, *extra: str, script: str = "bin/train", args=(), timeout: int = 240):
+    dp, tp = LAYOUTS[layout]
+    sets = [a for o in [*COMMON, *layout_overrides(dp, tp), f'checkpoints.checkpoints_path="{run_dir}"', *extra]
+            for a in ("--set", o)]
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(dp * tp)] if dp * tp > 1 \
+        else [sys.executable]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    result = subprocess.run([*launcher, script, *args, str(TINY), *sets] if script == "bin/train"
+                            else [*launcher, script, *args], cwd=REPO, env=env, capture_output=True, text=True,
+                            timeout=timeout)
+    return result
+
+
+def losses(run_dir: Path) -> dict[int, float]:
+    return {m["step"]: m["loss"] for m in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())}
+
+
+def assert_close_weights(a: dict, b: dict, atol: float = 1e-5):
+    assert a.keys() == b.keys()
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=0, atol=atol, msg=name)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Every layout trains the same 4 steps of the same schedule; each run dir holds checkpoints 2 and 4."""
+    root = tmp_path_factory.mktemp("layouts")
+    for layout in ("dp1", "dp2", "tp2", "dp2tp2"):
+        result = run(layout, root / layout)
+        assert result.returncode == 0, f"{layout}:\n{result.stdout}\n{result.stderr}"
+    return root
+
+
+@pytest.mark.parametrize("layout", ["dp2", "tp2", "dp2tp2"])
+def test_parallel_layouts_match_single_process(runs, layout):
+    reference, parallel = losses(runs / "dp1"), losses(runs / layout)
+    assert parallel.keys() == reference.keys() == set(range(1, STEPS + 1))
+    for step in reference:
+        assert parallel[step] == pytest.approx(reference[step], abs=1e-5), f"loss of step {step}"
+    assert_close_weights(io.read_model(str(runs / layout)), io.read_model(str(runs / "dp1")))
+
+
+def test_each_rank_writes_only_its_own_shards(runs):
+    meta = io.read_metadata(str(runs / "dp2tp2"))
+    assert meta["topology"] == {"dp": 2, "tp": 2, "world_size": 4}
+    model_files = sorted(f for f in meta["files"] if f.startswith("model/"))
+    assert model_files == [f"model/rank{r:05d}.safetensors" for r in range(4)]
+    q = meta["tensors"]["model"]["model.layers.0.self_attn.q_proj.weight"]
+    assert len(q["shards"]) == 4                               # a 2 × 2 split of the rows
+    assert sum(s["shape"][0] * s["shape"][1] for s in q["shards"]) == q["shape"][0] * q["shape"][1]
+    norm = meta["tensors"]["model"]["model.norm.weight"]
+    assert len(norm["shards"]) == 2                            # split over dp, written once per tp replica group
+
+
+@pytest.mark.parametrize("target", ["dp1", "dp4", "tp2", "dp2"])
+def test_resume_a_dp2_tp2_checkpoint_on_another_layout(runs, tmp_path, target):
+    resumed = tmp_path / target
+    result = run(target, resumed, f'checkpoints.resume_checkpoint_path="{runs / "dp2tp2" / "2"}"')
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "resuming from" in result.stdout and "step 2 done" in result.stdout
+    reference = losses(runs / "dp1")
+    for step, loss in losses(resumed).items():
+        assert step > 2 and loss == pytest.approx(reference[step], abs=1e-5), f"loss of step {step}"
+    assert_close_weights(io.read_model(str(resumed)), io.read_model(str(runs / "dp1")))
+
+
+@pytest.mark.parametrize("target", ["dp1", "tp2", "dp4"])
+def test_weights_and_moments_read_back_exactly_on_any_layout(runs, tmp_path, target):
+    source = runs / "dp2tp2" / "2"
+    dp, tp = LAYOUTS[target]
+    result = run(target, tmp_path, script="tests/resave_worker.py",
+                 args=[str(source), str(tmp_path / "resaved"), *COMMON, *layout_overrides(dp, tp)])
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert first_difference(io.read_checkpoint(str(source)), io.read_checkpoint(str(tmp_path / "resaved"))) is None
+
+
+def test_world_size_that_does_not_match_dp_times_tp_fails_clearly_on_every_rank(tmp_path):
+    result = run("dp2", tmp_path, "parallelism.dp=1", timeout=120)
+    assert result.returncode != 0
+    assert result.stderr.count("parallelism.dp × parallelism.tp = 1 × 1") == 2   # both ranks, no hang
+    assert "]: Traceback" not in result.stderr   # a message from each rank, not a stack (torchrun adds its own)
+
+
+def test_a_checkpoint_that_does_not_fit_the_model_fails_clearly_on_every_rank(runs, tmp_path):
+    result = run("dp2", tmp_path, f'checkpoints.resume_checkpoint_path="{runs / "dp2tp2"}"',
+                 "model.intermediate_size=96", timeout=120)
+    assert result.returncode != 0
+    assert result.stderr.count("model.intermediate_size was 64, the config now says 96") == 2
