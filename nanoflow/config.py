@@ -65,6 +65,7 @@ class ModelArgs:
     dtype: Literal["float32", "bfloat16"] = "float32"   # autocast dtype; master weights stay float32
     init_from: Union[str, None] = None                 # start from these weights (a checkpoint or HF folder)
 
+    compile: bool = False                              # torch.compile each decoder layer
 
 @frozen
 class TokenizerArgs:

@@ -87,6 +87,9 @@ def new_model(config: Config, topology: Topology = SINGLE, *, init: bool = True)
     model = Llama(config.model).to(device())
     if init:
         model.reset_parameters(torch.Generator(device=device()).manual_seed(config.general.seed))
+    if config.model.compile:
+        for layer in model.model.layers:
+            layer.compile()  # in place: parameter names stay HF's
     return parallelize(model, topology, config)
 
 
