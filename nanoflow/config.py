@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import difflib
 import glob
+import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -65,7 +67,6 @@ class ModelArgs:
     dtype: Literal["float32", "bfloat16"] = "float32"   # autocast dtype; master weights stay float32
     init_from: Union[str, None] = None                 # start from these weights (a checkpoint or HF folder)
 
-    compile: bool = False                              # torch.compile each decoder layer
 
 @frozen
 class TokenizerArgs:
@@ -132,12 +133,14 @@ class LoggingArgs:
 
 @frozen
 class DatasetArgs:
-    """An HF `datasets` source: a builder ("text", "json", "parquet", "csv") over local files, or a saved dataset folder."""
+    """HF `datasets` sources (nanotron's PretrainDatasetsArgs): a builder ("text", "json", "parquet", "csv",
+    "arrow") over local files, a folder saved with `Dataset.save_to_disk`, or a hub dataset; or a
+    `{name = weight}` table of such names to blend (a name may then also be a local path or glob)."""
 
-    hf_dataset_or_datasets: str
+    hf_dataset_or_datasets: Union[str, dict[str, float]]
     hf_data_files: Union[str, list[str], None] = None
     hf_dataset_config_name: Union[str, None] = None
-    hf_dataset_splits: str = "train"
+    hf_dataset_splits: Union[str, list[str]] = "train"   # a list is read as the splits concatenated
     text_column_name: str = "text"
     prompt_column_name: Union[str, None] = None       # with completion_column_name: an SFT stage
     completion_column_name: Union[str, None] = None
@@ -148,12 +151,54 @@ class DatasetArgs:
     def is_sft(self) -> bool:
         return self.prompt_column_name is not None
 
+    @property
+    def columns(self) -> tuple[str, ...]:
+        return (self.prompt_column_name, self.completion_column_name) if self.is_sft else (self.text_column_name,)
+
+    def weighted_names(self) -> tuple[tuple[str, float], ...]:
+        """(name, weight) of each source: a plain name is one source of weight 1."""
+        if isinstance(self.hf_dataset_or_datasets, str):
+            return ((self.hf_dataset_or_datasets, 1.0),)
+        return tuple((name, float(weight)) for name, weight in self.hf_dataset_or_datasets.items())
+
+    def source_key(self, name: str) -> str:
+        """What identifies one source across stages (continue_from): the data and how it is read."""
+        files = self.hf_data_files if isinstance(self.hf_dataset_or_datasets, str) else None
+        return "hf:" + json.dumps([name, files, self.hf_dataset_config_name, self.hf_dataset_splits, self.columns])
+
+    def source_keys(self) -> tuple[str, ...]:
+        return tuple(self.source_key(name) for name, _ in self.weighted_names())
+
+
+@frozen
+class NanosetDatasetsArgs:
+    """Folders of pre-tokenized files (nanotron's NanosetDatasetsArgs; the `*.ds` layout HF datatrove writes and
+    `bin/prepare` writes). Several folders are blended by `dataset_weights`; without weights, in proportion to
+    their sizes (each folder read once per epoch of the whole, as nanotron does)."""
+
+    dataset_folder: Union[str, list[str]]
+    dataset_weights: Union[list[float], None] = None
+
+    is_sft = False
+
+    @property
+    def folders(self) -> tuple[str, ...]:
+        return (self.dataset_folder,) if isinstance(self.dataset_folder, str) else tuple(self.dataset_folder)
+
+    def source_key(self, folder: str) -> str:
+        return "tokens:" + os.path.abspath(folder)
+
+    def source_keys(self) -> tuple[str, ...]:
+        return tuple(self.source_key(folder) for folder in self.folders)
+
 
 @frozen
 class DataArgs:
-    dataset: DatasetArgs
+    dataset: Union[DatasetArgs, NanosetDatasetsArgs]
     seed: Union[int, None] = None             # defaults to general.seed
-    num_loading_workers: int = field(default=0, validator=non_negative)
+    num_loading_workers: int = field(default=0, validator=non_negative)   # background threads building batches
+    # The name of an earlier stage: sources this stage shares with it continue where that stage stopped.
+    continue_from: Union[str, None] = None
 
 
 @frozen
@@ -239,6 +284,48 @@ def _structure_paths(value, _cls):
 
 
 converter.register_structure_hook(Union[str, list[str], None], _structure_paths)
+
+
+def _structure_names(value, _cls):
+    if isinstance(value, str) or (isinstance(value, list) and value and all(isinstance(v, str) for v in value)):
+        return value
+    raise TypeError(f"expected a name or a non-empty list of names, got {value!r}")
+
+
+def _structure_weight(value, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"expected a number as the weight of {where}, got {value!r}")
+    return float(value)
+
+
+def _structure_datasets(value, _cls):
+    """hf_dataset_or_datasets: a name, or a table {name = weight}."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict) and value:
+        return {str(name): _structure_weight(weight, repr(name)) for name, weight in value.items()}
+    raise TypeError(f"expected a dataset name or a table {{name = weight}}, got {value!r}")
+
+
+def _structure_weights(value, _cls):
+    if value is None:
+        return None
+    if isinstance(value, list):
+        return [_structure_weight(w, f"entry {i}") for i, w in enumerate(value)]
+    raise TypeError(f"expected a list of weights, got {value!r}")
+
+
+def _structure_dataset(value, _cls):
+    """[data_stages.data.dataset]: token folders when it names dataset_folder, else HF datasets."""
+    if isinstance(value, dict) and "dataset_folder" in value:
+        return converter.structure(value, NanosetDatasetsArgs)
+    return converter.structure(value, DatasetArgs)
+
+
+converter.register_structure_hook(Union[str, list[str]], _structure_names)
+converter.register_structure_hook(Union[str, dict[str, float]], _structure_datasets)
+converter.register_structure_hook(Union[list[float], None], _structure_weights)
+converter.register_structure_hook(Union[DatasetArgs, NanosetDatasetsArgs], _structure_dataset)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -332,6 +419,16 @@ def _resolve_paths(raw: dict, base: Path) -> None:
         name = dataset.get("hf_dataset_or_datasets")
         if isinstance(name, str) and name not in BUILDERS and (base / name).exists():
             dataset["hf_dataset_or_datasets"] = _resolve(base, name)
+        elif isinstance(name, dict):   # a blend: a name that is a local path or glob is relative to the TOML file
+            dataset["hf_dataset_or_datasets"] = {
+                (_resolve(base, key) if key not in BUILDERS and ((base / key).exists() or glob.glob(str(base / key),
+                                                                                               recursive=True))
+                 else key): weight for key, weight in name.items()}
+        folders = dataset.get("dataset_folder")
+        if isinstance(folders, str):
+            dataset["dataset_folder"] = _resolve(base, folders)
+        elif isinstance(folders, list):
+            dataset["dataset_folder"] = [_resolve(base, f) if isinstance(f, str) else f for f in folders]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -417,6 +514,7 @@ def validate(config: Config) -> list[str]:
                 f"batch_accumulation_per_replica × dp = {tokens.micro_batch_size} × "
                 f"{tokens.batch_accumulation_per_replica} × {par.dp} = {derived}")
         problems.extend(f"{stage_label(i)}.data.dataset: {p}" for p in _dataset_problems(config.data_stages[i].data.dataset))
+        problems.extend(f"{stage_label(i)}.data.continue_from: {p}" for p in _continue_from_problems(config, i))
     if config.tokenizer.tokenizer_name_or_path != "bytes" and not os.path.exists(config.tokenizer.tokenizer_name_or_path):
         problems.append(f"tokenizer.tokenizer_name_or_path: {config.tokenizer.tokenizer_name_or_path} does not exist")
     if model.init_from is not None and "://" not in model.init_from and not os.path.exists(model.init_from):
@@ -434,10 +532,31 @@ def validate(config: Config) -> list[str]:
     return problems
 
 
-def _dataset_problems(dataset: DatasetArgs) -> list[str]:
+def _weight_problems(key: str, weights: list[tuple[str, float]]) -> list[str]:
+    problems = [f"{key}: the weight of {name} is {weight}; weights must be finite and >= 0"
+                for name, weight in weights if not (math.isfinite(weight) and weight >= 0)]
+    if not problems and not any(weight > 0 for _, weight in weights):
+        problems.append(f"{key}: every weight is zero; at least one source must have a positive weight")
+    return problems
+
+
+def _dataset_problems(dataset: DatasetArgs | NanosetDatasetsArgs) -> list[str]:
+    if isinstance(dataset, NanosetDatasetsArgs):
+        return _nanoset_problems(dataset)
     problems = []
     name, files = dataset.hf_dataset_or_datasets, dataset.hf_data_files
-    if name in BUILDERS:
+    if isinstance(name, dict):
+        if files is not None:
+            problems.append("hf_data_files: a table of datasets names its files in its keys (a path or glob each); "
+                            "remove hf_data_files")
+        for key in name:
+            if key in BUILDERS:
+                problems.append(f'hf_dataset_or_datasets: "{key}" needs files; in a table, name the files '
+                                f'themselves (e.g. "corpus/*.txt" = 1.0)')
+            elif os.path.isabs(key) and not glob.glob(key, recursive=True):
+                problems.append(f"hf_dataset_or_datasets: {key} matches no file")
+        problems += _weight_problems("hf_dataset_or_datasets", list(name.items()))
+    elif name in BUILDERS:
         patterns = [files] if isinstance(files, str) else (files or [])
         if not patterns:
             problems.append(f'hf_data_files: the "{name}" builder needs hf_data_files')
@@ -449,6 +568,47 @@ def _dataset_problems(dataset: DatasetArgs) -> list[str]:
     if (dataset.prompt_column_name is None) != (dataset.completion_column_name is None):
         problems.append("an SFT stage needs both prompt_column_name and completion_column_name")
     return problems
+
+
+def _nanoset_problems(dataset: NanosetDatasetsArgs) -> list[str]:
+    problems = []
+    for folder in dataset.folders:
+        if not os.path.exists(folder):
+            problems.append(f"dataset_folder: {folder} does not exist")
+        elif not os.path.isdir(folder):
+            problems.append(f"dataset_folder: {folder} is not a folder")
+        elif not glob.glob(os.path.join(glob.escape(folder), "*.ds")):
+            problems.append(f"dataset_folder: {folder} holds no token files (*.ds); write them with bin/prepare")
+    if len(set(map(os.path.abspath, dataset.folders))) != len(dataset.folders):
+        problems.append("dataset_folder: a folder is named twice")
+    weights = dataset.dataset_weights
+    if weights is not None:
+        if len(weights) != len(dataset.folders):
+            problems.append(f"dataset_weights: {len(weights)} weights for {len(dataset.folders)} folders")
+        else:
+            problems += _weight_problems("dataset_weights", list(zip(dataset.folders, weights)))
+    return problems
+
+
+def _continue_from_problems(config: Config, index: int) -> list[str]:
+    """continue_from names an earlier stage with the same sequence length that reads one of this stage's sources."""
+    stage = config.data_stages[index]
+    name = stage.data.continue_from
+    if name is None:
+        return []
+    earlier = {s.name: i for i, s in enumerate(config.data_stages[:index])
+               if s.start_training_step < stage.start_training_step}
+    if name not in earlier:
+        names = ", ".join(f'"{n}"' for n in earlier) or "none"
+        return [f'"{name}" is not a stage that starts before stage "{stage.name}" (earlier stages: {names})']
+    other = earlier[name]
+    ours, theirs = config.stage_tokens(index).sequence_length, config.stage_tokens(other).sequence_length
+    if ours != theirs:
+        return [f'continuing stage "{name}" needs its sequence_length ({theirs}), but this stage has {ours}: '
+                "a sample is a window of sequence_length + 1 tokens, so positions do not carry over"]
+    if not set(stage.data.dataset.source_keys()) & set(config.data_stages[other].data.dataset.source_keys()):
+        return [f'stage "{stage.name}" reads none of the sources of stage "{name}", so there is nothing to continue']
+    return []
 
 
 def unreached_stages(config: Config) -> list[str]:

@@ -1,11 +1,17 @@
-"""Training data: tokenizers, sources read through HF `datasets`, the O(1) sample order, per-stage loaders."""
+"""Training data: tokenizers, sources (HF `datasets`, token folders), blending, the O(1) sample order, per-stage loaders."""
 
-from nanoflow.data.loader import StageLoader, open_stage
+from nanoflow.data.blend import Blend
+from nanoflow.data.loader import DataError, StageLoader, open_stage, source_position
 from nanoflow.data.order import SampleOrder, sample_order
-from nanoflow.data.sources import IGNORE_INDEX, PackedText, SFTExamples, expand_data_files, load_rows, open_source
+from nanoflow.data.sources import (
+    IGNORE_INDEX, NamedSource, PackedText, SFTExamples, expand_data_files, load_rows, open_source, open_sources,
+)
 from nanoflow.data.tokenizer import ByteTokenizer, HFTokenizer, load_tokenizer
+from nanoflow.data.tokens import TokenFolder, TokenFolderError, write_token_file
 
 __all__ = [
-    "IGNORE_INDEX", "ByteTokenizer", "HFTokenizer", "PackedText", "SFTExamples", "SampleOrder", "StageLoader",
-    "expand_data_files", "load_rows", "load_tokenizer", "open_source", "open_stage", "sample_order",
+    "IGNORE_INDEX", "Blend", "ByteTokenizer", "DataError", "HFTokenizer", "NamedSource", "PackedText", "SFTExamples",
+    "SampleOrder", "StageLoader", "TokenFolder", "TokenFolderError", "expand_data_files", "load_rows",
+    "load_tokenizer", "open_source", "open_sources", "open_stage", "sample_order", "source_position",
+    "write_token_file",
 ]

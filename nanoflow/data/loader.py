@@ -1,36 +1,169 @@
 """The batches of one stage, addressed by global step: a pure function of (data seed, stage, step).
 
 Step s of a stage that starts at step s0 with global batch size B reads the global samples
-g in [(s - s0) * B, (s - s0 + 1) * B); sample g is source.sample(order[g]). Data-parallel rank r
-of `world` takes the contiguous slice of B // world rows starting at r * (B // world). Nothing
-depends on which steps were read before, so a resumed run asks for its next step directly.
+g in [(s - s0) * B, (s - s0 + 1) * B). Data-parallel rank r of `world` takes the contiguous slice
+of B // world rows starting at r * (B // world). Sample g is found in O(1):
+
+1. the blend (blend.py) names its source k and its index j among source k's samples, from the
+   stage's weights alone (one source: k = 0, j = g);
+2. j is shifted by the samples of source k that earlier stages already read, when the stage
+   continues one of them (`continue_from`, see `source_position`);
+3. the source's permutation (order.py) maps j to a sample of the source: epoch j // n, position
+   perm_epoch(j % n), so an exhausted source wraps around in a fresh order.
+
+Nothing depends on which steps were read before, on the rank, or on worker timing, so a resumed
+run asks for its next step directly and gets the bytes an uninterrupted run got.
+
+With `num_loading_workers = N > 0`, N background threads build the next N steps' batches while
+the current step trains (the copies out of memory-mapped files release the GIL). A batch is still
+a pure function of its step: the workers only decide when it is built. An error in a worker is
+raised by `batch_at` in the caller, naming the stage, the sample, the source and the file.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import attrs
 import numpy as np
 import torch
 
+from nanoflow.config import NanosetDatasetsArgs
+from nanoflow.data.blend import Blend
 from nanoflow.data.order import SampleOrder, sample_order
-from nanoflow.data.sources import Source, open_source
+from nanoflow.data.sources import NamedSource, Source, open_sources
 from nanoflow.data.tokenizer import Tokenizer
+from nanoflow.data.tokens import TokenFolder
 from nanoflow.schedule import Schedule, stage_steps
+
+
+class DataError(RuntimeError):
+    """A sample that could not be read: the message names the stage, the sample, the source and the file."""
+
+
+@attrs.define
+class Part:
+    """One source of a stage and where its reading order starts."""
+
+    named: NamedSource
+    order: SampleOrder      # keyed by the stage (and source) that first read the source
+    offset: int             # source-local samples already read by earlier stages (continue_from); 0 otherwise
+
+    @property
+    def source(self) -> Source:
+        return self.named.source
+
+
+def _blend_inputs(config, index: int) -> list[tuple[str, float | None, str | None]]:
+    """(source key, weight or None, token folder or None) of each source stage `index` reads, in the order
+    `open_sources` opens them (weight 0 left out). Config only: nothing is opened."""
+    dataset = config.data_stages[index].data.dataset
+    if isinstance(dataset, NanosetDatasetsArgs):
+        weights = dataset.dataset_weights or [None] * len(dataset.folders)
+        return [(dataset.source_key(f), w, f) for f, w in zip(dataset.folders, weights) if w != 0]
+    return [(dataset.source_key(name), w, None) for name, w in dataset.weighted_names() if w != 0]
+
+
+def _stage_weights(config, schedule: Schedule, index: int, inputs) -> list[float]:
+    """The blend weights of stage `index`; token folders without dataset_weights weigh their sample counts."""
+    if all(w is not None for _, w, _ in inputs):
+        return [w for _, w, _ in inputs]
+    seq = schedule.stages[index].sequence_length
+    return [max(0, (len(TokenFolder(folder)) - 1) // seq) for _, _, folder in inputs]
+
+
+def _order_name(config, index: int, key: str) -> str:
+    """The key of a source's permutation: the stage's name for a single source (so the order of a
+    one-source stage does not depend on how its source is spelled), else stage name + source key."""
+    name = config.data_stages[index].name
+    return name if len(_blend_inputs(config, index)) == 1 else f"{name}\0{key}"
+
+
+def source_position(config, schedule: Schedule, index: int, key: str) -> tuple[int, str, int]:
+    """(seed, order name, offset) of the source `key` in stage `index`.
+
+    Without continue_from: the stage's data seed, its own order, offset 0. With continue_from =
+    "earlier" and the source among that stage's sources: the earlier stage's seed and order (found
+    the same way, so chains work), and offset = the earlier stage's own offset for the source plus
+    the samples of the source that the earlier stage reads over all of its steps in the schedule:
+    Blend(its weights).counts(its steps × its global batch size). So the offset is a pure function
+    of the schedule and the config, and the later stage reads on exactly where the earlier one
+    stopped, in the same permutation, with no sample read twice before the epoch ends.
+    """
+    earlier = config.data_stages[index].data.continue_from
+    if earlier is not None:
+        j = schedule.index(earlier)
+        inputs = _blend_inputs(config, j)
+        keys = [k for k, _, _ in inputs]
+        if key in keys:
+            seed, name, offset = source_position(config, schedule, j, key)
+            read = len(stage_steps(schedule, j)) * schedule.stages[j].global_batch_size
+            consumed = Blend(_stage_weights(config, schedule, j, inputs)).counts(read)[keys.index(key)]
+            return seed, name, offset + consumed
+    return config.data_seed(index), _order_name(config, index, key), 0
 
 
 class StageLoader:
     """Batches of stage `index` (the index `active_stage` returns; `Config.data_stages` is in the same order)."""
 
     def __init__(self, config, index: int, tokenizer: Tokenizer, schedule: Schedule | None = None,
-                 *, cache_dir: str | None = None):
+                 *, cache_dir: str | None = None, log: Callable[[str], None] | None = None):
         schedule = Schedule.from_config(config) if schedule is None else schedule
         self.stage = schedule.stages[index]
         self.steps = stage_steps(schedule, index)
-        self.source: Source | None = open_source(config.data_stages[index].data.dataset, self.stage.name,
-                                                 tokenizer, self.stage.sequence_length, cache_dir)
-        self.order: SampleOrder | None = sample_order(config.data_seed(index), self.stage.name, len(self.source))
+        self.log = log
+        self.vocab_size = config.model.vocab_size
+        data = config.data_stages[index].data
+        named = open_sources(data.dataset, self.stage.name, tokenizer, self.stage.sequence_length, cache_dir,
+                             self.vocab_size)
+        try:
+            weights = [len(n.source) if n.weight is None else n.weight for n in named]
+            self.blend = Blend(weights)
+            self.parts: list[Part] | None = []
+            for n in named:
+                seed, order_name, offset = source_position(config, schedule, index, n.key)
+                self.parts.append(Part(n, sample_order(seed, order_name, len(n.source)), offset))
+            batch = self.stage.global_batch_size
+            for part, weight in zip(self.parts, self.blend.weights):
+                need = min(batch, math.ceil(batch * weight))
+                if len(part.source) < need:
+                    raise ValueError(
+                        f'stage "{self.stage.name}" ({part.named.label}): {len(part.source)} samples of sequence_length '
+                        f"{self.stage.sequence_length}, fewer than the {need} that each global batch of {batch} reads "
+                        "from it, so one batch would repeat samples; add data, or lower the batch size"
+                        + (" or its weight" if len(self.parts) > 1 else ""))
+        except BaseException:
+            for n in named:
+                n.source.close()
+            raise
+        self.workers = data.num_loading_workers
+        self._pool: ThreadPoolExecutor | None = None
+        self._pending: dict[tuple[int, int, int], Future] = {}
+        self._wrapped: set[int] = set()
 
-    def batch_at(self, step: int, rank: int = 0, world: int = 1) -> dict[str, torch.Tensor]:
-        """Rank `rank`'s rows of global step `step`: {"input_ids", "labels"}, each [B // world, seq] int64."""
+    # -- the sole source, for stages that read one (and for code written before blends) --
+
+    @property
+    def source(self) -> Source | None:
+        if self.parts is None:
+            return None
+        if len(self.parts) != 1:
+            raise AttributeError(f'stage "{self.stage.name}" blends {len(self.parts)} sources; see .parts')
+        return self.parts[0].source
+
+    @property
+    def order(self) -> SampleOrder | None:
+        if self.parts is None:
+            return None
+        if len(self.parts) != 1:
+            raise AttributeError(f'stage "{self.stage.name}" blends {len(self.parts)} sources; see .parts')
+        return self.parts[0].order
+
+    # -- batches --
+
+    def _span(self, step: int, rank: int, world: int) -> tuple[int, int]:
         if step not in self.steps:
             where = f"steps {self.steps.start}..{self.steps.stop - 1}" if self.steps else "no steps (not reached)"
             raise ValueError(f'step {step} is not a step of stage "{self.stage.name}", which trains {where}')
@@ -40,22 +173,96 @@ class StageLoader:
         if not 0 <= rank < world:
             raise ValueError(f"rank {rank} is outside 0..{world - 1}")
         rows = batch // world
-        return self.samples((step - self.steps.start) * batch + rank * rows, rows)
+        return (step - self.steps.start) * batch + rank * rows, rows
+
+    def batch_at(self, step: int, rank: int = 0, world: int = 1) -> dict[str, torch.Tensor]:
+        """Rank `rank`'s rows of global step `step`: {"input_ids", "labels"}, each [B // world, seq] int64."""
+        self._check_open()
+        start, count = self._span(step, rank, world)
+        if not self.workers:
+            batch, epochs = self._build(start, count)
+        else:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix=f"nanoflow-data-{self.stage.name}")
+            future = self._pending.pop((step, rank, world), None) or self._pool.submit(self._build, start, count)
+            for key in [k for k in self._pending if k[0] <= step or k[1:] != (rank, world)]:
+                self._pending.pop(key).cancel()    # a caller that jumped: those batches are not wanted
+            for ahead in range(step + 1, min(step + 1 + self.workers, self.steps.stop)):
+                if (ahead, rank, world) not in self._pending:
+                    self._pending[(ahead, rank, world)] = self._pool.submit(self._build, *self._span(ahead, rank, world))
+            batch, epochs = future.result()       # a worker's exception is raised here, in the caller
+        self._report_wraps(epochs)
+        return batch
 
     def samples(self, start: int, count: int) -> dict[str, torch.Tensor]:
         """The stage's global samples start .. start + count - 1, as one batch."""
-        if self.source is None:
+        self._check_open()
+        batch, epochs = self._build(start, count)
+        self._report_wraps(epochs)
+        return batch
+
+    def _check_open(self) -> None:
+        if self.parts is None:
             raise RuntimeError(f'the loader of stage "{self.stage.name}" is closed')
-        pairs = [self.source.sample(int(i)) for i in self.order.take(range(start, start + count))]
-        return {
-            "input_ids": torch.from_numpy(np.stack([inputs for inputs, _ in pairs])),
-            "labels": torch.from_numpy(np.stack([labels for _, labels in pairs])),
-        }
+
+    def _build(self, start: int, count: int) -> tuple[dict[str, torch.Tensor], dict[int, int]]:
+        """The batch of global samples start .. start + count - 1, and the last epoch it reaches in each source."""
+        parts, seq = self.parts, self.stage.sequence_length
+        if parts is None:
+            raise RuntimeError(f'the loader of stage "{self.stage.name}" is closed')
+        gs = np.arange(start, start + count, dtype=np.int64)
+        which, local = self.blend.assign(gs)
+        inputs = np.empty((count, seq), np.int64)
+        labels = np.empty((count, seq), np.int64)
+        epochs = {}
+        for k, part in enumerate(parts):
+            rows = np.flatnonzero(which == k)
+            if not rows.size:
+                continue
+            positions = local[rows] + part.offset
+            indices = part.order.take(positions)
+            epochs[k] = int(positions.max()) // len(part.source)
+            for row, i in zip(rows.tolist(), indices.tolist()):
+                try:
+                    inputs[row], labels[row] = part.source.sample(i)
+                except Exception as e:
+                    raise DataError(self._where(part, int(gs[row]), i) + f": {type(e).__name__}: {e}") from e
+            top = max(int(inputs[rows].max()), int(labels[rows].max()))
+            if top >= self.vocab_size:
+                row = next(r for r in rows.tolist() if max(inputs[r].max(), labels[r].max()) >= self.vocab_size)
+                i = int(indices[rows.tolist().index(row)])
+                raise DataError(self._where(part, int(gs[row]), i) + f": token id {top} is outside "
+                                f"model.vocab_size = {self.vocab_size} (was the data tokenized for another model?)")
+        return {"input_ids": torch.from_numpy(inputs), "labels": torch.from_numpy(labels)}, epochs
+
+    def _where(self, part: Part, g: int, i: int) -> str:
+        return f'stage "{self.stage.name}": sample {g} ({part.named.label}, {part.source.locate(i)})'
+
+    def _report_wraps(self, epochs: dict[int, int]) -> None:
+        """Say once per source, the first time a batch reaches past its first epoch, that it wrapped around."""
+        for k, epoch in epochs.items():
+            if epoch > 0 and k not in self._wrapped:
+                self._wrapped.add(k)
+                if self.log is not None:
+                    part = self.parts[k]
+                    self.log(f'stage "{self.stage.name}": {part.named.label} wrapped around '
+                             f"({len(part.source):,} samples an epoch); now reading epoch {epoch + 1}, each epoch in a "
+                             "fresh order (said once per source)")
+
+    # -- lifetime --
 
     def close(self) -> None:
-        """Drop the tokenized source so its memory can go before the next stage loads."""
-        self.source = None
-        self.order = None
+        """Stop and join the workers, then drop the sources (and their memory maps) before the next stage loads."""
+        for future in self._pending.values():
+            future.cancel()
+        self._pending.clear()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+        if self.parts is not None:
+            for part in self.parts:
+                part.source.close()
+        self.parts = None
 
     def __enter__(self) -> StageLoader:
         return self
@@ -64,10 +271,15 @@ class StageLoader:
         self.close()
 
     def __repr__(self) -> str:
-        state = "closed" if self.source is None else f"{len(self.source)} samples"
+        if self.parts is None:
+            state = "closed"
+        else:
+            state = ", ".join(f"{p.named.label}: {len(p.source)} samples × {w:.3g}"
+                              for p, w in zip(self.parts, self.blend.weights))
         return f"StageLoader(stage={self.stage.name!r}, steps={self.steps.start}..{self.steps.stop - 1}, {state})"
 
 
 def open_stage(config, index: int, tokenizer: Tokenizer, schedule: Schedule | None = None,
-               *, cache_dir: str | None = None) -> StageLoader:
-    return StageLoader(config, index, tokenizer, schedule, cache_dir=cache_dir)
+               *, cache_dir: str | None = None, log: Callable[[str], None] | None = None) -> StageLoader:
+    """The loader of stage `index`; `log` receives the once-per-source epoch messages."""
+    return StageLoader(config, index, tokenizer, schedule, cache_dir=cache_dir, log=log)

@@ -1,23 +1,34 @@
-"""Sample sources read through HF `datasets`: packed pretraining text and SFT examples.
+"""Sample sources: packed pretraining text and SFT examples, from HF `datasets` or from token folders.
 
-A source is tokenized once, when it is built, and then answers `sample(i)` for i in
-range(len(source)) with (input_ids, labels), both int64 arrays of sequence_length tokens whose
-labels are already shifted by one (label -100: no loss). Which sample is read when is not
-decided here (see order.py).
+A source answers `sample(i)` for i in range(len(source)) with (input_ids, labels), both int64
+arrays of sequence_length tokens whose labels are already shifted by one (label -100: no loss).
+Which sample is read when is not decided here (see order.py, blend.py and loader.py).
+
+HF sources are tokenized once and the tokens cached on disk (see `tokenized_array`), so a resumed
+run, or the next run over the same data, maps them in without tokenizing again. Token folders
+(tokens.py) are mapped as they are.
 """
 
 from __future__ import annotations
 
 import glob
+import hashlib
+import json
 import os
+import uuid
+from concurrent.futures import ProcessPoolExecutor
 
+import attrs
 import numpy as np
 
-from nanoflow.config import BUILDERS, DatasetArgs
-from nanoflow.data.tokenizer import Tokenizer
+from nanoflow.config import BUILDERS, DatasetArgs, NanosetDatasetsArgs
+from nanoflow.data.tokenizer import Tokenizer, load_tokenizer
+from nanoflow.data.tokens import TokenFolder, TokenFolderError, same_tokenizer, token_size_for, tokenizer_id
 
 IGNORE_INDEX = -100     # the label PyTorch's cross-entropy skips
 _ROWS_PER_BATCH = 1024  # rows tokenized together: large enough for the tokenizers' batching, small in memory
+_CACHE_VERSION = "nanoflow-tokens-1"
+EXTENSION_BUILDERS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet", ".arrow": "arrow"}
 
 
 def expand_data_files(patterns: str | list[str] | None) -> list[str]:
@@ -28,64 +39,126 @@ def expand_data_files(patterns: str | list[str] | None) -> list[str]:
     return sorted({path for pattern in patterns for path in glob.glob(pattern, recursive=True) if os.path.isfile(path)})
 
 
-def describe(stage_name: str, dataset: DatasetArgs) -> str:
+def builder_for(path: str) -> str:
+    """The `datasets` builder that reads a local file, by its extension; anything else is text."""
+    return EXTENSION_BUILDERS.get(os.path.splitext(path)[1].lower(), "text")
+
+
+def _shown(files: list[str] | tuple[str, ...]) -> str:
+    return ", ".join(files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "")
+
+
+@attrs.frozen
+class HFSpec:
+    """One HF dataset of a stage, resolved: local files through a builder, a saved folder, or a hub name."""
+
+    name: str                     # as the config names it (a builder, a folder, a path or glob, a hub name)
+    builder: str | None           # "text", "json", ... for local files; None for a saved folder or the hub
+    files: tuple[str, ...]
+    dataset: DatasetArgs          # splits, config name, columns, processing options
+    key: str                      # what identifies the source across stages (DatasetArgs.source_key)
+    weight: float
+
+    @property
+    def label(self) -> str:
+        if self.builder is not None:
+            return f"{self.builder} files {_shown(self.files)}"
+        return f"dataset {self.name}"
+
+    @property
+    def splits(self) -> tuple[str, ...]:
+        splits = self.dataset.hf_dataset_splits
+        return (splits,) if isinstance(splits, str) else tuple(splits)
+
+
+def hf_specs(dataset: DatasetArgs) -> list[HFSpec]:
+    """The HF datasets a stage names: one, or each entry of a {name = weight} table."""
+    specs = []
+    for name, weight in dataset.weighted_names():
+        key = dataset.source_key(name)
+        if isinstance(dataset.hf_dataset_or_datasets, str):
+            files = tuple(expand_data_files(dataset.hf_data_files))
+            builder = name if name in BUILDERS else None
+        elif os.path.isdir(name):
+            files, builder = (), None
+        else:   # a table entry: a local path or glob, its builder from the extension; else a hub name
+            files = tuple(expand_data_files(name))
+            builders = {builder_for(f) for f in files}
+            if len(builders) > 1:
+                raise ValueError(f"{name} matches files of several kinds ({', '.join(sorted(builders))}); "
+                                 "give each kind its own entry")
+            builder = builders.pop() if builders else None
+        specs.append(HFSpec(name, builder, files, dataset, key, weight))
+    return specs
+
+
+def describe(stage_name: str, dataset: DatasetArgs | HFSpec) -> str:
     """'stage "sft" (json files /a/b.jsonl)', for error messages."""
-    files = expand_data_files(dataset.hf_data_files)
-    if files:
-        shown = ", ".join(files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "")
-        return f'stage "{stage_name}" ({dataset.hf_dataset_or_datasets} files {shown})'
-    return f'stage "{stage_name}" (dataset {dataset.hf_dataset_or_datasets})'
+    if isinstance(dataset, HFSpec):
+        return f'stage "{stage_name}" ({dataset.label})'
+    if isinstance(dataset.hf_dataset_or_datasets, dict):
+        return f'stage "{stage_name}" (datasets {", ".join(dataset.hf_dataset_or_datasets)})'
+    return describe(stage_name, hf_specs(dataset)[0])
 
 
-def load_rows(dataset: DatasetArgs, stage_name: str, cache_dir: str | None = None):
-    """The stage's rows, without `datasets`' own progress bars (they would tear the run's progress display)."""
+def load_rows(dataset: DatasetArgs | HFSpec, stage_name: str, cache_dir: str | None = None):
+    """The rows of one HF dataset (the first, for a table), without `datasets`' own progress bars
+    (they would tear the run's progress display)."""
     import datasets
 
+    spec = dataset if isinstance(dataset, HFSpec) else hf_specs(dataset)[0]
     was_disabled = datasets.are_progress_bars_disabled()
     datasets.disable_progress_bars()
     try:
-        return _load_rows(dataset, stage_name, cache_dir)
+        return _load_rows(spec, stage_name, cache_dir)
     finally:
         if not was_disabled:
             datasets.enable_progress_bars()
 
 
-def _load_rows(dataset: DatasetArgs, stage_name: str, cache_dir: str | None = None):
-    """The stage's rows as a `datasets.Dataset`.
+def _load_rows(spec: HFSpec, stage_name: str, cache_dir: str | None = None):
+    """The dataset's rows as a `datasets.Dataset`.
 
     Local files go through a builder ("text" reads each file as one document); a folder written by
-    `Dataset.save_to_disk` is loaded as is; any other name is tried on the hub. `datasets` caches
-    what it builds under `cache_dir` (default: $HF_DATASETS_CACHE, ~/.cache/huggingface/datasets),
-    keyed on the files' paths and modification times, so an edited file is read again.
+    `Dataset.save_to_disk` is loaded as is; any other name is tried on the hub (which `datasets`
+    skips when HF_DATASETS_OFFLINE=1, answering from its cache). `datasets` caches what it builds
+    under `cache_dir` (default: $HF_DATASETS_CACHE, ~/.cache/huggingface/datasets), keyed on the
+    files' paths and modification times, so an edited file is read again. Several splits are read
+    one after the other.
     """
     import datasets
 
-    name, split = dataset.hf_dataset_or_datasets, dataset.hf_dataset_splits
-    options = dict(split=split, cache_dir=cache_dir)
+    dataset, where = spec.dataset, describe(stage_name, spec)
+    options = dict(split="+".join(spec.splits), cache_dir=cache_dir)
     if dataset.hf_dataset_config_name is not None:
         options["name"] = dataset.hf_dataset_config_name
     if dataset.dataset_overwrite_cache:
         options["download_mode"] = "force_redownload"
     if dataset.dataset_processing_num_proc_per_process > 1:
         options["num_proc"] = dataset.dataset_processing_num_proc_per_process
-    files = expand_data_files(dataset.hf_data_files)
 
-    if name in BUILDERS:
-        if not files:
-            raise FileNotFoundError(f'{describe(stage_name, dataset)}: hf_data_files {dataset.hf_data_files!r} '
-                                    "matches no file")
-        if name == "text":
+    if spec.builder is not None:
+        if not spec.files:
+            patterns = dataset.hf_data_files if isinstance(dataset.hf_dataset_or_datasets, str) else spec.name
+            raise FileNotFoundError(f"{where}: hf_data_files {patterns!r} matches no file")
+        if spec.builder == "text":
             options["sample_by"] = "document"
-        return datasets.load_dataset(name, data_files=files, **options)
-    if os.path.isdir(name):
-        rows = datasets.load_from_disk(name)
+        return datasets.load_dataset(spec.builder, data_files=list(spec.files), **options)
+    if os.path.isdir(spec.name):
+        rows = datasets.load_from_disk(spec.name)
         if isinstance(rows, datasets.DatasetDict):
-            if split not in rows:
-                raise ValueError(f'{describe(stage_name, dataset)}: no split "{split}" in {name} '
-                                 f"(splits: {', '.join(rows)})")
-            rows = rows[split]
+            missing = [split for split in spec.splits if split not in rows]
+            if missing:
+                raise ValueError(f'{where}: no split "{missing[0]}" in {spec.name} (splits: {", ".join(rows)})')
+            rows = datasets.concatenate_datasets([rows[split] for split in spec.splits]) if len(spec.splits) > 1 \
+                else rows[spec.splits[0]]
         return rows
-    return datasets.load_dataset(name, data_files=files or None, **options)
+    try:
+        return datasets.load_dataset(spec.name, data_files=list(spec.files) or None, **options)
+    except (FileNotFoundError, ConnectionError, OSError, ValueError) as e:
+        offline = " (HF_DATASETS_OFFLINE is set: only datasets already in the cache can load)" \
+            if os.environ.get("HF_DATASETS_OFFLINE", "0") not in ("", "0") else ""
+        raise ValueError(f"{where}: cannot load {spec.name!r} from the hub or a local path{offline}: {e}") from None
 
 
 def _require_columns(rows, columns: list[str], where: str) -> None:
@@ -105,16 +178,170 @@ def _texts(rows, column: str, where: str):
 
 
 def _token_dtype(tokenizer: Tokenizer) -> type:
-    return np.uint16 if tokenizer.vocab_size <= 1 << 16 else np.uint32
+    return np.uint16 if token_size_for(tokenizer.vocab_size) == 2 else np.uint32
 
+
+# ---------------------------------------------------------------------------------------------
+# Tokenizing rows (in this process, or in `num_proc` processes over contiguous shards of the rows)
+
+def _packed_tokens(rows, column: str, tokenizer: Tokenizer, where: str) -> np.ndarray:
+    """Every row's text tokenized and followed by end-of-text, as one flat array."""
+    eos = np.array([tokenizer.eos_id])
+    pieces = []
+    for texts in _texts(rows, column, where):
+        for ids in tokenizer.encode_batch(texts):
+            pieces += [ids, eos]
+    return np.concatenate(pieces).astype(_token_dtype(tokenizer)) if pieces else np.zeros(0, _token_dtype(tokenizer))
+
+
+def _sft_table(rows, prompt_column: str, completion_column: str, tokenizer: Tokenizer, sequence_length: int,
+               where: str) -> np.ndarray:
+    """[rows, sequence_length + 3] int32: prompt + completion + end-of-text, padded (with end-of-text) or
+    truncated to sequence_length + 1 tokens, then the prompt's length and the text's length."""
+    width = sequence_length + 1
+    table = np.full((len(rows), width + 2), tokenizer.eos_id, dtype=np.int32)
+    row = 0
+    batches = zip(_texts(rows, prompt_column, where), _texts(rows, completion_column, where))
+    for prompts, completions in batches:
+        for prompt, completion in zip(tokenizer.encode_batch(prompts), tokenizer.encode_batch(completions)):
+            text = np.concatenate([prompt, completion, [tokenizer.eos_id]])[:width]
+            table[row, :len(text)] = text
+            table[row, width:] = len(prompt), len(text)
+            row += 1
+    return table
+
+
+def _tokenize_shard(rows, kind: str, columns: tuple[str, ...], tokenizer_name: str, sequence_length: int,
+                    where: str) -> np.ndarray:
+    """Runs in a worker process: the tokenizer travels by name, the rows as `datasets` pickles them
+    (a reference to its memory-mapped Arrow files)."""
+    tokenizer = load_tokenizer(tokenizer_name)
+    if kind == "packed":
+        return _packed_tokens(rows, columns[0], tokenizer, where)
+    return _sft_table(rows, *columns, tokenizer, sequence_length, where)
+
+
+def tokenize_rows(rows, kind: str, columns: tuple[str, ...], tokenizer: Tokenizer, sequence_length: int = 0,
+                  where: str = "the source", num_proc: int = 1) -> np.ndarray:
+    """The rows tokenized: a flat token array ("packed") or the SFT table ("sft"); the result does not
+    depend on num_proc (contiguous shards, joined in order)."""
+    _require_columns(rows, list(columns), where)
+    num_proc = min(num_proc, len(rows))
+    if num_proc <= 1:
+        return _tokenize_shard_local(rows, kind, columns, tokenizer, sequence_length, where)
+    import multiprocessing
+
+    shards = [rows.shard(num_shards=num_proc, index=i, contiguous=True) for i in range(num_proc)]
+    with ProcessPoolExecutor(num_proc, mp_context=multiprocessing.get_context("spawn")) as pool:
+        parts = list(pool.map(_tokenize_shard, shards, [kind] * num_proc, [columns] * num_proc,
+                              [tokenizer.name] * num_proc, [sequence_length] * num_proc, [where] * num_proc))
+    return np.concatenate(parts)
+
+
+def _tokenize_shard_local(rows, kind, columns, tokenizer, sequence_length, where) -> np.ndarray:
+    if kind == "packed":
+        return _packed_tokens(rows, columns[0], tokenizer, where)
+    return _sft_table(rows, *columns, tokenizer, sequence_length, where)
+
+
+# ---------------------------------------------------------------------------------------------
+# The token cache
+
+def tokenizer_fingerprint(tokenizer: Tokenizer) -> str:
+    """"bytes", or a hash of the tokenizer.json's content (a tokenizer edited in place is a new tokenizer)."""
+    if tokenizer.name == "bytes":
+        return "bytes"
+    with open(tokenizer.name, "rb") as f:
+        return "sha256:" + hashlib.sha256(f.read()).hexdigest()
+
+
+def _file_stats(paths) -> list:
+    return [[os.path.abspath(p), os.stat(p).st_size, os.stat(p).st_mtime_ns] for p in paths]
+
+
+def _data_fingerprint(spec: HFSpec, rows_loader) -> list:
+    """What the rows depend on: the local files' paths, sizes and modification times, or the hub
+    dataset's own fingerprint (which needs the rows, so they are loaded first)."""
+    if spec.builder is not None:
+        return ["files", spec.builder, _file_stats(spec.files)]
+    if os.path.isdir(spec.name):
+        found = sorted(os.path.join(d, f) for d, _, fs in os.walk(spec.name) for f in fs)
+        return ["saved", _file_stats(found)]
+    return ["hub", spec.name, rows_loader()._fingerprint]
+
+
+def cache_root(cache_dir: str | None = None) -> str:
+    """Where tokenized sources are kept: <cache_dir or $HF_DATASETS_CACHE>/nanoflow-tokens."""
+    if cache_dir is None:
+        import datasets
+
+        cache_dir = str(datasets.config.HF_DATASETS_CACHE)
+    return os.path.join(cache_dir, "nanoflow-tokens")
+
+
+def tokenized_array(spec: HFSpec, kind: str, tokenizer: Tokenizer, sequence_length: int, stage_name: str,
+                    cache_dir: str | None = None) -> np.ndarray:
+    """The tokenized rows of `spec`, memory-mapped from the cache; tokenized (and cached) on a miss.
+
+    The cache file is keyed by a hash of everything the tokens depend on (the data's fingerprint,
+    the tokenizer's content, the columns, the splits, the config name, and for SFT the sequence
+    length). It is written under a temporary name and renamed into place, so a concurrent run
+    (another rank, another job) or a kill mid-write never leaves a partial file under the key:
+    writers race harmlessly to the same content. dataset_overwrite_cache = true tokenizes again.
+    """
+    rows = None
+    where = describe(stage_name, spec)
+
+    def load():
+        nonlocal rows
+        if rows is None:
+            rows = load_rows(spec, stage_name, cache_dir)
+        return rows
+
+    dataset = spec.dataset
+    columns = dataset.columns
+    material = [_CACHE_VERSION, kind, spec.name, list(spec.splits), dataset.hf_dataset_config_name, list(columns),
+                sequence_length if kind == "sft" else None, tokenizer_fingerprint(tokenizer), tokenizer.eos_id,
+                _data_fingerprint(spec, load)]
+    key = hashlib.sha256(json.dumps(material).encode()).hexdigest()[:32]
+    root = cache_root(cache_dir)
+    path = os.path.join(root, f"{key}.npy")
+    if os.path.exists(path) and not dataset.dataset_overwrite_cache:
+        try:
+            return np.load(path, mmap_mode="r")
+        except (ValueError, OSError):   # unreadable (e.g. a foreign file): tokenize again and replace it
+            pass
+    array = tokenize_rows(load(), kind, columns, tokenizer, sequence_length, where,
+                          dataset.dataset_processing_num_proc_per_process)
+    os.makedirs(root, exist_ok=True)
+    temporary = os.path.join(root, f".{key}.npy.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    try:
+        with open(temporary, "wb") as f:
+            np.save(f, array)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+        raise
+    del array
+    return np.load(path, mmap_mode="r")
+
+
+# ---------------------------------------------------------------------------------------------
+# Sources
 
 class PackedText:
     """Documents joined by end-of-text into one token stream, read as windows of sequence_length + 1
     tokens at stride sequence_length: window i covers tokens [i*seq, i*seq + seq + 1), so consecutive
-    windows share one token and every token but the first is a target exactly once."""
+    windows share one token and every token but the first is a target exactly once.
 
-    def __init__(self, tokens: np.ndarray, sequence_length: int, where: str = "the source"):
-        if tokens.ndim != 1:
+    The stream is an array (an HF source's cached tokens) or a `TokenFolder` (its files as one stream).
+    """
+
+    def __init__(self, tokens, sequence_length: int, where: str = "the source"):
+        if getattr(tokens, "ndim", 1) != 1:
             raise ValueError(f"{where}: expected a flat token array, got shape {tokens.shape}")
         if len(tokens) < sequence_length + 1:
             raise ValueError(f"{where}: {len(tokens)} tokens are fewer than one window of sequence_length + 1 = "
@@ -125,14 +352,7 @@ class PackedText:
     @classmethod
     def from_rows(cls, rows, column: str, tokenizer: Tokenizer, sequence_length: int,
                   where: str = "the source") -> PackedText:
-        _require_columns(rows, [column], where)
-        eos = np.array([tokenizer.eos_id])
-        pieces = []
-        for texts in _texts(rows, column, where):
-            for ids in tokenizer.encode_batch(texts):
-                pieces += [ids, eos]
-        tokens = np.concatenate(pieces).astype(_token_dtype(tokenizer)) if pieces else np.zeros(0, np.uint32)
-        return cls(tokens, sequence_length, where)
+        return cls(tokenize_rows(rows, "packed", (column,), tokenizer, 0, where), sequence_length, where)
 
     def __len__(self) -> int:
         return (len(self.tokens) - 1) // self.sequence_length
@@ -144,9 +364,20 @@ class PackedText:
         window = self.tokens[start:start + self.sequence_length + 1].astype(np.int64)
         return window[:-1], window[1:]
 
+    def locate(self, i: int) -> str:
+        """Where sample i comes from, for error messages."""
+        if isinstance(self.tokens, TokenFolder):
+            return f"window {i}: {self.tokens.locate(i * self.sequence_length)}"
+        return f"window {i} (tokens {i * self.sequence_length}..{(i + 1) * self.sequence_length})"
+
+    def close(self) -> None:
+        if isinstance(self.tokens, TokenFolder):
+            self.tokens.close()
+        self.tokens = None
+
 
 class SFTExamples:
-    """One example per row: prompt + completion + end-of-text, truncated or padded (with
+    """One (prompt, completion) row per sample: prompt + completion + end-of-text, padded (with
     end-of-text) to sequence_length + 1 tokens. Only completion tokens and the first end-of-text
     are targets: the model learns to answer and to stop, not to write prompts."""
 
@@ -156,27 +387,25 @@ class SFTExamples:
         self.sequence_length = tokens.shape[1] - 1
 
     @classmethod
+    def from_table(cls, table: np.ndarray, where: str = "the source") -> SFTExamples:
+        """From the [rows, seq + 3] table `tokenize_rows(..., "sft", ...)` makes."""
+        if len(table) == 0:
+            raise ValueError(f"{where}: no rows")
+        width = table.shape[1] - 2
+        examples = cls(table[:, :width], table[:, width], table[:, width + 1])
+        if not (examples.prompt_lengths < examples.lengths).any():
+            raise ValueError(f"{where}: every prompt fills the whole sequence of {width} tokens, "
+                             "so no example has a token to learn; raise sequence_length")
+        return examples
+
+    @classmethod
     def from_rows(cls, rows, prompt_column: str, completion_column: str, tokenizer: Tokenizer,
                   sequence_length: int, where: str = "the source") -> SFTExamples:
         _require_columns(rows, [prompt_column, completion_column], where)
         if len(rows) == 0:
             raise ValueError(f"{where}: no rows")
-        width = sequence_length + 1
-        tokens = np.full((len(rows), width), tokenizer.eos_id, dtype=_token_dtype(tokenizer))
-        prompt_lengths = np.zeros(len(rows), np.int64)
-        lengths = np.zeros(len(rows), np.int64)
-        row = 0
-        batches = zip(_texts(rows, prompt_column, where), _texts(rows, completion_column, where))
-        for prompts, completions in batches:
-            for prompt, completion in zip(tokenizer.encode_batch(prompts), tokenizer.encode_batch(completions)):
-                text = np.concatenate([prompt, completion, [tokenizer.eos_id]])[:width]
-                tokens[row, :len(text)] = text
-                prompt_lengths[row], lengths[row] = len(prompt), len(text)
-                row += 1
-        if not (prompt_lengths < lengths).any():
-            raise ValueError(f"{where}: every prompt fills the whole sequence of {width} tokens, "
-                             "so no example has a token to learn; raise sequence_length")
-        return cls(tokens, prompt_lengths, lengths)
+        return cls.from_table(tokenize_rows(rows, "sft", (prompt_column, completion_column), tokenizer,
+                                            sequence_length, where), where)
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -188,16 +417,88 @@ class SFTExamples:
         labels[(target_positions < self.prompt_lengths[i]) | (target_positions >= self.lengths[i])] = IGNORE_INDEX
         return tokens[:-1], labels
 
+    def locate(self, i: int) -> str:
+        return f"row {i}"
+
+    def close(self) -> None:
+        self.tokens = self.prompt_lengths = self.lengths = None
+
 
 Source = PackedText | SFTExamples
 
 
+@attrs.define
+class NamedSource:
+    """One source of a stage, with what the loader needs to blend it and to report on it."""
+
+    label: str                 # "dataset_folder /data/code", "text files a.txt, b.txt": for messages
+    key: str                   # identifies the source across stages (continue_from)
+    weight: float | None       # None: in proportion to its size (token folders without dataset_weights)
+    source: Source
+
+
+def open_hf_source(spec: HFSpec, stage_name: str, tokenizer: Tokenizer, sequence_length: int,
+                   cache_dir: str | None = None) -> Source:
+    where = describe(stage_name, spec)
+    if spec.dataset.is_sft:
+        return SFTExamples.from_table(tokenized_array(spec, "sft", tokenizer, sequence_length, stage_name, cache_dir),
+                                      where)
+    return PackedText(tokenized_array(spec, "packed", tokenizer, sequence_length, stage_name, cache_dir),
+                      sequence_length, where)
+
+
+# A token folder's first tokens are checked against the model's vocabulary when it is opened (so a
+# folder from another tokenizer fails before step 1); every batch is checked again as it is read.
+_CHECKED_AT_OPEN = 1 << 16
+
+
+def open_token_folder(folder: str, stage_name: str, tokenizer: Tokenizer, sequence_length: int,
+                      vocab_size: int | None = None) -> PackedText:
+    """A token folder as packed windows, after checking that it was written for this run's tokenizer and model."""
+    where = f'stage "{stage_name}" (dataset_folder {folder})'
+    try:
+        tokens = TokenFolder(folder, where)
+    except TokenFolderError as e:
+        raise TokenFolderError(str(e)) from None
+    if not same_tokenizer(tokens.tokenizer_name, tokenizer):
+        raise TokenFolderError(
+            f'{where}: tokenized with "{tokens.tokenizer_name}", but this run\'s tokenizer is "{tokenizer_id(tokenizer)}" '
+            f"({tokenizer.name}); set tokenizer.tokenizer_name_or_path to match, or tokenize the data again with "
+            f"bin/prepare --tokenizer {tokenizer.name}")
+    expected = token_size_for(tokenizer.vocab_size)
+    if tokens.token_size != expected:
+        raise TokenFolderError(f"{where}: stores {tokens.token_size}-byte tokens, but the tokenizer's vocabulary of "
+                               f"{tokenizer.vocab_size} ids is stored in {expected}-byte tokens")
+    if vocab_size is not None:
+        for file in tokens.files:
+            head = file.map[:_CHECKED_AT_OPEN]
+            if head.size and int(head.max()) >= vocab_size:
+                raise TokenFolderError(f"{where}: {file.path} holds token id {int(head.max())}, outside "
+                                       f"model.vocab_size = {vocab_size}")
+        tokens.close()
+    return PackedText(tokens, sequence_length, where)
+
+
+def open_sources(dataset: DatasetArgs | NanosetDatasetsArgs, stage_name: str, tokenizer: Tokenizer,
+                 sequence_length: int, cache_dir: str | None = None, vocab_size: int | None = None) -> list[NamedSource]:
+    """Every source of one stage, opened (HF ones tokenized or taken from the cache), in config order.
+    Sources of weight 0 are left out: they would never be read."""
+    if isinstance(dataset, NanosetDatasetsArgs):
+        weights = dataset.dataset_weights or [None] * len(dataset.folders)
+        return [NamedSource(f"dataset_folder {folder}", dataset.source_key(folder), weight,
+                            open_token_folder(folder, stage_name, tokenizer, sequence_length, vocab_size))
+                for folder, weight in zip(dataset.folders, weights) if weight != 0]
+    try:
+        specs = hf_specs(dataset)
+    except ValueError as e:
+        raise ValueError(f'stage "{stage_name}": {e}') from None
+    return [NamedSource(spec.label, spec.key, spec.weight,
+                        open_hf_source(spec, stage_name, tokenizer, sequence_length, cache_dir))
+            for spec in specs if spec.weight != 0]
+
+
 def open_source(dataset: DatasetArgs, stage_name: str, tokenizer: Tokenizer, sequence_length: int,
                 cache_dir: str | None = None) -> Source:
-    """Load and tokenize one stage's data: SFT examples when prompt and completion columns are set, else packed text."""
-    where = describe(stage_name, dataset)
-    rows = load_rows(dataset, stage_name, cache_dir)
-    if dataset.is_sft:
-        return SFTExamples.from_rows(rows, dataset.prompt_column_name, dataset.completion_column_name,
-                                     tokenizer, sequence_length, where)
-    return PackedText.from_rows(rows, dataset.text_column_name, tokenizer, sequence_length, where)
+    """Load and tokenize one stage's data: SFT examples when prompt and completion columns are set, else packed text.
+    (A stage of several sources: see `open_sources`.)"""
+    return open_hf_source(hf_specs(dataset)[0], stage_name, tokenizer, sequence_length, cache_dir)
