@@ -74,3 +74,46 @@ def verify_resume_main(argv: list[str] | None = None) -> int:
         workdir = Path(args.workdir or temporary)
         ok = verify_resume(args.config, args.overrides, workdir, kills=args.kills, seed=args.seed)
     return 0 if ok else 1
+
+
+def export_main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="bin/export",
+        description="Write a checkpoint as an HF transformers Llama folder (config.json, model.safetensors, tokenizer) "
+                    "that AutoModelForCausalLM.from_pretrained and AutoTokenizer.from_pretrained load.",
+        epilog="Example: bin/export runs/curriculum hf/curriculum")
+    parser.add_argument("checkpoint", help="a run folder (its latest committed checkpoint) or a step folder; "
+                                           "local or s3://bucket/prefix")
+    parser.add_argument("out_dir", help="the folder to write (local or s3://)")
+    parser.add_argument("--max-shard-size", type=_size, default="5GB", metavar="SIZE",
+                        help="split the weights into model-0000i-of-0000n.safetensors shards of at most SIZE "
+                             "(bytes, or with KB/MB/GB), with an index (default 5GB)")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"),
+                        help="cast the weights (default: as saved, float32)")
+    args = parser.parse_args(argv)
+
+    from nanoflow.io import CheckpointError, export_hf
+    try:
+        summary = export_hf(args.checkpoint, args.out_dir, max_shard_size=args.max_shard_size, dtype=args.dtype)
+    except CheckpointError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    tokenizer = f"; tokenizer: {summary['tokenizer']}" if summary["tokenizer"] else "; no tokenizer"
+    print(f"exported step {summary['step']} to {summary['path']}: {len(summary['files'])} files, "
+          f"{summary['dtype']}{tokenizer}")
+    return 0
+
+
+def _size(text: str) -> int:
+    """'5GB', '500MB', '20KiB' or a plain number of bytes."""
+    units = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
+    number = text.strip().upper()
+    unit = number.lstrip("0123456789.")
+    try:
+        value = int(float(number[:len(number) - len(unit)]) * units[unit.strip()])
+    except (ValueError, KeyError):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a size such as 500MB or 5GB") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be positive")
+    return value
+

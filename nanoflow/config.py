@@ -519,6 +519,7 @@ def validate(config: Config) -> list[str]:
         problems.append(f"tokenizer.tokenizer_name_or_path: {config.tokenizer.tokenizer_name_or_path} does not exist")
     if model.init_from is not None and "://" not in model.init_from and not os.path.exists(model.init_from):
         problems.append(f"model.init_from: {model.init_from} does not exist")
+    problems.extend(_hf_init_from_problems(model))
 
     try:
         Schedule.from_config(config)
@@ -530,6 +531,92 @@ def validate(config: Config) -> list[str]:
             "tokens.train_steps" if e.key == "train_steps" else e.key)
         problems.append(f"{prefix}: {e}")
     return problems
+
+
+def _weight_problems(key: str, weights: list[tuple[str, float]]) -> list[str]:
+    problems = [f"{key}: the weight of {name} is {weight}; weights must be finite and >= 0"
+                for name, weight in weights if not (math.isfinite(weight) and weight >= 0)]
+    if not problems and not any(weight > 0 for _, weight in weights):
+        problems.append(f"{key}: every weight is zero; at least one source must have a positive weight")
+    return problems
+
+
+# ---------------------------------------------------------------------------------------------
+# [model] init_from = an HF model folder: its config.json must describe the same model
+
+# [model] key -> (config.json key, transformers' LlamaConfig default when config.json omits it).
+# initializer_range is not compared: it only matters for weights that init_from replaces.
+HF_MODEL_KEYS = {
+    "vocab_size": ("vocab_size", 32000),
+    "hidden_size": ("hidden_size", 4096),
+    "intermediate_size": ("intermediate_size", 11008),
+    "num_hidden_layers": ("num_hidden_layers", 32),
+    "num_attention_heads": ("num_attention_heads", 32),
+    "num_key_value_heads": ("num_key_value_heads", None),   # None: = num_attention_heads
+    "max_position_embeddings": ("max_position_embeddings", 2048),
+    "rms_norm_eps": ("rms_norm_eps", 1e-6),
+    "rope_theta": ("rope_theta", 10000.0),
+    "tie_word_embeddings": ("tie_word_embeddings", False),
+}
+
+
+def hf_config_mismatches(model: ModelArgs, hf: dict, source: str = "config.json") -> list[str]:
+    """Every way an HF config.json (as a dict) differs from the [model] section, one line per key.
+
+    Also names the architecture features nanoflow's Llama does not have (biases, another activation,
+    RoPE scaling, a head_dim other than hidden_size / num_attention_heads, a model_type other than llama).
+    """
+    problems = []
+    for key, (hf_key, default) in HF_MODEL_KEYS.items():
+        where = hf_key
+        if hf_key == "rope_theta" and "rope_theta" not in hf and isinstance(hf.get("rope_parameters"), dict):
+            value, where = hf["rope_parameters"].get("rope_theta", default), "rope_parameters.rope_theta"
+        elif hf_key in hf:
+            value = hf[hf_key]
+        else:
+            value = hf.get("num_attention_heads", 32) if default is None else default
+            where = f"{hf_key} (absent: transformers' default)"
+        ours = getattr(model, key)
+        if value != ours or isinstance(value, bool) != isinstance(ours, bool):
+            problems.append(f"model.{key} = {ours!r}, but {source} has {where} = {value!r}")
+    unsupported = []
+    if hf.get("model_type", "llama") != "llama":
+        unsupported.append(f"model_type = {hf['model_type']!r} (nanoflow trains llama)")
+    if hf.get("hidden_act", "silu") != "silu":
+        unsupported.append(f"hidden_act = {hf['hidden_act']!r} (nanoflow's MLP uses silu)")
+    for bias in ("attention_bias", "mlp_bias"):
+        if hf.get(bias):
+            unsupported.append(f"{bias} = true (nanoflow's projections have no bias)")
+    rope = hf.get("rope_parameters") if isinstance(hf.get("rope_parameters"), dict) else {}
+    if hf.get("rope_scaling") or rope.get("rope_type", "default") != "default":
+        unsupported.append(f"rope scaling {hf.get('rope_scaling') or rope!r} (nanoflow uses plain RoPE)")
+    heads = hf.get("num_attention_heads")
+    if hf.get("head_dim") is not None and heads and hf.get("hidden_size") and hf["head_dim"] != hf["hidden_size"] // heads:
+        unsupported.append(f"head_dim = {hf['head_dim']} != hidden_size / num_attention_heads")
+    problems += [f"{source}: {u}: not supported" for u in unsupported]
+    return problems
+
+
+def _hf_init_from_problems(model: ModelArgs) -> list[str]:
+    """init_from names a local HF folder (a config.json, no checkpoint): compare it with [model].
+
+    An s3:// HF folder is checked when its weights are read (nanoflow.io.read_init_weights), still before training.
+    """
+    path = model.init_from
+    if path is None or "://" in path or not os.path.isfile(os.path.join(path, "config.json")) \
+            or os.path.exists(os.path.join(path, "checkpoint_metadata.json")) \
+            or os.path.exists(os.path.join(path, "latest.txt")):
+        return []
+    source = os.path.join(path, "config.json")
+    try:
+        import json
+        with open(source) as f:
+            hf = json.load(f)
+    except (OSError, ValueError) as e:
+        return [f"model.init_from: {source} cannot be read: {e}"]
+    if not isinstance(hf, dict):
+        return [f"model.init_from: {source} is not a JSON object"]
+    return [f"model.init_from: {p}" for p in hf_config_mismatches(model, hf, source)]
 
 
 def _weight_problems(key: str, weights: list[tuple[str, float]]) -> list[str]:

@@ -95,17 +95,17 @@ def new_model(config: Config, topology: Topology = SINGLE, *, init: bool = True)
 
 def init_state(config: Config, topology: Topology | None = None) -> TrainState:
     """A fresh run at step 0 with empty optimizer moments: weights drawn from general.seed, or
-    read from `[model] init_from` (a checkpoint's run or step folder).
+    read from `[model] init_from` (a checkpoint's run or step folder, or an HF model folder).
 
     `topology` defaults to the one torchrun's environment describes (a single process without it).
     """
     topology = init_topology(config) if topology is None else topology
     model = new_model(config, topology)
     if config.model.init_from is not None:
-        from nanoflow.io import open_checkpoint  # nanoflow.io reads the bytes
+        from nanoflow.io import read_init_weights  # nanoflow.io reads the bytes: a checkpoint or an HF folder
         from nanoflow.snapshot import load_weights
 
-        load_weights(model, open_checkpoint(config.model.init_from), config.model.init_from)
+        load_weights(model, read_init_weights(config.model.init_from, config.model), config.model.init_from)
     generator = torch.Generator().manual_seed(config.general.seed)
     return TrainState.create(step=0, model=model, optimizer=build_optimizer(model, config.optimizer),
                              rng_state=generator.get_state(), lr_origin=0, config=config,

@@ -1,0 +1,248 @@
+"""HF interop: export → transformers gives nanoflow's logits; HF folders (sharded or not) import exactly;
+`[model] init_from = <HF folder>` trains, and a [model] section that disagrees with config.json is refused."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+
+import nanoflow
+from nanoflow import ConfigError, load_config
+from nanoflow.io import export_hf, read_hf, read_model
+from nanoflow.io.hf import HFFormatError, is_hf_folder, read_init_weights
+from nanoflow.loop import save, train
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = ROOT / "schedules" / "tiny.toml"
+MODEL_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+              "num_key_value_heads", "max_position_embeddings", "rms_norm_eps", "rope_theta", "tie_word_embeddings")
+
+
+def tiny(tmp_path: Path, *overrides: str, run: str = "run"):
+    return load_config(TINY, [f"checkpoints.checkpoints_path={json.dumps(str(tmp_path / run))}", *overrides])
+
+
+def hf_logits(folder: Path, ids: torch.Tensor) -> torch.Tensor:
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    with torch.no_grad():
+        return model(ids).logits
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """The tiny schedule trained 3 steps (tied embeddings), and its final state."""
+    tmp_path = tmp_path_factory.mktemp("trained")
+    state = train(tiny(tmp_path, "tokens.train_steps=3"), out=io.StringIO())
+    return tmp_path / "run", state
+
+
+def test_export_gives_transformers_the_same_logits(trained, tmp_path):
+    run, state = trained
+    summary = export_hf(str(run), str(tmp_path / "hf"))
+    assert summary["step"] == 3 and summary["dtype"] == "float32"
+    names = sorted(p.name for p in (tmp_path / "hf").iterdir())
+    assert names == ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"]
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLM"] and config["model_type"] == "llama"
+    assert config["torch_dtype"] == "float32" and config["eos_token_id"] == 256 and config["tie_word_embeddings"]
+    for key in MODEL_KEYS:
+        assert config[key] == getattr(state.config.model, key), key
+
+    ids = torch.randint(0, 288, (2, 40), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ours = state.model(ids)
+    theirs = hf_logits(tmp_path / "hf", ids)
+    assert ours.abs().max() > 0.1
+    assert (ours - theirs).abs().max().item() <= 1e-4
+
+
+def test_export_untied_from_a_step_folder_sharded(tmp_path):
+    state = train(tiny(tmp_path, "tokens.train_steps=2", "model.tie_word_embeddings=false"), out=io.StringIO())
+    out = tmp_path / "hf"
+    export_hf(str(tmp_path / "run" / "2"), str(out), max_shard_size=20_000)   # the step folder, tiny shards
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    shards = sorted(p.name for p in out.glob("model-*.safetensors"))
+    n = len(shards)
+    assert n > 2 and shards == [f"model-{i:05d}-of-{n:05d}.safetensors" for i in range(1, n + 1)]
+    assert not (out / "model.safetensors").exists()
+    assert set(index["weight_map"].values()) == set(shards)
+    assert "lm_head.weight" in index["weight_map"]
+    params = dict(state.model.named_parameters())
+    assert set(index["weight_map"]) == set(params)
+    assert index["metadata"]["total_size"] == sum(p.numel() * 4 for p in params.values())
+    for shard in out.glob("model-*.safetensors"):   # each shard within the limit, unless one tensor alone exceeds it
+        names = [k for k, v in index["weight_map"].items() if v == shard.name]
+        assert len(names) == 1 or sum(params[k].numel() * 4 for k in names) <= 20_000
+
+    ids = torch.randint(0, 288, (1, 24), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ours = state.model(ids)
+    assert (ours - hf_logits(out, ids)).abs().max().item() <= 1e-4
+
+
+def test_export_bfloat16(trained, tmp_path):
+    run, state = trained
+    export_hf(str(run), str(tmp_path / "hf"), dtype="bfloat16")
+    assert json.loads((tmp_path / "hf" / "config.json").read_text())["torch_dtype"] == "bfloat16"
+    _, tensors = read_hf(str(tmp_path / "hf"))
+    for name, p in state.model.named_parameters():
+        assert tensors[name].dtype == torch.bfloat16 and torch.equal(tensors[name], p.detach().to(torch.bfloat16))
+
+
+def test_byte_tokenizer_exports_as_an_equivalent_autotokenizer(trained, tmp_path):
+    run, _ = trained
+    export_hf(str(run), str(tmp_path / "hf"))
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+    text = "héllo, wörld 🙂\n\t12+30=42"
+    assert tokenizer(text)["input_ids"] == list(text.encode())
+    assert tokenizer.eos_token == "<|endoftext|>" and tokenizer.eos_token_id == 256
+    assert tokenizer.decode(list(text.encode())) == text
+
+
+def test_tokenizer_json_run_exports_its_tokenizer(tmp_path):
+    tokenizers = pytest.importorskip("tokenizers")
+    from tokenizers import models, pre_tokenizers, trainers
+
+    tok = tokenizers.Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    trainer = trainers.BpeTrainer(vocab_size=280, special_tokens=["<s>", "<|endoftext|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(["def f(x): return x + 1", "1+2=3", "the quick brown fox"] * 20, trainer)
+    tok.save(str(tmp_path / "tokenizer.json"))
+    path = json.dumps(str(tmp_path / "tokenizer.json"))
+    train(tiny(tmp_path, "tokens.train_steps=1", f"tokenizer.tokenizer_name_or_path={path}"), out=io.StringIO())
+    summary = export_hf(str(tmp_path / "run"), str(tmp_path / "hf"))
+    assert summary["tokenizer"].endswith("tokenizer.json")
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert (config["bos_token_id"], config["eos_token_id"]) == (0, 1)
+    loaded = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+    text = "def g(y): return y + 2"
+    assert loaded(text)["input_ids"] == tok.encode(text, add_special_tokens=False).ids
+    assert loaded.eos_token_id == 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Import
+
+def hf_folder(path: Path, *, tied: bool, shard: str | None = None, seed: int = 0) -> dict[str, torch.Tensor]:
+    """An HF Llama folder written by transformers itself, shaped like schedules/tiny.toml's model; its state dict."""
+    config = transformers.LlamaConfig(vocab_size=288, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                      rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=tied)
+    torch.manual_seed(seed)
+    model = transformers.LlamaForCausalLM(config).float()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.uniform_(0.5, 1.5)
+    model.save_pretrained(path, **({"max_shard_size": shard} if shard else {}))
+    return {k: v.clone() for k, v in model.state_dict().items()}
+
+
+@pytest.mark.parametrize("shard", [None, "20KB"])
+def test_import_then_export_is_an_identity(tmp_path, shard):
+    expected = hf_folder(tmp_path / "hf_in", tied=True, shard=shard)
+    assert (tmp_path / "hf_in" / "model.safetensors.index.json").exists() == (shard is not None)
+    assert is_hf_folder(str(tmp_path / "hf_in"))
+    config, tensors = read_hf(str(tmp_path / "hf_in"))
+    assert config["model_type"] == "llama"
+    assert set(tensors) == set(expected) - {"lm_head.weight"}   # a tied head is stored once
+    for name, t in tensors.items():
+        assert torch.equal(t, expected[name]), name
+
+    config = tiny(tmp_path, f"model.init_from={json.dumps(str(tmp_path / 'hf_in'))}")
+    state = nanoflow.init_state(config)   # step 0: the HF weights, untouched
+    save(state)
+    export_hf(str(tmp_path / "run"), str(tmp_path / "hf_out"), max_shard_size=20_000 if shard else 5 * 10**9)
+    _, exported = read_hf(str(tmp_path / "hf_out"))
+    assert set(exported) == set(tensors)
+    for name, t in exported.items():
+        assert t.dtype == expected[name].dtype and torch.equal(t, expected[name]), name
+
+
+def test_init_from_hf_folder_trains(tmp_path):
+    expected = hf_folder(tmp_path / "hf", tied=True)
+    config = tiny(tmp_path, "tokens.train_steps=2", f"model.init_from={json.dumps(str(tmp_path / 'hf'))}")
+    assert nanoflow.init_state(config).model.model.norm.weight.tolist() == expected["model.norm.weight"].tolist()
+    state = train(config, out=io.StringIO())
+    assert state.step == 2
+    metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [1, 2] and all(m["loss"] == m["loss"] for m in metrics)
+    trained = read_model(str(tmp_path / "run"))
+    assert not torch.equal(trained["model.norm.weight"], expected["model.norm.weight"])   # it did train
+
+
+def test_init_from_hf_folder_with_another_model_names_every_mismatch(tmp_path):
+    hf_folder(tmp_path / "hf", tied=False)
+    with pytest.raises(ConfigError) as error:
+        tiny(tmp_path, f"model.init_from={json.dumps(str(tmp_path / 'hf'))}", "model.hidden_size=64",
+             "model.num_key_value_heads=4", "model.rope_theta=500000.0")
+    message = str(error.value)
+    for key in ("hidden_size", "num_key_value_heads", "rope_theta", "tie_word_embeddings"):
+        assert f"model.{key} = " in message, message
+    assert "config.json has hidden_size = 32" in message
+    assert "vocab_size" not in message and "num_hidden_layers" not in message
+
+
+def test_unsupported_hf_architecture_is_named(tmp_path):
+    hf_folder(tmp_path / "hf", tied=True)
+    path = tmp_path / "hf" / "config.json"
+    config = json.loads(path.read_text())
+    path.write_text(json.dumps({**config, "hidden_act": "gelu", "attention_bias": True}))
+    with pytest.raises(ConfigError, match=r"hidden_act = 'gelu'.*\n.*attention_bias"):
+        tiny(tmp_path, f"model.init_from={json.dumps(str(tmp_path / 'hf'))}")
+
+
+def test_read_init_weights_checks_too_and_reads_checkpoints(trained, tmp_path):
+    run, state = trained
+    reader = read_init_weights(str(run))   # a nanoflow run folder: its latest checkpoint
+    assert torch.equal(reader.read("model", "model.norm.weight"), state.model.model.norm.weight.detach())
+    hf_folder(tmp_path / "hf", tied=True)
+    other = tiny(tmp_path, "model.num_hidden_layers=3").model
+    with pytest.raises(ConfigError, match="num_hidden_layers = 3, but .*config.json has num_hidden_layers = 2"):
+        read_init_weights(str(tmp_path / "hf"), other)
+
+
+def test_pickle_only_hf_folder_is_refused_clearly(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    (tmp_path / "pytorch_model.bin").write_bytes(b"not read")
+    with pytest.raises(HFFormatError, match="safetensors only"):
+        read_hf(str(tmp_path))
+
+
+def test_export_and_import_on_s3(trained, s3_bucket):
+    run, state = trained
+    export_hf(str(run), s3_bucket + "/hf", max_shard_size=20_000)
+    assert is_hf_folder(s3_bucket + "/hf")
+    _, tensors = read_hf(s3_bucket + "/hf")
+    params = dict(state.model.named_parameters())
+    assert set(tensors) == set(params)
+    assert all(torch.equal(tensors[k], p.detach()) for k, p in params.items())
+
+
+@pytest.mark.slow
+def test_cli_export_and_mismatch_exit_status(trained, tmp_path):
+    run, _ = trained
+    result = subprocess.run([sys.executable, "bin/export", str(run), str(tmp_path / "hf"), "--max-shard-size", "30KB"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "exported step 3" in result.stdout and (tmp_path / "hf" / "model.safetensors.index.json").exists()
+
+    result = subprocess.run([sys.executable, "bin/train", str(TINY), "--set",
+                             f"checkpoints.checkpoints_path={json.dumps(str(tmp_path / 'run2'))}", "--set",
+                             f"model.init_from={json.dumps(str(tmp_path / 'hf'))}", "--set", "model.hidden_size=64"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2, result.stderr
+    assert "model.init_from: model.hidden_size = 64, but" in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "run2").exists()
+
+    result = subprocess.run([sys.executable, "bin/export", str(tmp_path / "nothing"), str(tmp_path / "x")],
+                            cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and "holds no" in result.stderr, result.stderr
