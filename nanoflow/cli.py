@@ -117,3 +117,55 @@ def _size(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r}: must be positive")
     return value
 
+
+def report_main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="bin/report",
+        description="Draw RUN_DIR/report.png (loss, learning rate and tokens/s against step, stages as bands) from "
+                    "RUN_DIR/metrics.jsonl and print a per-stage summary table.",
+        epilog="Example: bin/report runs/curriculum")
+    parser.add_argument("run_dir", help="the run folder holding metrics.jsonl (checkpoints.checkpoints_path, or "
+                                        "runs/<run> when checkpoints go to S3)")
+    parser.add_argument("--out", help="where to write the PNG (default RUN_DIR/report.png)")
+    args = parser.parse_args(argv)
+
+    from nanoflow.report import ReportError, format_summary, write_report
+    try:
+        path, rows = write_report(args.run_dir, args.out)
+    except ReportError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except ImportError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(format_summary(rows))
+    print(f"\nwrote {path}")
+    return 0
+
+
+def convert_nanotron_config_main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="bin/convert-nanotron-config",
+        description="Convert a nanotron YAML config to a nanoflow TOML config on standard output; every key that "
+                    "cannot be carried over is named on standard error (and in a comment at the top of the TOML).",
+        epilog="Example: bin/convert-nanotron-config config.yaml > schedule.toml")
+    parser.add_argument("config", help="a nanotron YAML config")
+    args = parser.parse_args(argv)
+
+    try:
+        import yaml
+    except ImportError:
+        print("error: reading YAML needs PyYAML: pip install pyyaml", file=sys.stderr)
+        return 1
+    from nanoflow.nanotron import convert
+    try:
+        with open(args.config) as f:
+            raw = yaml.safe_load(f)
+        text, report = convert(raw)
+    except (OSError, yaml.YAMLError, ValueError) as e:
+        print(f"error: {args.config}: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    sys.stdout.write(text)
+    for line in report.lines():
+        print(f"{args.config}: {line}", file=sys.stderr)
+    return 0

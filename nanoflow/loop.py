@@ -26,6 +26,7 @@ from nanoflow.schedule import TrainingMetadata, active_stage, resume_point, stag
 from nanoflow.snapshot import checkpoint_blocks, restore_state
 from nanoflow.state import TrainState, init_state
 from nanoflow.step import train_step
+from nanoflow.tensorboard import TensorBoardLog
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
 
@@ -67,7 +68,8 @@ def train(config: Config, *, fresh: bool = False, until_step: int | None = None,
     stop = StopRequest(topology)
     loader, loader_index = None, None
     try:
-        with stop.installed(), MetricsLog(directory / "metrics.jsonl", state.step, topology.is_main) as metrics_log:
+        with stop.installed(), MetricsLog(directory / "metrics.jsonl", state.step, topology.is_main) as metrics_log, \
+                TensorBoardLog(directory, state.step, topology.is_main) as tensorboard_log:
             for step in range(state.step + 1, schedule.train_steps + 1):
                 index = active_stage(schedule, step)
                 if index != loader_index:
@@ -78,6 +80,7 @@ def train(config: Config, *, fresh: bool = False, until_step: int | None = None,
                 state, metrics = train_step(state, loader.batch_at(step, topology.dp_rank, topology.dp))
                 metrics["elapsed"] = round(report.elapsed(), 3)
                 metrics_log.write(metrics)
+                tensorboard_log.write(metrics)
                 report.step_done(metrics)
                 if until_step is not None and step >= until_step:
                     stop.requested = stop.requested or f"until_step={until_step}"

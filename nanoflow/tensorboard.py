@@ -1,0 +1,64 @@
+"""TensorBoard event files for a run, when the `tensorboard` package is installed; a no-op otherwise.
+
+Every step writes `<stage>/loss`, `<stage>/lr`, `<stage>/grad_norm` and `<stage>/tokens_per_s`
+(one chart per stage and metric, on the global step axis) and the same under `all/` (one line
+across the stages) to `<run folder>/tensorboard/`. A resume purges the events after the step it
+resumes from, as metrics.jsonl does, so an abandoned attempt leaves no doubled curve:
+
+    tensorboard --logdir runs/curriculum/tensorboard
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+SCALARS = ("loss", "lr", "grad_norm")
+
+
+def available() -> bool:
+    """Whether the tensorboard package is installed (`pip install 'nanoflow[tensorboard]'`)."""
+    try:
+        import tensorboard  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+class TensorBoardLog:
+    """A context manager whose `write(metrics)` logs one step's metrics dict (step, stage, loss, lr, grad_norm,
+    tokens, elapsed). Does nothing when tensorboard is not installed or `enabled` is false (ranks other than 0)."""
+
+    def __init__(self, run_dir: str | Path, start_step: int, enabled: bool = True):
+        self.directory = Path(run_dir) / "tensorboard"
+        self.start_step = start_step
+        self.enabled = enabled and available()
+        self.writer = None
+        self._last_elapsed = 0.0
+
+    def __enter__(self) -> TensorBoardLog:
+        if self.enabled:
+            from torch.utils.tensorboard import SummaryWriter
+
+            # purge_step: events from this step on, left by an abandoned attempt, are dropped on load.
+            self.writer = SummaryWriter(log_dir=str(self.directory), purge_step=self.start_step + 1)
+        return self
+
+    def write(self, metrics: dict) -> None:
+        if self.writer is None:
+            return
+        step, stage = metrics["step"], metrics["stage"]
+        values = {key: metrics[key] for key in SCALARS if key in metrics}
+        elapsed = metrics.get("elapsed")
+        if elapsed is not None and "tokens" in metrics:
+            seconds = elapsed - self._last_elapsed
+            if seconds > 0:
+                values["tokens_per_s"] = metrics["tokens"] / seconds
+            self._last_elapsed = elapsed
+        for key, value in values.items():
+            self.writer.add_scalar(f"{stage}/{key}", value, step)
+            self.writer.add_scalar(f"all/{key}", value, step)
+
+    def __exit__(self, *exc) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
