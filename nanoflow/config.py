@@ -533,14 +533,6 @@ def validate(config: Config) -> list[str]:
     return problems
 
 
-def _weight_problems(key: str, weights: list[tuple[str, float]]) -> list[str]:
-    problems = [f"{key}: the weight of {name} is {weight}; weights must be finite and >= 0"
-                for name, weight in weights if not (math.isfinite(weight) and weight >= 0)]
-    if not problems and not any(weight > 0 for _, weight in weights):
-        problems.append(f"{key}: every weight is zero; at least one source must have a positive weight")
-    return problems
-
-
 # ---------------------------------------------------------------------------------------------
 # [model] init_from = an HF model folder: its config.json must describe the same model
 
@@ -693,7 +685,12 @@ def _continue_from_problems(config: Config, index: int) -> list[str]:
     if ours != theirs:
         return [f'continuing stage "{name}" needs its sequence_length ({theirs}), but this stage has {ours}: '
                 "a sample is a window of sequence_length + 1 tokens, so positions do not carry over"]
-    if not set(stage.data.dataset.source_keys()) & set(config.data_stages[other].data.dataset.source_keys()):
+    carried, chain = set(), other
+    while chain is not None:   # the sources whose position the earlier stage carries: its own and its chain's
+        carried |= set(config.data_stages[chain].data.dataset.source_keys())
+        before = config.data_stages[chain].data.continue_from
+        chain = next((i for i, s in enumerate(config.data_stages[:chain]) if s.name == before), None)
+    if not set(stage.data.dataset.source_keys()) & carried:
         return [f'stage "{stage.name}" reads none of the sources of stage "{name}", so there is nothing to continue']
     return []
 

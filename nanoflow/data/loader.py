@@ -85,24 +85,34 @@ def source_position(config, schedule: Schedule, index: int, key: str) -> tuple[i
     """(seed, order name, offset) of the source `key` in stage `index`.
 
     Without continue_from: the stage's data seed, its own order, offset 0. With continue_from =
-    "earlier" and the source among that stage's sources: the earlier stage's seed and order (found
-    the same way, so chains work), and offset = the earlier stage's own offset for the source plus
-    the samples of the source that the earlier stage reads over all of its steps in the schedule:
-    Blend(its weights).counts(its steps × its global batch size). So the offset is a pure function
-    of the schedule and the config, and the later stage reads on exactly where the earlier one
-    stopped, in the same permutation, with no sample read twice before the epoch ends.
+    "earlier": the source's position after the earlier stage, when that stage (or a stage it
+    continues, and so on up the chain) reads the source. That position keeps the seed and order
+    of the stage that first read the source, and its offset is the sum, over the stages of the
+    chain that read it, of the samples of the source each reads over all of its steps in the
+    schedule: Blend(its weights).counts(its steps × its global batch size). So the offset is a
+    pure function of the config and the schedule, and the later stage reads on exactly where the
+    earlier ones stopped, in the same permutation, with no sample read twice before the epoch ends.
     """
     earlier = config.data_stages[index].data.continue_from
     if earlier is not None:
-        j = schedule.index(earlier)
-        inputs = _blend_inputs(config, j)
-        keys = [k for k, _, _ in inputs]
-        if key in keys:
-            seed, name, offset = source_position(config, schedule, j, key)
-            read = len(stage_steps(schedule, j)) * schedule.stages[j].global_batch_size
-            consumed = Blend(_stage_weights(config, schedule, j, inputs)).counts(read)[keys.index(key)]
-            return seed, name, offset + consumed
+        position = _position_after(config, schedule, schedule.index(earlier), key)
+        if position is not None:
+            return position
     return config.data_seed(index), _order_name(config, index, key), 0
+
+
+def _position_after(config, schedule: Schedule, index: int, key: str) -> tuple[int, str, int] | None:
+    """Where source `key` stands after stage `index` has run all its steps; None when neither that stage
+    nor the stages it continues read the source."""
+    inputs = _blend_inputs(config, index)
+    keys = [k for k, _, _ in inputs]
+    if key in keys:
+        seed, name, offset = source_position(config, schedule, index, key)
+        read = len(stage_steps(schedule, index)) * schedule.stages[index].global_batch_size
+        consumed = Blend(_stage_weights(config, schedule, index, inputs)).counts(read)[keys.index(key)]
+        return seed, name, offset + consumed
+    earlier = config.data_stages[index].data.continue_from
+    return None if earlier is None else _position_after(config, schedule, schedule.index(earlier), key)
 
 
 class StageLoader:
@@ -115,13 +125,18 @@ class StageLoader:
         self.steps = stage_steps(schedule, index)
         self.log = log
         self.vocab_size = config.model.vocab_size
+        self.parts: list[Part] | None = None
+        self._pool: ThreadPoolExecutor | None = None
+        self._pending: dict[tuple[int, int, int], Future] = {}
+        self._wrapped: set[int] = set()
         data = config.data_stages[index].data
+        self.workers = data.num_loading_workers
         named = open_sources(data.dataset, self.stage.name, tokenizer, self.stage.sequence_length, cache_dir,
                              self.vocab_size)
         try:
             weights = [len(n.source) if n.weight is None else n.weight for n in named]
             self.blend = Blend(weights)
-            self.parts: list[Part] | None = []
+            self.parts = []
             for n in named:
                 seed, order_name, offset = source_position(config, schedule, index, n.key)
                 self.parts.append(Part(n, sample_order(seed, order_name, len(n.source)), offset))
@@ -137,11 +152,8 @@ class StageLoader:
         except BaseException:
             for n in named:
                 n.source.close()
+            self.parts = None
             raise
-        self.workers = data.num_loading_workers
-        self._pool: ThreadPoolExecutor | None = None
-        self._pending: dict[tuple[int, int, int], Future] = {}
-        self._wrapped: set[int] = set()
 
     # -- the sole source, for stages that read one (and for code written before blends) --
 
