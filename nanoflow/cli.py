@@ -76,6 +76,37 @@ def verify_resume_main(argv: list[str] | None = None) -> int:
     return 0 if ok else 1
 
 
+def prepare_main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="bin/prepare",
+        description="Tokenize text into a token folder (the *.ds layout HF datatrove writes and nanotron's Nanoset "
+                    "reads) for a stage's dataset_folder. Resumable: rerun the same command after a crash.",
+        epilog="Example: bin/prepare corpus/*.txt docs.jsonl --output data/tokens --tokenizer bytes")
+    parser.add_argument("inputs", nargs="+", metavar="INPUT",
+                        help="text files (one document each), jsonl/json/csv/parquet/arrow files (one per row), a "
+                             "folder saved with Dataset.save_to_disk, or a hub dataset name; read in this order")
+    parser.add_argument("--output", required=True, metavar="FOLDER", help="the token folder to write")
+    parser.add_argument("--tokenizer", default="bytes", help='"bytes" (default) or a tokenizer.json')
+    parser.add_argument("--text-column", default="text", help='the column of jsonl/parquet/... inputs (default "text")')
+    parser.add_argument("--num-proc", type=int, default=None, help="tokenizing processes (default: one per CPU)")
+    parser.add_argument("--docs-per-shard", type=int, default=None, help="documents per .ds file (default 50000)")
+    args = parser.parse_args(argv)
+
+    from nanoflow.data.prepare import DOCS_PER_SHARD, PrepareError, prepare
+    from nanoflow.data.tokens import TokenFolderError
+    try:
+        summary = prepare(args.inputs, args.output, tokenizer=args.tokenizer, text_column=args.text_column,
+                          num_proc=args.num_proc, docs_per_shard=args.docs_per_shard or DOCS_PER_SHARD)
+    except (PrepareError, TokenFolderError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    resumed = f" ({summary['resumed']} already done by an earlier run)" if summary["resumed"] else ""
+    print(f"{summary['output']}: {summary['documents']:,} documents, {summary['tokens']:,} tokens in "
+          f"{summary['files']} files{resumed}; tokenizer {summary['tokenizer']}, {summary['token_size']}-byte tokens; "
+          f"read back and verified in {summary['seconds']:.1f}s")
+    return 0
+
+
 def export_main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="bin/export",

@@ -1,0 +1,184 @@
+"""bin/prepare: round trip, resume after a crash, verification; and schedules/blend.toml trained on its output,
+straight and resumed, bit for bit."""
+
+import io as text_io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import nanoflow.data.prepare as prepare_module
+from data_helpers import BYTES
+from nanoflow import load_config
+from nanoflow.data import PackedText, TokenFolder, load_rows, load_tokenizer
+from nanoflow.data.prepare import PrepareError, prepare
+from nanoflow.data.sources import hf_specs
+from nanoflow.config import DatasetArgs
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def inputs(tmp_path):
+    (tmp_path / "in").mkdir()
+    texts = [f"document {i}: ünïcödé " + "the quick brown fox " * (i + 1) for i in range(7)]
+    for i, text in enumerate(texts):
+        (tmp_path / "in" / f"{i:02d}.txt").write_text(text)
+    with open(tmp_path / "in" / "rows.jsonl", "w") as f:
+        for i in range(9):
+            f.write(json.dumps({"content": f"row {i} " * (i + 2), "id": i}) + "\n")
+    files = sorted(str(p) for p in (tmp_path / "in").glob("*.txt"))
+    return files, str(tmp_path / "in" / "rows.jsonl")
+
+
+def direct_stream(files, jsonl, tokenizer, cache) -> list[int]:
+    """The same inputs through nanoflow's HF sources: documents + end-of-text, in order."""
+    text = DatasetArgs("text", hf_data_files=files)
+    rows = DatasetArgs("json", hf_data_files=jsonl, text_column_name="content")
+    stream = []
+    for dataset, column in ((text, "text"), (rows, "content")):
+        loaded = load_rows(hf_specs(dataset)[0], "direct", cache)
+        stream += np.asarray(PackedText.from_rows(loaded, column, tokenizer, 1).tokens).tolist()
+    return stream
+
+
+@pytest.mark.parametrize("tokenizer", ["bytes", "tokenizer.json"])
+def test_prepare_then_read_back_equals_tokenizing_directly(tmp_path, inputs, tokenizer):
+    files, jsonl = inputs
+    if tokenizer != "bytes":
+        from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+        tok = Tokenizer(models.WordLevel(unk_token="[UNK]"))
+        tok.pre_tokenizer = pre_tokenizers.Whitespace()
+        tok.train_from_iterator([Path(f).read_text() for f in files],
+                                trainers.WordLevelTrainer(special_tokens=["[UNK]", "<|endoftext|>"]))
+        (tmp_path / "wordlevel").mkdir()
+        tokenizer = str(tmp_path / "wordlevel" / "tokenizer.json")
+        tok.save(tokenizer)
+    out = text_io.StringIO()
+    summary = prepare([*files, jsonl], str(tmp_path / "tokens"), tokenizer=tokenizer, text_column="content",
+                      docs_per_shard=4, num_proc=1, out=out, cache_dir=str(tmp_path / "cache"))
+    assert summary["documents"] == 16 and summary["files"] == 4 and summary["resumed"] == 0
+    folder = TokenFolder(tmp_path / "tokens")
+    expected = direct_stream(files, jsonl, load_tokenizer(tokenizer), str(tmp_path / "cache"))
+    assert folder[0:len(folder)].tolist() == expected
+    assert folder.tokenizer_name == ("bytes" if tokenizer == "bytes" else "wordlevel") and folder.token_size == 2
+    assert [f.documents for f in folder.files] == [4, 4, 4, 4]
+    manifest = json.loads((tmp_path / "tokens" / "prepare.json").read_text())
+    assert manifest["complete"] and sorted(manifest["shards"]) == ["00000", "00001", "00002", "00003"]
+
+
+def test_a_killed_prepare_resumes_and_ends_identical(tmp_path, inputs, monkeypatch):
+    files, jsonl = inputs
+    straight = tmp_path / "straight"
+    prepare([*files, jsonl], str(straight), text_column="content", docs_per_shard=3, num_proc=1)
+
+    real, calls = prepare_module._prepare_shard, []
+
+    def dies_on_the_third(*args):
+        calls.append(args[-1])
+        if len(calls) == 3:
+            raise KeyboardInterrupt("killed")
+        return real(*args)
+
+    monkeypatch.setattr(prepare_module, "_prepare_shard", dies_on_the_third)
+    crashed = tmp_path / "crashed"
+    with pytest.raises(KeyboardInterrupt):
+        prepare([*files, jsonl], str(crashed), text_column="content", docs_per_shard=3, num_proc=1)
+    assert not json.loads((crashed / "prepare.json").read_text())["complete"]
+    monkeypatch.setattr(prepare_module, "_prepare_shard", real)
+    summary = prepare([*files, jsonl], str(crashed), text_column="content", docs_per_shard=3, num_proc=1)
+    assert summary["resumed"] == 2 and summary["files"] == 6
+    for name in sorted(os.listdir(straight)):
+        if name != "prepare.json":
+            assert (crashed / name).read_bytes() == (straight / name).read_bytes(), name
+    assert not [n for n in os.listdir(crashed) if ".tmp-" in n]
+
+
+def test_prepare_refuses_a_folder_of_another_preparation_and_catches_damage(tmp_path, inputs):
+    files, jsonl = inputs
+    out = str(tmp_path / "tokens")
+    prepare(files, out, docs_per_shard=3, num_proc=1)
+    with pytest.raises(PrepareError, match=r"holds another preparation \(it differs in inputs, documents\)"):
+        prepare(files[:-1], out, docs_per_shard=3, num_proc=1)
+    shard = tmp_path / "tokens" / "00001.ds"
+    data = bytearray(shard.read_bytes())
+    data[3] ^= 0xFF
+    shard.write_bytes(bytes(data))               # same size: only the read-back checksum can tell
+    with pytest.raises(PrepareError, match=r"verification: .*00001\.ds does not read back as written"):
+        prepare(files, out, docs_per_shard=3, num_proc=1)
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "x.ds").write_bytes(b"")
+    with pytest.raises(PrepareError, match="already holds token files that bin/prepare did not record"):
+        prepare(files, str(tmp_path / "other"), num_proc=1)
+
+
+def test_prepare_names_a_missing_column_or_input(tmp_path, inputs):
+    files, jsonl = inputs
+    with pytest.raises(PrepareError, match=r'rows.jsonl: no column "text"; the columns are content, id '
+                                           r"\(choose one with --text-column\)"):
+        prepare([jsonl], str(tmp_path / "a"), num_proc=1)
+    with pytest.raises(PrepareError, match=r"in/\*\.md: matches no file"):
+        prepare([str(tmp_path / "in" / "*.md")], str(tmp_path / "b"), num_proc=1)
+
+
+@pytest.mark.slow
+def test_bin_prepare_with_several_processes_writes_the_same_folder(tmp_path, inputs):
+    files, jsonl = inputs
+    prepare([*files, jsonl], str(tmp_path / "one"), text_column="content", docs_per_shard=2, num_proc=1)
+    result = subprocess.run([sys.executable, "bin/prepare", *files, jsonl, "--output", str(tmp_path / "two"),
+                             "--text-column", "content", "--num-proc", "2", "--docs-per-shard", "2"],
+                            cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "16 documents" in result.stdout and "8 files" in result.stdout and "verified" in result.stdout
+    for name in sorted(os.listdir(tmp_path / "one")):
+        if name != "prepare.json":
+            assert (tmp_path / "two" / name).read_bytes() == (tmp_path / "one" / name).read_bytes(), name
+    bad = subprocess.run([sys.executable, "bin/prepare", jsonl, "--output", str(tmp_path / "three")],
+                         cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and 'no column "text"' in bad.stderr and "Traceback" not in bad.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# schedules/blend.toml: a blended token-folder stage, an HF stage and an SFT stage
+
+@pytest.fixture(scope="module")
+def blend_folders(tmp_path_factory):
+    root = tmp_path_factory.mktemp("blend")
+    code = sorted(str(p) for p in (REPO / "nanoflow").glob("*.py"))
+    prose = [str(REPO / "README.md"), str(REPO / "BENCHMARKS.md")]
+    prepare(code, str(root / "code"), num_proc=1, cache_dir=str(root / "cache"))
+    prepare(prose, str(root / "prose"), num_proc=1, cache_dir=str(root / "cache"))
+    with open(root / "sft.jsonl", "w") as f:     # small, so that the SFT stage wraps around within its steps
+        f.writelines(json.dumps({"prompt": f"{i}+{i}=", "completion": str(2 * i)}) + "\n" for i in range(10))
+    return root
+
+
+def blend_config(root: Path, run: Path, *extra: str):
+    return load_config(REPO / "schedules" / "blend.toml", [
+        f"data_stages.pretrain.data.dataset.dataset_folder={json.dumps([str(root / 'code'), str(root / 'prose')])}",
+        f"checkpoints.checkpoints_path={json.dumps(str(run))}", "checkpoints.checkpoint_interval=100",
+        "tokens.train_steps=12", "data_stages.anneal.start_training_step=6", "data_stages.sft.start_training_step=10",
+        "tokens.sequence_length=32", "tokens.micro_batch_size=2", "data_stages.sft.micro_batch_size=4",
+        "model.num_hidden_layers=1", "model.hidden_size=32", "model.intermediate_size=64",
+        f"data_stages.sft.data.dataset.hf_data_files={json.dumps(str(root / 'sft.jsonl'))}", *extra])
+
+
+def test_blend_schedule_trains_on_prepared_folders_and_resumes_bit_exactly(blend_folders, tmp_path):
+    from nanoflow.loop import train
+    from test_resume import assert_same_training_state
+
+    out = text_io.StringIO()
+    straight = train(blend_config(blend_folders, tmp_path / "straight"), out=out, progress=False)
+    log = out.getvalue()
+    assert 'stage "pretrain"' in log and 'stage "anneal"' in log and 'stage "sft"' in log
+    assert log.count("sft.jsonl wrapped around (10 samples an epoch)") == 1      # the loop passes the loader's log
+    for k in (3, 7):                                # mid pretrain (workers prefetching), mid anneal
+        run = tmp_path / f"stop{k}"
+        train(blend_config(blend_folders, run), until_step=k, out=text_io.StringIO(), progress=False)
+        resumed = train(blend_config(blend_folders, run), out=text_io.StringIO(), progress=False)
+        assert_same_training_state(straight, resumed)
