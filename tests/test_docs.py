@@ -1,0 +1,144 @@
+"""Every snippet in docs/ runs.
+
+Conventions (docs/README.md says the same to writers):
+- ```python and ```bash blocks run, in page order, in one scratch folder per page that mirrors the
+  repository (bin/, nanoflow/ … linked, schedules/ copied), so a page may build on its earlier
+  blocks and nothing is written into the repository. A block preceded by `<!-- no-run -->` is
+  shown only (commands that need S3, several processes or hours).
+- ```toml blocks are loaded with `nanoflow.load_config`: a complete config (with [model] and
+  [[data_stages]]) as it is, a fragment merged over schedules/tiny.toml (its stages replaced when
+  the fragment has [[data_stages]]), so every key a page shows is a real, valid key. The quick test
+  loads them alone (a path that an earlier block of the page creates may be missing then); the slow
+  one loads them in page order, strictly.
+- ```text blocks are output, never run.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from nanoflow import ConfigError, load_config
+from nanoflow.nanotron import to_toml
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
+PAGES = sorted(p.name for p in DOCS.glob("*.md") if p.name != "README.md")   # README.md: the index
+FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```\s*$", re.MULTILINE | re.DOTALL)
+NO_RUN = "<!-- no-run -->"
+NOT_MIRRORED = {".git", ".venv", "runs", "schedules", "__pycache__", ".pytest_cache", ".hypothesis", "build"}
+
+
+def blocks(page: str) -> list[tuple[str, str, int, bool]]:
+    """(language, code, line number, runs) of every fenced block of a page."""
+    text = (DOCS / page).read_text()
+    found = []
+    for match in FENCE.finditer(text):
+        before = text[:match.start()].rstrip().rsplit("\n", 1)[-1].strip()
+        found.append((match.group(1), match.group(2), text.count("\n", 0, match.start()) + 1, before != NO_RUN))
+    return found
+
+
+def scratch(tmp_path: Path) -> Path:
+    """A folder that looks like the repository: links to its files, a copy of schedules/ (fragments are written there)."""
+    for entry in ROOT.iterdir():
+        if entry.name not in NOT_MIRRORED:
+            (tmp_path / entry.name).symlink_to(entry)
+    shutil.copytree(ROOT / "schedules", tmp_path / "schedules")
+    return tmp_path
+
+
+def merge(base: dict, fragment: dict) -> dict:
+    out = dict(base)
+    for key, value in fragment.items():
+        out[key] = merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def test_docs_pages_exist():
+    assert {"stages.md", "resume.md", "s3.md", "parallelism.md", "data.md", "notebook.md"} <= set(PAGES)
+    for page in PAGES:
+        assert blocks(page), f"docs/{page} has no code block"
+        for language, _, line, _ in blocks(page):
+            assert language in ("python", "bash", "toml", "text"), f"docs/{page}:{line}: ```{language or '(none)'}"
+
+
+def load_toml_block(folder: Path, page: str, n: int, code: str, line: int, *, strict: bool = True) -> None:
+    tiny = tomllib.loads((ROOT / "schedules" / "tiny.toml").read_text())
+    raw = tomllib.loads(code)
+    complete = "model" in raw and "data_stages" in raw
+    path = folder / "schedules" / f"_docs_{n}.toml"
+    path.write_text(code if complete else to_toml(merge(tiny, raw)))
+    try:
+        load_config(path)
+    except Exception as e:
+        problems = [p for p in str(e).splitlines()[1:] if strict or not p.strip().endswith("does not exist")]
+        if problems or not isinstance(e, ConfigError):
+            pytest.fail(f"docs/{page}:{line}: the TOML block does not load: {e}")
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_toml_blocks_load(page, tmp_path, monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    folder = scratch(tmp_path)
+    for n, (language, code, line, runs) in enumerate(blocks(page)):
+        if language == "toml" and runs:
+            load_toml_block(folder, page, n, code, line, strict=False)
+
+
+def run_page(page: str, folder: Path) -> str | None:
+    """Run a page's blocks in order in `folder`; None, or what went wrong."""
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+           "PYTHONDONTWRITEBYTECODE": "1"}
+    env.pop("WORLD_SIZE", None)
+    for n, (language, code, line, runs) in enumerate(blocks(page)):
+        if not runs or language not in ("python", "bash", "toml"):
+            continue
+        if language == "toml":
+            try:
+                load_toml_block(folder, page, n, code, line)
+            except pytest.fail.Exception as e:
+                return str(e)
+            continue
+        if language == "python":
+            script = folder / f"_docs_{n}.py"
+            script.write_text(code)
+            command = [sys.executable, str(script)]
+        else:
+            command = ["bash", "-e", "-o", "pipefail", "-c", code]
+        try:
+            result = subprocess.run(command, cwd=folder, env=env, capture_output=True, text=True, timeout=180)
+        except subprocess.TimeoutExpired:
+            return f"docs/{page}:{line}: the {language} block ran over 180 s"
+        if result.returncode != 0:
+            return (f"docs/{page}:{line}: the {language} block exits {result.returncode}\n"
+                    f"--- stdout\n{result.stdout[-3000:]}\n--- stderr\n{result.stderr[-3000:]}")
+    return None
+
+
+@pytest.fixture(scope="module")
+def page_results(tmp_path_factory) -> dict[str, str | None]:
+    """Every page run at once, each in its own scratch folder (pages are independent; their blocks are not)."""
+    folders = {page: scratch(tmp_path_factory.mktemp(page.removesuffix(".md"))) for page in PAGES}
+    with ThreadPoolExecutor(max_workers=max(2, min(4, os.cpu_count() or 1))) as pool:
+        futures = {page: pool.submit(run_page, page, folder) for page, folder in folders.items()}
+        return {page: future.result() for page, future in futures.items()}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("page", PAGES)
+def test_code_blocks_run(page, page_results):
+    if page_results[page] is not None:
+        pytest.fail(page_results[page], pytrace=False)
