@@ -2,10 +2,10 @@
 
 Every step writes `<stage>/loss`, `<stage>/lr`, `<stage>/grad_norm` and `<stage>/tokens_per_s`
 (one chart per stage and metric, on the global step axis) and the same under `all/` (one line
-across the stages) to `<run folder>/tensorboard/`. A resume purges the events after the step it
-resumes from, as metrics.jsonl does, so an abandoned attempt leaves no doubled curve:
-
-    tensorboard --logdir runs/curriculum/tensorboard
+across the stages) as `events.out.tfevents.*` files in the run folder, beside metrics.jsonl — so
+`tensorboard --logdir runs` shows every run under its folder's name, side by side. A resume purges
+the events after the step it resumes from, as metrics.jsonl does, so an abandoned attempt leaves
+no doubled curve.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ class TensorBoardLog:
     tokens, elapsed). Does nothing when tensorboard is not installed or `enabled` is false (ranks other than 0)."""
 
     def __init__(self, run_dir: str | Path, start_step: int, enabled: bool = True):
-        self.directory = Path(run_dir) / "tensorboard"
+        self.directory = Path(run_dir)
         self.start_step = start_step
         self.enabled = enabled and available()
         self.writer = None

@@ -94,7 +94,8 @@ def test_tensorboard_events_are_tagged_per_stage(run):
     pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    events = EventAccumulator(str(run / "tensorboard"))
+    assert list(run.glob("events.out.tfevents.*"))   # in the run folder, beside metrics.jsonl
+    events = EventAccumulator(str(run))
     events.Reload()
     tags = set(events.Tags()["scalars"])
     assert {"pretrain/loss", "pretrain/lr", "sft/loss", "sft/grad_norm", "all/loss", "all/tokens_per_s"} <= tags
@@ -108,9 +109,9 @@ def test_tensorboard_is_a_no_op_without_the_package(tmp_path, monkeypatch):
     monkeypatch.setattr(nanoflow_tensorboard, "available", lambda: False)
     with nanoflow_tensorboard.TensorBoardLog(tmp_path, 0) as log:
         log.write({"step": 1, "stage": "a", "loss": 1.0, "lr": 0.1, "grad_norm": 1.0, "tokens": 8, "elapsed": 0.1})
-    assert not (tmp_path / "tensorboard").exists()
+    assert not list(tmp_path.iterdir())
     train(tiny(tmp_path / "run", "tokens.train_steps=1"), out=io.StringIO())
-    assert (tmp_path / "run" / "metrics.jsonl").exists() and not (tmp_path / "run" / "tensorboard").exists()
+    assert (tmp_path / "run" / "metrics.jsonl").exists() and not list((tmp_path / "run").glob("events.*"))
 
 
 @pytest.mark.slow
