@@ -169,14 +169,20 @@ def test_background_workers_change_nothing_but_when_and_are_joined_at_close(tmp_
 def test_a_worker_error_reaches_the_caller_with_the_file_and_sample(tmp_path, folders):
     loader = open_stage(blend_config(tmp_path, folders, workers=2), 0, BYTES)
     part = loader.parts[1]
-    broken = part.source.sample
+    bad = int(part.order.take([5])[0])
+    one, many = part.source.sample, part.source.samples
 
-    def sample(i):
-        if i == int(part.order.take([5])[0]):
+    def sample(i):                       # as if the disk failed under one window of folder b
+        if i == bad:
             raise OSError("disk read failed")
-        return broken(i)
+        return one(i)
 
-    part.source.sample = sample
+    def samples(indices):
+        if bad in indices:
+            raise OSError("disk read failed")
+        return many(indices)
+
+    part.source.sample, part.source.samples = sample, samples
     with pytest.raises(Exception, match=r'stage "pretrain": sample \d+ \(dataset_folder .*/b, window \d+: '
                                         r'.*/b/0000\d_unshuffled\.ds at token \d+\): OSError: disk read failed'):
         for step in loader.steps:

@@ -234,11 +234,15 @@ class StageLoader:
             positions = local[rows] + part.offset
             indices = part.order.take(positions)
             epochs[k] = int(positions.max()) // len(part.source)
-            for row, i in zip(rows.tolist(), indices.tolist()):
-                try:
-                    inputs[row], labels[row] = part.source.sample(i)
-                except Exception as e:
-                    raise DataError(self._where(part, int(gs[row]), i) + f": {type(e).__name__}: {e}") from e
+            try:
+                inputs[rows], labels[rows] = part.source.samples(indices)
+            except Exception:   # find the sample that fails, to name it
+                for row, i in zip(rows.tolist(), indices.tolist()):
+                    try:
+                        part.source.sample(i)
+                    except Exception as e:
+                        raise DataError(self._where(part, int(gs[row]), i) + f": {type(e).__name__}: {e}") from e
+                raise
             top = max(int(inputs[rows].max()), int(labels[rows].max()))
             if top >= self.vocab_size:
                 row = next(r for r in rows.tolist() if max(inputs[r].max(), labels[r].max()) >= self.vocab_size)

@@ -364,6 +364,20 @@ class PackedText:
         window = self.tokens[start:start + self.sequence_length + 1].astype(np.int64)
         return window[:-1], window[1:]
 
+    def samples(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """sample(i) for each i, as two [len(indices), sequence_length] arrays, gathered in a few numpy
+        operations (which release the GIL) rather than one Python call per sample."""
+        indices = np.asarray(indices, dtype=np.int64)
+        if indices.size and (indices.min() < 0 or indices.max() >= len(self)):
+            bad = int(indices[(indices < 0) | (indices >= len(self))][0])
+            raise IndexError(f"window {bad} is outside 0..{len(self) - 1}")
+        starts = indices * self.sequence_length
+        if isinstance(self.tokens, TokenFolder):
+            windows = self.tokens.gather(starts, self.sequence_length + 1)
+        else:
+            windows = self.tokens[starts[:, None] + np.arange(self.sequence_length + 1)].astype(np.int64)
+        return windows[:, :-1], windows[:, 1:]
+
     def locate(self, i: int) -> str:
         """Where sample i comes from, for error messages."""
         if isinstance(self.tokens, TokenFolder):
@@ -416,6 +430,17 @@ class SFTExamples:
         target_positions = np.arange(1, len(tokens))
         labels[(target_positions < self.prompt_lengths[i]) | (target_positions >= self.lengths[i])] = IGNORE_INDEX
         return tokens[:-1], labels
+
+    def samples(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """sample(i) for each i, as two [len(indices), sequence_length] arrays."""
+        indices = np.asarray(indices, dtype=np.int64)
+        tokens = self.tokens[indices].astype(np.int64)
+        labels = tokens[:, 1:].copy()
+        target_positions = np.arange(1, tokens.shape[1])
+        masked = (target_positions < self.prompt_lengths[indices][:, None]) | \
+                 (target_positions >= self.lengths[indices][:, None])
+        labels[masked] = IGNORE_INDEX
+        return tokens[:, :-1], labels
 
     def locate(self, i: int) -> str:
         return f"row {i}"

@@ -229,6 +229,24 @@ class TokenFolder:
             return pieces[0].astype(np.int64)
         return np.concatenate(pieces).astype(np.int64) if pieces else np.zeros(0, np.int64)
 
+    def gather(self, starts: np.ndarray, length: int) -> np.ndarray:
+        """[len(starts), length] int64: the stream's tokens starts[i] .. starts[i] + length - 1 for each i.
+        Windows inside one file are read with one fancy index per file; the few that cross a file
+        boundary are stitched one by one."""
+        starts = np.asarray(starts, dtype=np.int64)
+        out = np.empty((len(starts), length), np.int64)
+        boundaries = np.asarray(self.starts, dtype=np.int64)
+        first = np.searchsorted(boundaries, starts, side="right") - 1
+        last = np.searchsorted(boundaries, starts + length - 1, side="right") - 1
+        offsets = np.arange(length)
+        for k in np.unique(first):
+            rows = np.flatnonzero((first == k) & (last == k))
+            if rows.size:
+                out[rows] = self.files[k].map[(starts[rows] - boundaries[k])[:, None] + offsets]
+        for row in np.flatnonzero(first != last):
+            out[row] = self[int(starts[row]):int(starts[row]) + length]
+        return out
+
     def locate(self, token: int) -> str:
         """'NAME.ds at token T': where token `token` of the stream lives, for error messages."""
         index = min(bisect_right(self.starts, token) - 1, len(self.files) - 1)
