@@ -65,6 +65,7 @@ class ModelArgs:
     tie_word_embeddings: bool = False
     initializer_range: float = field(default=0.02, validator=positive_float)
     dtype: Literal["float32", "bfloat16"] = "float32"   # autocast dtype; master weights stay float32
+    compile: bool = False                              # torch.compile each decoder layer
     init_from: Union[str, None] = None                 # start from these weights (a checkpoint or HF folder)
 
 
