@@ -217,11 +217,7 @@ def test_pickle_only_hf_folder_is_refused_clearly(tmp_path):
         read_hf(str(tmp_path))
 
 
-def test_export_and_import_on_s3(trained, request):
-    try:
-        s3_bucket = request.getfixturevalue("s3_bucket")   # tests/conftest.py: moto's S3 server on loopback
-    except pytest.FixtureLookupError:
-        pytest.skip("no s3_bucket fixture (tests/conftest.py)")
+def test_export_and_import_on_s3(trained, s3_bucket):
     run, state = trained
     export_hf(str(run), s3_bucket + "/hf", max_shard_size=20_000)
     assert is_hf_folder(s3_bucket + "/hf")

@@ -1,0 +1,154 @@
+"""A real S3 endpoint on loopback for the S3 tests: moto in server mode, in this process.
+
+`s3_endpoint` (session) starts moto's ThreadedMotoServer on 127.0.0.1 and a free port and points the
+standard AWS environment at it (AWS_ENDPOINT_URL, dummy credentials, region), so boto3 and smart_open —
+in this process and in any bin/train subprocess, which inherits the environment — talk to it and to
+nothing else. Everything is restored when the session ends. `s3_bucket` (function) creates a fresh
+bucket and yields an s3:// prefix inside it.
+
+moto keeps its data in this process's memory, so the server can be stopped and started again on the
+same port with its objects intact: that is how the tests simulate an outage in the middle of a save.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import struct
+import threading
+import uuid
+
+import pytest
+
+SECRET_ACCESS_KEY = "testing"
+AWS_ENVIRONMENT = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": SECRET_ACCESS_KEY,
+    "AWS_DEFAULT_REGION": "us-east-1",
+    # Nothing from the developer's own AWS setup may leak in, and nothing may be looked up elsewhere.
+    "AWS_CONFIG_FILE": os.devnull,
+    "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
+    "AWS_EC2_METADATA_DISABLED": "true",
+    # A dead endpoint fails at once instead of being retried with back-off (boto3 clients built from the
+    # environment, i.e. io.py's own listing/deleting client; smart_open passes its own retry config).
+    "AWS_MAX_ATTEMPTS": "1",
+    "AWS_RETRY_MODE": "standard",
+}
+AWS_UNSET = ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN", "AWS_ROLE_ARN",
+             "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_ENDPOINT_URL_S3", "AWS_CA_BUNDLE")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class S3Endpoint:
+    """moto's server on 127.0.0.1:port, which can be stopped (really: no new connections, none kept alive)
+    and started again with its data, and told to stop itself when a given request arrives."""
+
+    def __init__(self, port: int):
+        self.port = port
+        self.url = f"http://127.0.0.1:{port}"
+        self._server = None
+        self._lock = threading.Lock()
+        self._stop_when = None
+        self.stopped_by: str | None = None   # "METHOD PATH" of the request that stopped the server
+
+    @property
+    def running(self) -> bool:
+        return self._server is not None
+
+    def start(self) -> None:
+        from moto.server import ThreadedMotoServer
+
+        assert self._server is None, "already running"
+        server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
+        server.start()
+        werkzeug_server = server._server  # the werkzeug server ThreadedMotoServer runs: wrap its WSGI app
+        werkzeug_server.app = self._middleware(werkzeug_server.app)
+        self._server = server
+
+    def stop(self) -> None:
+        """Stop serving: close the listening socket too (ThreadedMotoServer.stop alone leaves it bound, so new
+        connections would hang instead of being refused, and the port could not be bound again)."""
+        with self._lock:
+            server, self._server = self._server, None
+        if server is not None:
+            server.stop()
+            server._server.server_close()
+
+    def stop_when(self, predicate) -> None:
+        """Stop the server when a request with predicate(method, path) arrives; that request's connection is
+        reset, unanswered, as if the server had died while it was in flight. None clears it."""
+        self._stop_when = predicate
+        self.stopped_by = None
+
+    def _middleware(self, app):
+        endpoint = self
+
+        def wrapped(environ, start_response):
+            predicate = endpoint._stop_when
+            method, path = environ["REQUEST_METHOD"], environ.get("PATH_INFO", "")
+            if endpoint._server is None or (predicate is not None and predicate(method, path)):
+                if endpoint._server is not None:
+                    endpoint._stop_when = None
+                    endpoint.stopped_by = f"{method} {path}"
+                    endpoint.stop()
+                # A connection kept alive from before the stop, or the triggering request: reset it.
+                connection = environ["werkzeug.socket"]
+                connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                connection.shutdown(socket.SHUT_RDWR)
+                raise ConnectionAbortedError("S3 test endpoint stopped")
+            return app(environ, start_response)
+
+        return wrapped
+
+    def client(self):
+        """A boto3 S3 client bound to this endpoint explicitly (not through the environment)."""
+        import boto3
+        from botocore.config import Config
+
+        return boto3.client("s3", endpoint_url=self.url, region_name="us-east-1", aws_access_key_id="testing",
+                            aws_secret_access_key=SECRET_ACCESS_KEY,
+                            config=Config(retries={"total_max_attempts": 2, "mode": "standard"}, connect_timeout=5,
+                                          read_timeout=30))
+
+    def make_bucket(self, prefix: str = "runs/s3") -> str:
+        bucket = f"nanoflow-{uuid.uuid4().hex[:12]}"
+        self.client().create_bucket(Bucket=bucket)
+        return f"s3://{bucket}/{prefix}"
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint():
+    pytest.importorskip("moto.server")
+    pytest.importorskip("boto3")
+    saved = {k: os.environ.get(k) for k in (*AWS_ENVIRONMENT, *AWS_UNSET, "AWS_ENDPOINT_URL")}
+    endpoint = S3Endpoint(_free_port())
+    os.environ.update(AWS_ENVIRONMENT, AWS_ENDPOINT_URL=endpoint.url)
+    for key in AWS_UNSET:
+        os.environ.pop(key, None)
+    try:
+        endpoint.start()
+        yield endpoint
+    finally:
+        endpoint.stop()
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+@pytest.fixture
+def s3_bucket(s3_endpoint):
+    """s3://<fresh bucket>/runs/s3 on the test endpoint (the server is restarted first if a test left it stopped)."""
+    if not s3_endpoint.running:
+        s3_endpoint.start()
+    s3_endpoint.stop_when(None)
+    yield s3_endpoint.make_bucket()
+    s3_endpoint.stop_when(None)
+    if not s3_endpoint.running:
+        s3_endpoint.start()

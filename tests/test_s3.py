@@ -1,0 +1,359 @@
+"""Checkpoints on S3 behave as they do locally, against a real S3 endpoint on loopback (moto's server, see conftest.py).
+
+Nothing of nanoflow is mocked: io.py talks to the endpoint through smart_open and boto3, configured only by the
+standard AWS environment the `s3_endpoint` fixture sets. The tests look at the bucket with their own boto3
+client, bound to the endpoint explicitly.
+
+Every run is compared, bit for bit, with one uninterrupted local run of schedules/tiny.toml. tiny trains on the
+repository's own nanoflow/*.py, so the tests use a snapshot of the schedule and its data taken once per module:
+an edit to the sources while the tests run must not change the data between two runs that are compared.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import glob
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+from nanoflow import load_config
+from nanoflow.io import CheckpointError, CheckpointWarning, latest, read_checkpoint, read_metadata, read_model
+from nanoflow.io.store import Store
+from nanoflow.loop import train
+from nanoflow.snapshot import MOMENTS, STEP, checkpoint_blocks
+
+ROOT = Path(__file__).resolve().parent.parent
+TRAIN_STEPS = 12
+FILES = ("checkpoint_metadata.json", "model/rank00000.safetensors", "optimizer/rank00000.safetensors",
+         "rng/rank00000.safetensors")
+
+# bin/train, with smart_open's retries cut to one attempt. smart_open builds its own boto3 clients with
+# retries={"max_attempts": 6, "mode": "adaptive"} (which AWS_MAX_ATTEMPTS does not override) and retries
+# EndpointConnectionError 6 more times, 10 s apart, on top: against a stopped endpoint one write takes minutes
+# to fail. This only shortens that wait; nanoflow itself runs unchanged.
+FAIL_FAST_TRAIN = """
+import runpy, sys
+import botocore.config, smart_open.s3 as s3
+s3.RETRY.attempts, s3.RETRY.sleep_seconds = 1, 0
+_initialize = s3._initialize_boto3
+def _fail_fast(rw, client, client_kwargs, bucket, key):
+    kwargs = dict(client_kwargs or {})
+    config = botocore.config.Config(retries={"total_max_attempts": 1, "mode": "standard"}, connect_timeout=5,
+                                    read_timeout=30)
+    kwargs["S3.Client"] = {"config": config, **kwargs.get("S3.Client", {})}
+    return _initialize(rw, client, kwargs, bucket, key)
+s3._initialize_boto3 = _fail_fast
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+@pytest.fixture(scope="module")
+def tiny_toml(tmp_path_factory) -> Path:
+    """schedules/tiny.toml with its data (../nanoflow/*.py, data/…), copied to the same relative places."""
+    snapshot = tmp_path_factory.mktemp("tiny")
+    shutil.copytree(ROOT / "schedules", snapshot / "schedules")
+    (snapshot / "nanoflow").mkdir()
+    for source in glob.glob(str(ROOT / "nanoflow" / "*.py")):
+        shutil.copy(source, snapshot / "nanoflow")
+    return snapshot / "schedules" / "tiny.toml"
+
+
+def tiny(tiny_toml: Path, checkpoints_path: str, *overrides: str):
+    return load_config(tiny_toml, [f"checkpoints.checkpoints_path={json.dumps(str(checkpoints_path))}", *overrides])
+
+
+def run(config, **kwargs):
+    """train() in this process; returns (state, printed output)."""
+    out = io.StringIO()
+    state = train(config, out=out, **kwargs)
+    return state, out.getvalue()
+
+
+def groups_of(state) -> dict[str, dict[str, torch.Tensor]]:
+    groups, _ = checkpoint_blocks(state)  # one process: every block is a whole tensor
+    return {g: {name: b.data.detach().clone() for name, b in blocks.items()} for g, blocks in groups.items()}
+
+
+def assert_same(got: dict, want: dict, groups=("model", "optimizer", "rng")) -> None:
+    """torch.equal on every parameter, every AdamW moment (exp_avg, exp_avg_sq, step) and the RNG state."""
+    for group in groups:
+        assert got[group].keys() == want[group].keys(), group
+        differ = [name for name, t in want[group].items()
+                  if got[group][name].dtype != t.dtype or not torch.equal(got[group][name], t)]
+        assert not differ, f"{group}: {len(differ)} tensors differ, e.g. {differ[:4]}"
+
+
+def split(url: str) -> tuple[str, str]:
+    bucket, _, prefix = url.removeprefix("s3://").partition("/")
+    return bucket, prefix
+
+
+def keys(endpoint, url: str) -> dict[str, int]:
+    """Every object under the s3:// prefix, as {path relative to it: size}."""
+    bucket, prefix = split(url)
+    found = {}
+    for page in endpoint.client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix + "/"):
+        found.update({o["Key"][len(prefix) + 1:]: o["Size"] for o in page.get("Contents", [])})
+    return found
+
+
+def get(endpoint, url: str, relative: str) -> bytes:
+    bucket, prefix = split(url)
+    return endpoint.client().get_object(Bucket=bucket, Key=f"{prefix}/{relative}")["Body"].read()
+
+
+def step_folders(endpoint, url: str) -> set[str]:
+    """The immediate 'sub-folders' of the prefix (S3 CommonPrefixes)."""
+    bucket, prefix = split(url)
+    listing = endpoint.client().list_objects_v2(Bucket=bucket, Prefix=prefix + "/", Delimiter="/")
+    return {p["Prefix"][len(prefix) + 1:].rstrip("/") for p in listing.get("CommonPrefixes", [])}
+
+
+def copy_run(endpoint, source: str, target: str) -> None:
+    """Server-side copy of every object of a run prefix (to damage a copy, not the shared run)."""
+    client = endpoint.client()
+    (sb, sp), (tb, tp) = split(source), split(target)
+    for relative in keys(endpoint, source):
+        client.copy_object(Bucket=tb, Key=f"{tp}/{relative}", CopySource={"Bucket": sb, "Key": f"{sp}/{relative}"})
+
+
+# ---------------------------------------------------------------------------------------------
+# Shared runs
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, tiny_toml):
+    """The uninterrupted run: schedules/tiny.toml, 12 steps, locally, saved only at the end."""
+    run_folder = tmp_path_factory.mktemp("reference") / "run"
+    state, _ = run(tiny(tiny_toml, run_folder, "checkpoints.checkpoint_interval=100"), fresh=True)
+    assert state.step == TRAIN_STEPS
+    return groups_of(state)
+
+
+@pytest.fixture(scope="module")
+def s3_run(s3_endpoint, tmp_path_factory, tiny_toml, reference):
+    """tiny on S3, saving every 4 steps, stopped after step 6 and resumed: commits 4, 6, 8, 12.
+
+    Returns (run url, state groups after the first part, state groups at the end, output of the resume)."""
+    url = s3_endpoint.make_bucket()
+    config = tiny(tiny_toml, url, "checkpoints.checkpoint_interval=4")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(tmp_path_factory.mktemp("s3_run"))  # metrics.jsonl of an s3:// run goes to ./runs/<run>
+        first, _ = run(config, until_step=6)
+        assert first.step == 6
+        final, out = run(config)
+    return url, groups_of(final), out
+
+
+# ---------------------------------------------------------------------------------------------
+# In-process tests
+
+def test_the_endpoint_is_the_local_server(s3_endpoint, s3_bucket):
+    import boto3
+
+    assert os.environ["AWS_ENDPOINT_URL"] == s3_endpoint.url and s3_endpoint.url.startswith("http://127.0.0.1:")
+    assert boto3.client("s3").meta.endpoint_url == s3_endpoint.url  # what io.py's own client uses
+    Store(s3_bucket).write("probe/object.bin", b"local")  # through smart_open
+    assert keys(s3_endpoint, s3_bucket) == {"probe/object.bin": 5}  # seen by a client bound to the endpoint
+    assert Store(s3_bucket).read("probe/object.bin") == b"local"
+
+
+def test_save_and_resume_on_s3_equals_an_uninterrupted_local_run(s3_run, reference):
+    url, final, out = s3_run
+    assert f"resuming from {url}/6: step 6 done, next step 7" in out
+    assert_same(final, reference)
+    names = {name.split(".", 1)[1] for name in final["optimizer"]}
+    assert names == set(final["model"])  # every parameter has its moments …
+    assert {name.split(".", 1)[0] for name in final["optimizer"]} == {*MOMENTS, STEP}  # … all three of them
+    assert len(final["optimizer"]) == 3 * len(final["model"])
+
+
+def test_layout_and_readers_on_s3(s3_endpoint, s3_run, reference):
+    url, _, _ = s3_run
+    objects = keys(s3_endpoint, url)
+    assert get(s3_endpoint, url, "latest.txt").decode().strip() == "12"
+    for step in (4, 6, 8, 12):
+        for name in FILES:
+            assert f"{step}/{name}" in objects, (step, name, sorted(objects))
+        meta = json.loads(get(s3_endpoint, url, f"{step}/checkpoint_metadata.json"))
+        assert meta["step"] == step
+        assert {f"{step}/{name}" for name in meta["files"]} | {f"{step}/checkpoint_metadata.json"} == \
+            {k for k in objects if k.startswith(f"{step}/")}  # nothing missing, nothing stray
+        for name, entry in meta["files"].items():  # the sizes recorded are the sizes stored
+            assert objects[f"{step}/{name}"] == entry["bytes"], name
+    assert not [k for k in objects if ".tmp" in k]  # no local-style temporaries on S3
+
+    assert latest(url) == f"{url}/12"
+    assert latest(f"{url}/8") == f"{url}/8"
+    assert latest(f"{url}/8/") == f"{url}/8"
+    assert read_metadata(url)["step"] == 12
+    assert read_metadata(f"{url}/8")["step"] == 8
+    assert read_metadata(f"{url}/8")["training"]["completed"] == 8
+    assert_same({"model": read_model(url)}, reference, groups=("model",))
+    assert_same(read_checkpoint(url).groups, reference)
+    eight = read_model(f"{url}/8")
+    assert eight.keys() == reference["model"].keys()
+    assert any(not torch.equal(eight[n], reference["model"][n]) for n in eight)  # really step 8, not 12
+    assert read_checkpoint(f"{url}/6").metadata["step"] == 6
+
+
+def test_no_credentials_or_endpoint_in_checkpoints(s3_endpoint, s3_run):
+    url, _, _ = s3_run
+    secret = os.environ["AWS_SECRET_ACCESS_KEY"].encode()
+    endpoint = s3_endpoint.url.encode()
+    host_port = f"127.0.0.1:{s3_endpoint.port}".encode()
+    for relative in keys(s3_endpoint, url):
+        data = get(s3_endpoint, url, relative)
+        for needle in (secret, endpoint, host_port):
+            assert needle not in data, (relative, needle)
+    meta = read_metadata(url)
+    assert meta["config"]["checkpoints"]["checkpoints_path"] == url
+    text = json.dumps(meta)
+    assert "AWS_" not in text and "aws_secret" not in text.lower()
+
+
+@pytest.mark.parametrize("damage", ["delete newest metadata", "flip bytes in newest model file"])
+def test_damaged_newest_checkpoint_falls_back_on_s3(s3_endpoint, s3_run, s3_bucket, tiny_toml, reference, damage,
+                                                    monkeypatch, tmp_path):
+    source, _, _ = s3_run
+    url = s3_bucket
+    copy_run(s3_endpoint, source, url)
+    bucket, prefix = split(url)
+    client = s3_endpoint.client()
+    if damage == "delete newest metadata":
+        client.delete_object(Bucket=bucket, Key=f"{prefix}/12/checkpoint_metadata.json")
+        reason = rf"{url}/12 is incomplete \(no checkpoint_metadata.json\)"
+        with pytest.warns(CheckpointWarning, match=reason):
+            assert latest(url) == f"{url}/8"
+    else:
+        name = "12/model/rank00000.safetensors"
+        data = bytearray(get(s3_endpoint, url, name))
+        data[-64:] = bytes(b ^ 0xFF for b in data[-64:])  # same size: only the checksum can tell
+        client.put_object(Bucket=bucket, Key=f"{prefix}/{name}", Body=bytes(data))
+        reason = rf"{url}/12/model/rank00000.safetensors is damaged"
+        with pytest.raises(CheckpointError, match=reason):  # an explicit step folder never falls back
+            read_model(f"{url}/12")
+
+    with pytest.warns(CheckpointWarning, match=reason) as caught:
+        checkpoint = read_checkpoint(url)
+    assert checkpoint.path == f"{url}/8" and checkpoint.metadata["step"] == 8
+    assert any("resuming from step 8" in str(w.message) for w in caught)
+
+    # Resuming the run falls back the same way, says so, and ends where the uninterrupted run ends.
+    monkeypatch.chdir(tmp_path)
+    state, out = run(tiny(tiny_toml, url, "checkpoints.checkpoint_interval=4"))
+    assert "warning:" in out and f"{url}/12" in out, out
+    assert f"resuming from {url}/8: step 8 done" in out, out
+    assert_same(groups_of(state), reference)
+    assert_same(read_checkpoint(url).groups, reference)  # and the rewritten step 12 is intact
+    assert get(s3_endpoint, url, "latest.txt").decode().strip() == "12"
+
+
+def test_retention_on_s3_keeps_the_newest_committed_steps(s3_endpoint, s3_bucket, tiny_toml, reference, monkeypatch,
+                                                         tmp_path):
+    monkeypatch.chdir(tmp_path)
+    url = s3_bucket
+    state, out = run(tiny(tiny_toml, url, "checkpoints.checkpoint_interval=2", "checkpoints.keep=2"))
+    assert state.step == TRAIN_STEPS
+    assert [line.split(":")[0] for line in out.splitlines() if line.startswith("saved step")] == \
+        [f"saved step {s}" for s in range(2, 13, 2)]
+    assert step_folders(s3_endpoint, url) == {"10", "12"}
+    objects = keys(s3_endpoint, url)
+    assert {k.split("/", 1)[0] for k in objects} == {"10", "12", "latest.txt"}
+    assert all(f"{s}/{name}" in objects for s in (10, 12) for name in FILES)
+    assert get(s3_endpoint, url, "latest.txt").decode().strip() == "12"
+    assert_same(read_checkpoint(url).groups, reference)
+
+
+# ---------------------------------------------------------------------------------------------
+# bin/train as a subprocess, against an endpoint that goes away / a trainer that is killed
+
+def bin_train(tiny_toml: Path, url: str, cwd: Path, *, fail_fast: bool = False, env: dict | None = None,
+              timeout: float = 90) -> subprocess.CompletedProcess:
+    args = [str(ROOT / "bin" / "train"), str(tiny_toml), "--set", f"checkpoints.checkpoints_path={json.dumps(url)}",
+            "--set", "checkpoints.checkpoint_interval=2"]
+    command = [sys.executable, "-c", FAIL_FAST_TRAIN, *args] if fail_fast else [sys.executable, *args]
+    # The AWS_* variables the s3_endpoint fixture set are inherited.
+    return subprocess.run(command, cwd=cwd, env={**os.environ, **(env or {})}, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def assert_committed_state_is_loadable(endpoint, url: str) -> int:
+    """Whatever latest.txt names loads (or an older intact step does, with a CheckpointWarning); returns its step."""
+    named = int(get(endpoint, url, "latest.txt").decode().strip())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        checkpoint = read_checkpoint(url)
+    step = checkpoint.metadata["step"]
+    if step != named:
+        assert any(issubclass(w.category, CheckpointWarning) and f"{url}/{named}" in str(w.message) for w in caught)
+    assert not [w for w in caught if not issubclass(w.category, CheckpointWarning)]
+    return step
+
+
+@pytest.mark.slow
+def test_endpoint_stopped_mid_save_then_resume(s3_endpoint, s3_bucket, tiny_toml, reference, tmp_path):
+    url = s3_bucket
+    # The server dies as the trainer starts uploading step 4's optimizer file: step 2 is committed,
+    # step 4's model file has landed, its optimizer file and metadata never will.
+    s3_endpoint.stop_when(lambda method, path: method == "POST" and path.endswith("/4/optimizer/rank00000.safetensors"))
+    started = time.monotonic()
+    result = bin_train(tiny_toml, url, tmp_path, fail_fast=True)
+    assert result.returncode != 0, result.stdout + result.stderr
+    assert s3_endpoint.stopped_by is not None and not s3_endpoint.running
+    assert "saved step 2:" in result.stdout and "saved step 4:" not in result.stdout, result.stdout
+    assert time.monotonic() - started < 60  # failed, did not hang
+
+    s3_endpoint.start()  # same port, same objects
+    objects = keys(s3_endpoint, url)
+    assert "2/checkpoint_metadata.json" in objects
+    assert "4/model/rank00000.safetensors" in objects and "4/checkpoint_metadata.json" not in objects
+    assert assert_committed_state_is_loadable(s3_endpoint, url) == 2
+    assert latest(url) == f"{url}/2"
+
+    result = bin_train(tiny_toml, url, tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"resuming from {url}/2: step 2 done" in result.stdout, result.stdout
+    checkpoint = read_checkpoint(url)
+    assert checkpoint.metadata["step"] == TRAIN_STEPS
+    assert_same({"model": read_model(f"{url}/12")}, reference, groups=("model",))
+    assert_same(checkpoint.groups, reference)
+    assert "4/checkpoint_metadata.json" in keys(s3_endpoint, url)
+
+
+@pytest.mark.slow
+def test_trainer_killed_mid_upload_then_resume(s3_endpoint, s3_bucket, tiny_toml, reference, monkeypatch, tmp_path):
+    url = s3_bucket
+    monkeypatch.chdir(tmp_path)
+    run(tiny(tiny_toml, url, "checkpoints.checkpoint_interval=2"), until_step=2)  # step 2 committed
+    assert get(s3_endpoint, url, "latest.txt").decode().strip() == "2"
+
+    # Killed (SIGKILL) 100 bytes into the upload of step 4's optimizer file, its model file having landed:
+    # NANOFLOW_KILL_AFTER_BYTES counts the checkpoint bytes the process writes, across files.
+    model_bytes = read_metadata(url)["files"]["model/rank00000.safetensors"]["bytes"]
+    result = bin_train(tiny_toml, url, tmp_path, env={"NANOFLOW_KILL_AFTER_BYTES": str(model_bytes + 100)})
+    assert result.returncode == -signal.SIGKILL, result.stdout + result.stderr
+    assert "resuming from" in result.stdout and "saved step 4" not in result.stdout
+    objects = keys(s3_endpoint, url)
+    assert objects.get("4/model/rank00000.safetensors") == model_bytes
+    assert "4/optimizer/rank00000.safetensors" not in objects and "4/checkpoint_metadata.json" not in objects
+    bucket, prefix = split(url)
+    pending = s3_endpoint.client().list_multipart_uploads(Bucket=bucket).get("Uploads", [])
+    assert [u["Key"] for u in pending] == [f"{prefix}/4/optimizer/rank00000.safetensors"]  # never visible as an object
+    assert assert_committed_state_is_loadable(s3_endpoint, url) == 2
+
+    result = bin_train(tiny_toml, url, tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"resuming from {url}/2: step 2 done" in result.stdout, result.stdout
+    assert_same({"model": read_model(url)}, reference, groups=("model",))
+    assert_same(read_checkpoint(url).groups, reference)
