@@ -1,0 +1,226 @@
+"""Data loading: samples/s of each kind of source at sequence length 2048, seek cost at offset 0 vs 10**8
+samples, and loader throughput as a multiple of what train_step consumes on the same machine.
+
+    python bench/dataloader.py [--quick]
+
+Everything is built in a temporary folder: two token folders of random ids (written with nanoflow's
+writer), generated text files read as an HF "text" source, a generated SFT jsonl, and a blend of the
+two folders. Each loader reads whole global batches (32 × 2048 tokens) through `batch_at`, from steps
+spread over the stage, so reads are random across the files as in training. The seek test times
+`open_stage` + the first `batch_at` of a loader whose first batch starts at sample 0, and of one
+whose first batch starts at sample 10**8, interleaved (the order flips every round) and reported as
+medians. The train_step figure is the curriculum's model (schedules/curriculum.toml) at sequence
+length 2048, measured in the same process after the loaders.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from nanoflow import init_state, load_config, train_step  # noqa: E402
+from nanoflow.data import ByteTokenizer, open_stage, write_token_file  # noqa: E402
+from nanoflow.schedule import Schedule  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+SEQ = 2048
+MICRO, ACCUMULATION = 8, 4          # global batch 32
+FAR = 10**8                         # the far offset of the seek test, in samples
+BYTES = ByteTokenizer()
+
+
+def write_folder(folder: Path, tokens: int, files: int, rng) -> None:
+    per_file = tokens // files
+    for k in range(files):
+        docs = []
+        left = per_file
+        while left > 0:
+            n = min(left, int(rng.integers(200, 4000)))
+            docs.append(np.append(rng.integers(0, 256, n - 1, dtype=np.uint16), 256))
+            left -= n
+        write_token_file(folder, f"{k:05d}_unshuffled", docs, tokenizer_name="bytes", token_size=2)
+
+
+def write_inputs(root: Path, scale: float, rng) -> None:
+    write_folder(root / "web", int(48e6 * scale), 4, rng)
+    write_folder(root / "code", int(16e6 * scale), 2, rng)
+    words = np.array("the of and to in is that for it as with was on be by this are or at from".split())
+    (root / "text").mkdir()
+    for k in range(8):
+        (root / "text" / f"{k}.txt").write_text(" ".join(rng.choice(words, int(200_000 * scale))))
+    with open(root / "sft.jsonl", "w") as f:
+        for i in range(int(4000 * scale)):
+            prompt = " ".join(rng.choice(words, int(rng.integers(20, 400))))
+            f.write(json.dumps({"prompt": prompt, "completion": " ".join(rng.choice(words, 200))}) + "\n")
+
+
+def config_text(root: Path, train_steps: int) -> str:
+    stage = "\n[[data_stages]]\nname = {name!r}\nstart_training_step = {start}\n[data_stages.data.dataset]\n{body}\n"
+    sources = {
+        "token folder": f'dataset_folder = "{root / "web"}"',
+        "blend of 2 folders (0.7/0.3)": f'dataset_folder = ["{root / "web"}", "{root / "code"}"]\n'
+                                        "dataset_weights = [0.7, 0.3]",
+        "HF text (cached tokens)": f'hf_dataset_or_datasets = "text"\nhf_data_files = "{root / "text"}/*.txt"',
+        "SFT jsonl (cached tokens)": f'hf_dataset_or_datasets = "json"\nhf_data_files = "{root / "sft.jsonl"}"\n'
+                                     'prompt_column_name = "prompt"\ncompletion_column_name = "completion"',
+    }
+    text = f"""
+[model]
+vocab_size = 288
+hidden_size = 128
+intermediate_size = 384
+num_hidden_layers = 4
+num_attention_heads = 4
+num_key_value_heads = 2
+max_position_embeddings = {SEQ}
+tie_word_embeddings = true
+[tokens]
+sequence_length = {SEQ}
+train_steps = {train_steps * len(sources)}
+micro_batch_size = {MICRO}
+batch_accumulation_per_replica = {ACCUMULATION}
+[optimizer.learning_rate_scheduler]
+learning_rate = 3e-3
+"""
+    for i, (name, body) in enumerate(sources.items()):
+        text += stage.format(name=name, start=1 + i * train_steps, body=body)
+    return text
+
+
+def throughput(loader, batches: int, rng) -> float:
+    """Samples/s of batch_at over `batches` steps spread over the stage (random places in the data)."""
+    steps = rng.choice(np.arange(loader.steps.start, loader.steps.stop), batches, replace=False)
+    loader.batch_at(int(steps[0]))       # warm: pages of the first files, numpy paths
+    start = time.perf_counter()
+    for step in steps:
+        loader.batch_at(int(step))
+    return batches * loader.stage.global_batch_size / (time.perf_counter() - start)
+
+
+def seek_seconds(config, index: int, schedule, start_sample: int, cache: str, repeats: int = 5) -> float:
+    """Mean seconds of open_stage + the batch_at of the step whose batch starts at `start_sample`."""
+    stage = schedule.stages[index]
+    step = stage.start_step + start_sample // stage.global_batch_size
+    total = 0.0
+    for _ in range(repeats):
+        started = time.perf_counter()
+        loader = open_stage(config, index, BYTES, schedule, cache_dir=cache)
+        loader.batch_at(step)
+        total += time.perf_counter() - started
+        loader.close()
+    return total / repeats
+
+
+def train_tokens_per_second(steps: int) -> float:
+    state = init_state(curriculum_at_2048([]))
+    generator = torch.Generator().manual_seed(0)
+    batch = {"input_ids": torch.randint(0, 256, (2, SEQ), generator=generator)}
+    batch["labels"] = torch.roll(batch["input_ids"], -1, 1)
+    state, _ = train_step(state, batch)                       # warm-up
+    started = time.perf_counter()
+    for _ in range(steps):
+        state, _ = train_step(state, batch)
+    return steps * 2 * SEQ / (time.perf_counter() - started)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="a smaller data set and fewer rounds (a smoke test)")
+    args = parser.parse_args()
+    scale, rounds, batches = (0.1, 3, 10) if args.quick else (1.0, 15, 60)
+    torch.set_num_threads(os.cpu_count() or 1)
+    rng = np.random.default_rng(0)
+    with tempfile.TemporaryDirectory(prefix="bench-dataloader-") as tmp:
+        root = Path(tmp)
+        started = time.perf_counter()
+        write_inputs(root, scale, rng)
+        train_steps = FAR // (MICRO * ACCUMULATION) + 10           # every stage reaches sample 10**8
+        (root / "run.toml").write_text(config_text(root, train_steps))
+        config = load_config(root / "run.toml")
+        schedule = Schedule.from_config(config)
+        cache = str(root / "hf-cache")
+        print(f"inputs written in {time.perf_counter() - started:.1f}s; python {platform.python_version()}, "
+              f"torch {torch.__version__}, {os.cpu_count()} CPUs, {torch.get_num_threads()} torch threads")
+
+        print(f"\n{'source':<30} {'samples':>10} {'first open':>11} {'samples/s':>10} {'tokens/s':>12} "
+              f"{'per batch':>10}")
+        rates = {}
+        for index, stage in enumerate(config.data_stages):
+            opened = time.perf_counter()
+            loader = open_stage(config, index, BYTES, schedule, cache_dir=cache)   # HF: tokenized here, once
+            first_open = time.perf_counter() - opened
+            size = sum(len(p.source) for p in loader.parts)
+            rate = throughput(loader, batches, rng)
+            loader.close()
+            build = schedule.stages[index].global_batch_size / rate
+            rates[stage.name] = rate
+            print(f"{stage.name:<30} {size:>10,} {first_open:>10.2f}s {rate:>10,.0f} {rate * SEQ:>12,.0f} "
+                  f"{build * 1e3:>8.2f}ms")
+
+        print(f"\nseek: open_stage + first batch_at, median of {rounds} rounds of 5")
+        print(f"{'source':<30} {'offset 0':>10} {'offset 1e8':>11} {'1e8 / 0':>8}")
+        ratios = []
+        for index, stage in enumerate(config.data_stages):
+            times = {0: [], FAR: []}
+            for r in range(rounds):
+                for offset in ((0, FAR) if r % 2 == 0 else (FAR, 0)):
+                    times[offset].append(seek_seconds(config, index, schedule, offset, cache))
+            near, far = statistics.median(times[0]), statistics.median(times[FAR])
+            ratios.append(far / near)
+            print(f"{stage.name:<30} {near * 1e3:>8.2f}ms {far * 1e3:>9.2f}ms {far / near:>8.3f}")
+
+        train_rate = train_tokens_per_second(2 if args.quick else 8)
+        loop_steps = 3 if args.quick else 10
+        print(f"\ntraining loop (curriculum model, token folder, 2 × {SEQ} tokens a step, {loop_steps} steps):")
+        for workers in (0, 2):
+            wait, step_time = training_loop(root, workers, loop_steps)
+            print(f"  num_loading_workers = {workers}: waits {wait * 1e3:.2f}ms a step in batch_at, "
+                  f"step {step_time * 1e3:.0f}ms")
+        slowest = min(rates.values()) * SEQ
+        print(f"\ntrain_step (curriculum model, 2 × {SEQ} tokens a step): {train_rate:,.0f} tokens/s")
+        print(f"slowest loader: {slowest:,.0f} tokens/s = {slowest / train_rate:,.0f}× what train_step consumes "
+              f"(target >= 20×); seek ratio worst {max(ratios):.3f} (target <= 1.2)")
+
+
+def training_loop(root: Path, workers: int, steps: int) -> tuple[float, float]:
+    """(mean seconds a step waits in batch_at, mean seconds a step takes) for the curriculum's model training
+    on the token folder at sequence length 2048, 2 samples a step, with `workers` background loading threads."""
+    config = curriculum_at_2048([f'data_stages.0.data.dataset={{dataset_folder = "{root / "web"}"}}',
+                                 f"data_stages.0.data.num_loading_workers={workers}", "tokens.train_steps=200"])
+    state = init_state(config)
+    loader = open_stage(config, 0, BYTES)
+    waits, started = [], None
+    for step in range(1, steps + 2):
+        t = time.perf_counter()
+        batch = loader.batch_at(step)
+        if step == 2:                     # step 1 warms up (and starts the workers)
+            started = t
+        if step >= 2:
+            waits.append(time.perf_counter() - t)
+        state, _ = train_step(state, batch)
+    total = time.perf_counter() - started
+    loader.close()
+    return statistics.mean(waits), total / steps
+
+
+def curriculum_at_2048(extra: list[str]):
+    return load_config(REPO / "schedules" / "curriculum.toml", [
+        f"model.max_position_embeddings={SEQ}", f"tokens.sequence_length={SEQ}", "tokens.micro_batch_size=2",
+        "tokens.batch_accumulation_per_replica=1", "checkpoints.checkpoints_path=/tmp/unused-bench-run", *extra])
+
+
+if __name__ == "__main__":
+    main()
