@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import nanoflow.data.sources as sources
-from data_helpers import BYTES, load, stage
+from data_helpers import BYTES, load, stage, write_config
 from nanoflow.config import ConfigError
 from nanoflow.data import PackedText, load_rows, open_stage
 from nanoflow.data.sources import hf_specs
@@ -81,11 +81,13 @@ def test_a_list_of_splits_is_read_in_order(tmp_path):
     parts = {"train": [f"train {i} " * 20 for i in range(5)], "test": [f"test {i} " * 20 for i in range(3)]}
     datasets.DatasetDict({k: datasets.Dataset.from_dict({"text": v}) for k, v in parts.items()}).save_to_disk(
         str(tmp_path / "saved"))
-    config = load(tmp_path, [stage("p", 1, {"hf_dataset_or_datasets": "saved", "hf_dataset_splits": ["test", "train"]})])
+    config = load(tmp_path, [stage("p", 1, {"hf_dataset_or_datasets": "saved",
+                                            "hf_dataset_splits": ["test", "train"]})])
     rows = load_rows(config.data_stages[0].data.dataset, "p")
     assert rows["text"] == parts["test"] + parts["train"]
     bad = load(tmp_path, [stage("p", 1, {"hf_dataset_or_datasets": "saved", "hf_dataset_splits": ["test", "dev"]})])
-    with pytest.raises(ValueError, match=r'stage "p" \(dataset .*saved\): no split "dev" in .*saved \(splits: train, test\)'):
+    with pytest.raises(ValueError, match=r'stage "p" \(dataset .*saved\): no split "dev" in .*saved '
+                                         r"\(splits: train, test\)"):
         open_stage(bad, 0, BYTES, cache_dir=str(tmp_path / "cache"))
 
 
@@ -113,7 +115,8 @@ def test_tokenized_sources_are_cached_so_a_resume_does_not_tokenize_again(corpus
     (corpus / "rows.jsonl").write_text((corpus / "rows.jsonl").read_text() + json.dumps({"text": "new", "other": 0}) + "\n")
     open_stage(config, 0, BYTES, cache_dir=cache).close()          # an edited file is tokenized again
     assert calls == [("text",)]
-    overwrite = load(corpus, [table_stage(corpus)], ["data_stages.pretrain.data.dataset.dataset_overwrite_cache=true"])
+    overwrite = load(corpus, [table_stage(corpus)],
+                     ["data_stages.pretrain.data.dataset.dataset_overwrite_cache=true"])
     open_stage(overwrite, 0, BYTES, cache_dir=cache).close()
     assert len(calls) == 3                                           # dataset_overwrite_cache: both again
 
@@ -126,8 +129,7 @@ def test_tokenized_sources_are_cached_so_a_resume_does_not_tokenize_again(corpus
 
 
 def test_a_hub_name_that_cannot_load_offline_names_the_stage(tmp_path):
-    path = load(tmp_path, [stage("web", 1, {"hf_dataset_or_datasets": "someorg/no-such-dataset"})]) and \
-        tmp_path / "run.toml"
+    path = write_config(tmp_path, [stage("web", 1, {"hf_dataset_or_datasets": "someorg/no-such-dataset"})])
     code = ("import sys; from nanoflow.config import load_config; from nanoflow.data import ByteTokenizer, open_stage\n"
             f"open_stage(load_config({str(path)!r}), 0, ByteTokenizer(), cache_dir={str(tmp_path / 'c')!r})")
     env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
@@ -140,7 +142,8 @@ def test_a_hub_name_that_cannot_load_offline_names_the_stage(tmp_path):
 @pytest.mark.slow
 def test_tokenizing_in_several_processes_gives_the_same_tokens(corpus):
     one = load(corpus, [table_stage(corpus)])
-    two = load(corpus, [table_stage(corpus)], ["data_stages.pretrain.data.dataset.dataset_processing_num_proc_per_process=2"])
+    two = load(corpus, [table_stage(corpus)],
+               ["data_stages.pretrain.data.dataset.dataset_processing_num_proc_per_process=2"])
     with open_stage(one, 0, BYTES, cache_dir=str(corpus / "c1")) as a, \
             open_stage(two, 0, BYTES, cache_dir=str(corpus / "c2")) as b:
         for pa, pb in zip(a.parts, b.parts):

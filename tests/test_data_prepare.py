@@ -12,12 +12,11 @@ import numpy as np
 import pytest
 
 import nanoflow.data.prepare as prepare_module
-from data_helpers import BYTES
 from nanoflow import load_config
 from nanoflow.data import PackedText, TokenFolder, load_rows, load_tokenizer
 from nanoflow.data.prepare import PrepareError, prepare
-from nanoflow.data.sources import hf_specs
 from nanoflow.config import DatasetArgs
+from nanoflow.data.sources import hf_specs
 
 REPO = Path(__file__).resolve().parents[1]
 

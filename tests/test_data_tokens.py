@@ -173,7 +173,8 @@ def test_bad_hf_table_weights_are_config_errors(tmp_path):
         load(tmp_path, [stage("pretrain", 1, {"hf_dataset_or_datasets": {"a.txt": -1}})])
     with pytest.raises(ConfigError, match=r"hf_dataset_or_datasets: every weight is zero"):
         load(tmp_path, [stage("pretrain", 1, {"hf_dataset_or_datasets": {"a.txt": 0}})])
-    with pytest.raises(ConfigError, match=r"data\.dataset\.hf_dataset_or_datasets: expected a number as the weight of '.*a.txt', got 'x'"):
+    with pytest.raises(ConfigError, match=r"data\.dataset\.hf_dataset_or_datasets: expected a number as the weight "
+                                          r"of '.*a.txt', got 'x'"):
         load(tmp_path, [stage("pretrain", 1, {"hf_dataset_or_datasets": {"a.txt": "x"}})])
 
 
