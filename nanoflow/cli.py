@@ -33,6 +33,7 @@ def train_main(argv: list[str] | None = None) -> int:
             return 0
         # Imported here: torch is not needed for --plan or for config errors.
         from nanoflow.io import CheckpointError
+        from nanoflow.io.store import StoreError
         from nanoflow.loop import train
         from nanoflow.parallel import shutdown
         from nanoflow.schedule import ScheduleDriftError
@@ -41,6 +42,10 @@ def train_main(argv: list[str] | None = None) -> int:
         except (CheckpointError, ScheduleDriftError) as e:
             print(f"error: {args.config}: {e}", file=sys.stderr)
             return EXIT_BAD_INPUT
+        except StoreError as e:  # storage gone mid-run: what was committed before is intact
+            print(f"error: {e}\nThe last committed checkpoint is untouched: run the same command again to resume "
+                  "from it.", file=sys.stderr)
+            return 1
         finally:
             shutdown()
     except ConfigError as e:

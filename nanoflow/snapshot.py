@@ -139,7 +139,7 @@ def restore_state(config: Config, reader: CheckpointReader, topology: Topology, 
         for name, p in model.named_parameters():
             if f"{STEP}.{name}" not in saved:
                 continue  # a parameter the optimizer had not stepped yet
-            state = {STEP: reader.read("optimizer", f"{STEP}.{name}")}
+            state = {STEP: reader.read("optimizer", f"{STEP}.{name}").clone()}
             for key in MOMENTS:
                 moment = torch.zeros_like(p)
                 place(moment, lambda o, s, k=key: reader.read("optimizer", f"{k}.{name}", o, s))
@@ -147,5 +147,5 @@ def restore_state(config: Config, reader: CheckpointReader, topology: Topology, 
             optimizer.state[p] = state
     lr_origin = reader.metadata["lr_origin"] if load_lr_scheduler else trained.completed
     return TrainState.create(step=trained.completed, model=model, optimizer=optimizer,
-                             rng_state=reader.read("rng", "cpu"), lr_origin=lr_origin, config=config,
+                             rng_state=reader.read("rng", "cpu").clone(), lr_origin=lr_origin, config=config,
                              schedule=schedule, topology=topology)

@@ -8,7 +8,7 @@ Layout (nanotron's, with a commit marker):
     <run>/300/rng.safetensors               generator state
     <run>/300/checkpoint_metadata.json      written LAST: the commit marker
 
-The metadata lists every file with its size and SHA-256, every tensor with its global shape and
+The metadata lists every file with its size and XXH3-128 checksum, every tensor with its global shape and
 the boxes (file, offset, shape) it was written in, the schedule position, the topology, the
 resolved config and the versions. A step folder without it is incomplete and never loaded.
 
@@ -23,7 +23,6 @@ one is committed. Endpoint and credentials come from the standard AWS environmen
 from __future__ import annotations
 
 import datetime
-import hashlib
 import json
 import math
 import os
@@ -33,12 +32,11 @@ import warnings
 
 import attrs
 import torch
-from safetensors.torch import load as load_safetensors
-from safetensors.torch import save as save_safetensors
-
 from nanoflow.io.store import Store, StoreError
+from nanoflow.io.tensorfile import TensorFileError, new_checksum, parse, tensor_chunks
 
 METADATA = "checkpoint_metadata.json"
+CHECKSUM = "xxh3_128"  # the per-file checksum recorded in the metadata
 LATEST = "latest.txt"
 FORMAT = "nanoflow-checkpoint/1"
 
@@ -56,10 +54,6 @@ def _read(store: Store, relative: str) -> bytes:
         return store.read(relative)
     except StoreError as e:
         raise CheckpointError(str(e)) from e
-
-
-def _sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -187,9 +181,9 @@ def save_checkpoint(root: str, step: int, groups: dict[str, dict[str, Block | to
         if not blocks:
             continue
         name = f"{group}/rank{topology.rank:05d}{suffix}.safetensors"
-        data = save_safetensors({k: b.data.detach().contiguous().cpu() for k, b in blocks.items()})
-        store.write(f"{folder}/{name}", data)
-        files[name] = {"bytes": len(data), "sha256": _sha256(data)}
+        checksum = new_checksum()
+        size = store.write(f"{folder}/{name}", tensor_chunks({k: b.data for k, b in blocks.items()}), checksum)
+        files[name] = {"bytes": size, CHECKSUM: checksum.hexdigest()}
         index[group] = {k: {"shape": list(b.shape), "dtype": str(b.data.dtype).removeprefix("torch."),
                             "shards": [{"file": name, "key": k, "offset": list(b.offset),
                                         "shape": list(b.data.shape)}]} for k, b in blocks.items()}
@@ -248,7 +242,7 @@ def _nanoflow_version() -> str:
 
 class CheckpointReader:
     """One committed step folder. Reads any box of any saved tensor, loading only the files that
-    hold part of it; every file is checked against its recorded size and SHA-256 when loaded."""
+    hold part of it; every file is checked against its recorded size and checksum when loaded."""
 
     def __init__(self, folder: str):
         self.store = Store(folder)
@@ -263,7 +257,10 @@ class CheckpointReader:
         return tuple(self._entries(group)[name]["shape"])
 
     def read(self, group: str, name: str, offset=None, shape=None) -> torch.Tensor:
-        """The box [offset, offset + shape) of tensor `name` (the whole tensor by default)."""
+        """The box [offset, offset + shape) of tensor `name` (the whole tensor by default).
+
+        A box saved exactly as asked comes back as a view of the file's buffer; copy it before writing to it.
+        """
         entry = self._entries(group).get(name)
         if entry is None:
             raise CheckpointError(f"{self.path}: no tensor {name!r} in its {group} group")
@@ -272,15 +269,16 @@ class CheckpointReader:
         if len(shape) != len(entry["shape"]) or any(o + n > m for o, n, m in zip(offset, shape, entry["shape"])):
             raise CheckpointError(f"{self.path}: {group} tensor {name} has shape {entry['shape']}; the box at "
                                   f"{list(offset)} of shape {list(shape)} does not fit it")
+        for shard in entry["shards"]:
+            if tuple(shard["offset"]) == offset and tuple(shard["shape"]) == shape:  # saved as asked: no copy
+                return self._load(shard["file"])[shard["key"]]
         box, covered = torch.empty(shape, dtype=getattr(torch, entry["dtype"])), 0
         for shard in entry["shards"]:
             lo = [max(o, so) for o, so in zip(offset, shard["offset"])]
             hi = [min(o + n, so + sn) for o, n, so, sn in zip(offset, shape, shard["offset"], shard["shape"])]
-            if any(l >= h for l, h in zip(lo, hi)) and len(shape) > 0:
+            if any(l >= h for l, h in zip(lo, hi)):
                 continue
             block = self._load(shard["file"])[shard["key"]]
-            if len(shape) == 0:
-                return block.clone()
             source = tuple(slice(l - so, h - so) for l, h, so in zip(lo, hi, shard["offset"]))
             target = tuple(slice(l - o, h - o) for l, h, o in zip(lo, hi, offset))
             box[target] = block[source]
@@ -308,11 +306,13 @@ class CheckpointReader:
             if expected is None:
                 raise CheckpointError(f"{self.path}: {name} is not listed in {METADATA}")
             data = _read(self.store, name)
-            if len(data) != expected["bytes"] or _sha256(data) != expected["sha256"]:
+            checksum = new_checksum()
+            checksum.update(data)
+            if len(data) != expected["bytes"] or checksum.hexdigest() != expected[CHECKSUM]:
                 raise CheckpointError(f"{self.store.url(name)} is damaged (size or checksum differs from {METADATA})")
             try:
-                self._files[name] = load_safetensors(data)
-            except Exception as e:
+                self._files[name] = parse(data, self.store.url(name))
+            except (TensorFileError, KeyError, RuntimeError) as e:
                 raise CheckpointError(f"{self.store.url(name)} is not a readable safetensors file: {e}") from None
         return self._files[name]
 

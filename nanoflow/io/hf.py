@@ -20,12 +20,12 @@ import json
 import os
 
 import torch
-from safetensors.torch import load as load_safetensors
-from safetensors.torch import save as save_safetensors
+from safetensors.torch import save as save_safetensors  # for the {"format": "pt"} header transformers wants
 
 from nanoflow.config import ConfigError, hf_config_mismatches
 from nanoflow.io.checkpoint import CheckpointError, CheckpointReader, open_checkpoint, read_checkpoint
 from nanoflow.io.store import Store, StoreError
+from nanoflow.io.tensorfile import parse
 
 CONFIG = "config.json"
 WEIGHTS = "model.safetensors"
@@ -245,7 +245,7 @@ def _read_json(store: Store, relative: str) -> dict:
 
 def _load(store: Store, relative: str) -> dict[str, torch.Tensor]:
     try:
-        return load_safetensors(_read_bytes(store, relative))
+        return parse(_read_bytes(store, relative), store.url(relative))
     except HFFormatError:
         raise
     except Exception as e:

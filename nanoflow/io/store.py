@@ -24,29 +24,41 @@ class Store:
     def url(self, relative: str) -> str:
         return f"{self.root}/{relative}" if relative else self.root
 
-    def write(self, relative: str, data: bytes) -> None:
-        """Write one object whole: it is either absent or complete, never partial."""
+    def write(self, relative: str, chunks, checksum=None) -> int:
+        """Write one object whole — it is either absent or complete, never partial — from `chunks`
+        (bytes, or a list of buffers written one after the other). Feeds every byte to `checksum`
+        as it goes. Returns the number of bytes written."""
         import smart_open
 
-        if self.is_s3:
-            with smart_open.open(self.url(relative), "wb") as f:
-                _write_in_chunks(f, data)
-            return
-        path = self.url(relative)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        temporary = f"{path}.tmp-{os.getpid()}"
-        with smart_open.open(temporary, "wb") as f:
-            _write_in_chunks(f, data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(temporary, path)
+        chunks = [chunks] if isinstance(chunks, (bytes, bytearray, memoryview)) else chunks
+        try:
+            if self.is_s3:
+                with smart_open.open(self.url(relative), "wb") as f:
+                    return _write_chunks(f, chunks, checksum)
+            path = self.url(relative)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            temporary = f"{path}.tmp-{os.getpid()}"
+            with open(temporary, "wb") as f:
+                size = _write_chunks(f, chunks, checksum)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(temporary, path)
+            return size
+        except Exception as e:  # OSError locally; botocore's errors, or smart_open's give-up, on S3
+            raise StoreError(f"cannot write {self.url(relative)}: {e}") from e
 
-    def read(self, relative: str) -> bytes:
+    def read(self, relative: str) -> bytearray:
+        """The whole object, in one writable buffer (tensors can be views of it)."""
         import smart_open
 
         try:
+            if not self.is_s3:
+                with open(self.url(relative), "rb") as f:
+                    buffer = bytearray(os.fstat(f.fileno()).st_size)
+                    f.readinto(buffer)
+                    return buffer
             with smart_open.open(self.url(relative), "rb") as f:
-                return f.read()
+                return bytearray(f.read())
         except Exception as e:  # OSError locally; botocore's NoSuchKey and friends on S3
             raise StoreError(f"cannot read {self.url(relative)}: {e}") from e
 
@@ -145,12 +157,18 @@ def _s3_client():
 _CHUNK = 64 << 20
 
 
-def _write_in_chunks(f, data: bytes) -> None:
-    view = memoryview(data)
-    for start in range(0, len(view), _CHUNK):
-        chunk = view[start:start + _CHUNK]
-        _crash_point(f, chunk)
-        f.write(chunk)
+def _write_chunks(f, chunks, checksum) -> int:
+    size = 0
+    for chunk in chunks:
+        view = memoryview(chunk).cast("B")
+        for start in range(0, len(view), _CHUNK):
+            piece = view[start:start + _CHUNK]
+            _crash_point(f, piece)
+            f.write(piece)
+            if checksum is not None:
+                checksum.update(piece)
+        size += len(view)
+    return size
 
 
 _bytes_written = 0
