@@ -181,3 +181,23 @@ def test_blend_schedule_trains_on_prepared_folders_and_resumes_bit_exactly(blend
         train(blend_config(blend_folders, run), until_step=k, out=text_io.StringIO(), progress=False)
         resumed = train(blend_config(blend_folders, run), out=text_io.StringIO(), progress=False)
         assert_same_training_state(straight, resumed)
+
+
+@pytest.mark.slow
+def test_bin_train_reports_a_truncated_token_file_before_step_1(blend_folders, tmp_path):
+    import shutil
+
+    broken = tmp_path / "code"
+    shutil.copytree(blend_folders / "code", broken)
+    with open(broken / "00000.ds", "ab") as f:
+        f.write(b"\x01")                                  # half a token
+    folders = json.dumps([str(broken), str(blend_folders / "prose")])
+    result = subprocess.run([sys.executable, "bin/train", "schedules/blend.toml", "--set",
+                             f"data_stages.pretrain.data.dataset.dataset_folder={folders}", "--set",
+                             f"checkpoints.checkpoints_path={json.dumps(str(tmp_path / 'run'))}"],
+                            cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    assert f'stage "pretrain" (dataset_folder {broken}): {broken}/00000.ds: ' in result.stderr
+    assert "is not a whole number of 2-byte tokens; the file is truncated" in result.stderr
+    assert not (tmp_path / "run" / "1").exists()

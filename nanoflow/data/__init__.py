@@ -7,11 +7,11 @@ from nanoflow.data.sources import (
     IGNORE_INDEX, NamedSource, PackedText, SFTExamples, expand_data_files, load_rows, open_source, open_sources,
 )
 from nanoflow.data.tokenizer import ByteTokenizer, HFTokenizer, load_tokenizer
-from nanoflow.data.tokens import TokenFolder, TokenFolderError, write_token_file
+from nanoflow.data.tokens import DataInputError, TokenFolder, TokenFolderError, write_token_file
 
 __all__ = [
-    "IGNORE_INDEX", "Blend", "ByteTokenizer", "DataError", "HFTokenizer", "NamedSource", "PackedText", "SFTExamples",
-    "SampleOrder", "StageLoader", "TokenFolder", "TokenFolderError", "expand_data_files", "load_rows",
-    "load_tokenizer", "open_source", "open_sources", "open_stage", "sample_order", "source_position",
+    "IGNORE_INDEX", "Blend", "ByteTokenizer", "DataError", "DataInputError", "HFTokenizer", "NamedSource",
+    "PackedText", "SFTExamples", "SampleOrder", "StageLoader", "TokenFolder", "TokenFolderError", "expand_data_files",
+    "load_rows", "load_tokenizer", "open_source", "open_sources", "open_stage", "sample_order", "source_position",
     "write_token_file",
 ]

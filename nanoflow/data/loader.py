@@ -35,7 +35,7 @@ from nanoflow.data.blend import Blend
 from nanoflow.data.order import SampleOrder, sample_order
 from nanoflow.data.sources import NamedSource, Source, open_sources
 from nanoflow.data.tokenizer import Tokenizer
-from nanoflow.data.tokens import TokenFolder
+from nanoflow.data.tokens import DataInputError, TokenFolder
 from nanoflow.schedule import Schedule, stage_steps
 
 
@@ -144,7 +144,7 @@ class StageLoader:
             for part, weight in zip(self.parts, self.blend.weights):
                 need = min(batch, math.ceil(batch * weight))
                 if len(part.source) < need:
-                    raise ValueError(
+                    raise DataInputError(
                         f'stage "{self.stage.name}" ({part.named.label}): {len(part.source)} samples of sequence_length '
                         f"{self.stage.sequence_length}, fewer than the {need} that each global batch of {batch} reads "
                         "from it, so one batch would repeat samples; add data, or lower the batch size"

@@ -23,7 +23,9 @@ import numpy as np
 
 from nanoflow.config import BUILDERS, DatasetArgs, NanosetDatasetsArgs
 from nanoflow.data.tokenizer import Tokenizer, load_tokenizer
-from nanoflow.data.tokens import TokenFolder, TokenFolderError, same_tokenizer, token_size_for, tokenizer_id
+from nanoflow.data.tokens import (
+    DataInputError, TokenFolder, TokenFolderError, same_tokenizer, token_size_for, tokenizer_id,
+)
 
 IGNORE_INDEX = -100     # the label PyTorch's cross-entropy skips
 _ROWS_PER_BATCH = 1024  # rows tokenized together: large enough for the tokenizers' batching, small in memory
@@ -85,7 +87,7 @@ def hf_specs(dataset: DatasetArgs) -> list[HFSpec]:
             files = tuple(expand_data_files(name))
             builders = {builder_for(f) for f in files}
             if len(builders) > 1:
-                raise ValueError(f"{name} matches files of several kinds ({', '.join(sorted(builders))}); "
+                raise DataInputError(f"{name} matches files of several kinds ({', '.join(sorted(builders))}); "
                                  "give each kind its own entry")
             builder = builders.pop() if builders else None
         specs.append(HFSpec(name, builder, files, dataset, key, weight))
@@ -149,7 +151,7 @@ def _load_rows(spec: HFSpec, stage_name: str, cache_dir: str | None = None):
         if isinstance(rows, datasets.DatasetDict):
             missing = [split for split in spec.splits if split not in rows]
             if missing:
-                raise ValueError(f'{where}: no split "{missing[0]}" in {spec.name} (splits: {", ".join(rows)})')
+                raise DataInputError(f'{where}: no split "{missing[0]}" in {spec.name} (splits: {", ".join(rows)})')
             rows = datasets.concatenate_datasets([rows[split] for split in spec.splits]) if len(spec.splits) > 1 \
                 else rows[spec.splits[0]]
         return rows
@@ -158,13 +160,13 @@ def _load_rows(spec: HFSpec, stage_name: str, cache_dir: str | None = None):
     except (FileNotFoundError, ConnectionError, OSError, ValueError) as e:
         offline = " (HF_DATASETS_OFFLINE is set: only datasets already in the cache can load)" \
             if os.environ.get("HF_DATASETS_OFFLINE", "0") not in ("", "0") else ""
-        raise ValueError(f"{where}: cannot load {spec.name!r} from the hub or a local path{offline}: {e}") from None
+        raise DataInputError(f"{where}: cannot load {spec.name!r} from the hub or a local path{offline}: {e}") from None
 
 
 def _require_columns(rows, columns: list[str], where: str) -> None:
     for column in columns:
         if column not in rows.column_names:
-            raise ValueError(f'{where}: no column "{column}"; the columns are {", ".join(rows.column_names)}')
+            raise DataInputError(f'{where}: no column "{column}"; the columns are {", ".join(rows.column_names)}')
 
 
 def _texts(rows, column: str, where: str):
@@ -173,7 +175,7 @@ def _texts(rows, column: str, where: str):
         texts = batch[column]
         for text in texts:
             if not isinstance(text, str):
-                raise ValueError(f'{where}: column "{column}" holds {type(text).__name__} values, expected text')
+                raise DataInputError(f'{where}: column "{column}" holds {type(text).__name__} values, expected text')
         yield texts
 
 
@@ -344,7 +346,7 @@ class PackedText:
         if getattr(tokens, "ndim", 1) != 1:
             raise ValueError(f"{where}: expected a flat token array, got shape {tokens.shape}")
         if len(tokens) < sequence_length + 1:
-            raise ValueError(f"{where}: {len(tokens)} tokens are fewer than one window of sequence_length + 1 = "
+            raise DataInputError(f"{where}: {len(tokens)} tokens are fewer than one window of sequence_length + 1 = "
                              f"{sequence_length + 1}; add text or shorten the sequence")
         self.tokens = tokens
         self.sequence_length = sequence_length
@@ -404,11 +406,11 @@ class SFTExamples:
     def from_table(cls, table: np.ndarray, where: str = "the source") -> SFTExamples:
         """From the [rows, seq + 3] table `tokenize_rows(..., "sft", ...)` makes."""
         if len(table) == 0:
-            raise ValueError(f"{where}: no rows")
+            raise DataInputError(f"{where}: no rows")
         width = table.shape[1] - 2
         examples = cls(table[:, :width], table[:, width], table[:, width + 1])
         if not (examples.prompt_lengths < examples.lengths).any():
-            raise ValueError(f"{where}: every prompt fills the whole sequence of {width} tokens, "
+            raise DataInputError(f"{where}: every prompt fills the whole sequence of {width} tokens, "
                              "so no example has a token to learn; raise sequence_length")
         return examples
 
@@ -417,7 +419,7 @@ class SFTExamples:
                   sequence_length: int, where: str = "the source") -> SFTExamples:
         _require_columns(rows, [prompt_column, completion_column], where)
         if len(rows) == 0:
-            raise ValueError(f"{where}: no rows")
+            raise DataInputError(f"{where}: no rows")
         return cls.from_table(tokenize_rows(rows, "sft", (prompt_column, completion_column), tokenizer,
                                             sequence_length, where), where)
 
@@ -516,7 +518,7 @@ def open_sources(dataset: DatasetArgs | NanosetDatasetsArgs, stage_name: str, to
     try:
         specs = hf_specs(dataset)
     except ValueError as e:
-        raise ValueError(f'stage "{stage_name}": {e}') from None
+        raise DataInputError(f'stage "{stage_name}": {e}') from None
     return [NamedSource(spec.label, spec.key, spec.weight,
                         open_hf_source(spec, stage_name, tokenizer, sequence_length, cache_dir))
             for spec in specs if spec.weight != 0]

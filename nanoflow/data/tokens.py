@@ -30,10 +30,18 @@ from collections.abc import Iterable
 
 import numpy as np
 
+from nanoflow.config import ConfigError
+
 SUFFIX = ".ds"
 
 
-class TokenFolderError(ValueError):
+class DataInputError(ConfigError):
+    """Data a stage cannot train on (a missing column, too few samples, a folder of another tokenizer, ...),
+    found when the stage's loader opens, before its first step. A ConfigError, so bin/train reports it
+    as one: a message naming the stage and the path, exit status 2."""
+
+
+class TokenFolderError(DataInputError):
     """A token folder or file that cannot be read: missing, empty, truncated or inconsistent."""
 
 
