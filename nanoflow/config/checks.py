@@ -1,0 +1,244 @@
+"""Checks across keys: everything that can be found wrong before loading data or building the model."""
+
+from __future__ import annotations
+
+import glob
+import math
+import os
+
+from nanoflow.config.schema import (
+    BUILDERS,
+    Config,
+    DatasetArgs,
+    ModelArgs,
+    NanosetDatasetsArgs,
+)
+from nanoflow.schedule import Schedule, ScheduleError, stage_steps
+
+# ---------------------------------------------------------------------------------------------
+# Validation across keys
+
+def validate(config: Config) -> list[str]:
+    """Every problem that can be found without loading data or building the model."""
+    problems = []
+    model, par = config.model, config.parallelism
+
+    def stage_label(i: int) -> str:
+        return f'data_stages[{i}] (stage "{config.data_stages[i].name}")'
+
+    if model.num_attention_heads % model.num_key_value_heads:
+        problems.append(f"model.num_attention_heads = {model.num_attention_heads} is not divisible by "
+                        f"model.num_key_value_heads = {model.num_key_value_heads}")
+    if model.hidden_size % model.num_attention_heads:
+        problems.append(f"model.hidden_size = {model.hidden_size} is not divisible by "
+                        f"model.num_attention_heads = {model.num_attention_heads}")
+    for key in ("num_attention_heads", "num_key_value_heads"):
+        if getattr(model, key) % par.tp:
+            problems.append(f"model.{key} = {getattr(model, key)} is not divisible by parallelism.tp = {par.tp}")
+    world = os.environ.get("WORLD_SIZE")
+    if world is not None and (not world.isdigit() or int(world) != par.dp * par.tp):
+        problems.append(f"parallelism.dp × parallelism.tp = {par.dp} × {par.tp} = {par.dp * par.tp}, "
+                        f"but torchrun started {world} processes")
+
+    if not config.data_stages:
+        problems.append("data_stages: the schedule has no stages; add at least one [[data_stages]] table")
+        return problems
+    too_long = "sequence_length = {} exceeds model.max_position_embeddings = " + str(model.max_position_embeddings)
+    if config.tokens.sequence_length > model.max_position_embeddings:
+        problems.append("tokens: " + too_long.format(config.tokens.sequence_length))
+    for i in range(len(config.data_stages)):
+        tokens = config.stage_tokens(i)
+        if config.data_stages[i].sequence_length is not None and tokens.sequence_length > model.max_position_embeddings:
+            problems.append(f"{stage_label(i)}: " + too_long.format(tokens.sequence_length))
+        derived = tokens.micro_batch_size * tokens.batch_accumulation_per_replica * par.dp
+        if tokens.global_batch_size is not None and tokens.global_batch_size != derived:
+            problems.append(
+                f"{stage_label(i)}: global_batch_size = {tokens.global_batch_size}, but micro_batch_size × "
+                f"batch_accumulation_per_replica × dp = {tokens.micro_batch_size} × "
+                f"{tokens.batch_accumulation_per_replica} × {par.dp} = {derived}")
+        problems.extend(f"{stage_label(i)}.data.dataset: {p}" for p in _dataset_problems(config.data_stages[i].data.dataset))
+        problems.extend(f"{stage_label(i)}.data.continue_from: {p}" for p in _continue_from_problems(config, i))
+    if config.tokenizer.tokenizer_name_or_path != "bytes" and not os.path.exists(config.tokenizer.tokenizer_name_or_path):
+        problems.append(f"tokenizer.tokenizer_name_or_path: {config.tokenizer.tokenizer_name_or_path} does not exist")
+    if model.init_from is not None and "://" not in model.init_from and not os.path.exists(model.init_from):
+        problems.append(f"model.init_from: {model.init_from} does not exist")
+    problems.extend(_hf_init_from_problems(model))
+
+    try:
+        Schedule.from_config(config)
+    except ScheduleError as e:
+        # The last stage of that name: for a duplicate name, the second one is the culprit.
+        culprit = next((i for i, s in reversed(list(enumerate(config.data_stages))) if s.name == e.stage), None)
+        key = {"start_step": "start_training_step"}.get(e.key, e.key)
+        prefix = f"{stage_label(culprit)}.{key}" if culprit is not None else (
+            "tokens.train_steps" if e.key == "train_steps" else e.key)
+        problems.append(f"{prefix}: {e}")
+    return problems
+
+
+# ---------------------------------------------------------------------------------------------
+# [model] init_from = an HF model folder: its config.json must describe the same model
+
+# [model] key -> (config.json key, transformers' LlamaConfig default when config.json omits it).
+# initializer_range is not compared: it only matters for weights that init_from replaces.
+HF_MODEL_KEYS = {
+    "vocab_size": ("vocab_size", 32000),
+    "hidden_size": ("hidden_size", 4096),
+    "intermediate_size": ("intermediate_size", 11008),
+    "num_hidden_layers": ("num_hidden_layers", 32),
+    "num_attention_heads": ("num_attention_heads", 32),
+    "num_key_value_heads": ("num_key_value_heads", None),   # None: = num_attention_heads
+    "max_position_embeddings": ("max_position_embeddings", 2048),
+    "rms_norm_eps": ("rms_norm_eps", 1e-6),
+    "rope_theta": ("rope_theta", 10000.0),
+    "tie_word_embeddings": ("tie_word_embeddings", False),
+}
+
+
+def hf_config_mismatches(model: ModelArgs, hf: dict, source: str = "config.json") -> list[str]:
+    """Every way an HF config.json (as a dict) differs from the [model] section, one line per key.
+
+    Also names the architecture features nanoflow's Llama does not have (biases, another activation,
+    RoPE scaling, a head_dim other than hidden_size / num_attention_heads, a model_type other than llama).
+    """
+    problems = []
+    for key, (hf_key, default) in HF_MODEL_KEYS.items():
+        where = hf_key
+        if hf_key == "rope_theta" and "rope_theta" not in hf and isinstance(hf.get("rope_parameters"), dict):
+            value, where = hf["rope_parameters"].get("rope_theta", default), "rope_parameters.rope_theta"
+        elif hf_key in hf:
+            value = hf[hf_key]
+        else:
+            value = hf.get("num_attention_heads", 32) if default is None else default
+            where = f"{hf_key} (absent: transformers' default)"
+        ours = getattr(model, key)
+        if value != ours or isinstance(value, bool) != isinstance(ours, bool):
+            problems.append(f"model.{key} = {ours!r}, but {source} has {where} = {value!r}")
+    unsupported = []
+    if hf.get("model_type", "llama") != "llama":
+        unsupported.append(f"model_type = {hf['model_type']!r} (nanoflow trains llama)")
+    if hf.get("hidden_act", "silu") != "silu":
+        unsupported.append(f"hidden_act = {hf['hidden_act']!r} (nanoflow's MLP uses silu)")
+    for bias in ("attention_bias", "mlp_bias"):
+        if hf.get(bias):
+            unsupported.append(f"{bias} = true (nanoflow's projections have no bias)")
+    rope = hf.get("rope_parameters") if isinstance(hf.get("rope_parameters"), dict) else {}
+    if hf.get("rope_scaling") or rope.get("rope_type", "default") != "default":
+        unsupported.append(f"rope scaling {hf.get('rope_scaling') or rope!r} (nanoflow uses plain RoPE)")
+    heads = hf.get("num_attention_heads")
+    if hf.get("head_dim") is not None and heads and hf.get("hidden_size") and hf["head_dim"] != hf["hidden_size"] // heads:
+        unsupported.append(f"head_dim = {hf['head_dim']} != hidden_size / num_attention_heads")
+    problems += [f"{source}: {u}: not supported" for u in unsupported]
+    return problems
+
+
+def _hf_init_from_problems(model: ModelArgs) -> list[str]:
+    """init_from names a local HF folder (a config.json, no checkpoint): compare it with [model].
+
+    An s3:// HF folder is checked when its weights are read (nanoflow.io.read_init_weights), still before training.
+    """
+    path = model.init_from
+    if path is None or "://" in path or not os.path.isfile(os.path.join(path, "config.json")) \
+            or os.path.exists(os.path.join(path, "checkpoint_metadata.json")) \
+            or os.path.exists(os.path.join(path, "latest.txt")):
+        return []
+    source = os.path.join(path, "config.json")
+    try:
+        import json
+        with open(source) as f:
+            hf = json.load(f)
+    except (OSError, ValueError) as e:
+        return [f"model.init_from: {source} cannot be read: {e}"]
+    if not isinstance(hf, dict):
+        return [f"model.init_from: {source} is not a JSON object"]
+    return [f"model.init_from: {p}" for p in hf_config_mismatches(model, hf, source)]
+
+
+def _weight_problems(key: str, weights: list[tuple[str, float]]) -> list[str]:
+    problems = [f"{key}: the weight of {name} is {weight}; weights must be finite and >= 0"
+                for name, weight in weights if not (math.isfinite(weight) and weight >= 0)]
+    if not problems and not any(weight > 0 for _, weight in weights):
+        problems.append(f"{key}: every weight is zero; at least one source must have a positive weight")
+    return problems
+
+
+def _dataset_problems(dataset: DatasetArgs | NanosetDatasetsArgs) -> list[str]:
+    if isinstance(dataset, NanosetDatasetsArgs):
+        return _nanoset_problems(dataset)
+    problems = []
+    name, files = dataset.hf_dataset_or_datasets, dataset.hf_data_files
+    if isinstance(name, dict):
+        if files is not None:
+            problems.append("hf_data_files: a table of datasets names its files in its keys (a path or glob each); "
+                            "remove hf_data_files")
+        for key in name:
+            if key in BUILDERS:
+                problems.append(f'hf_dataset_or_datasets: "{key}" needs files; in a table, name the files '
+                                f'themselves (e.g. "corpus/*.txt" = 1.0)')
+            elif os.path.isabs(key) and not glob.glob(key, recursive=True):
+                problems.append(f"hf_dataset_or_datasets: {key} matches no file")
+        problems += _weight_problems("hf_dataset_or_datasets", list(name.items()))
+    elif name in BUILDERS:
+        patterns = [files] if isinstance(files, str) else (files or [])
+        if not patterns:
+            problems.append(f'hf_data_files: the "{name}" builder needs hf_data_files')
+        for pattern in patterns:
+            if not glob.glob(pattern, recursive=True):
+                problems.append(f"hf_data_files: {pattern} matches no file")
+    elif os.path.isabs(name) and not os.path.exists(name):
+        problems.append(f"hf_dataset_or_datasets: {name} does not exist")
+    if (dataset.prompt_column_name is None) != (dataset.completion_column_name is None):
+        problems.append("an SFT stage needs both prompt_column_name and completion_column_name")
+    return problems
+
+
+def _nanoset_problems(dataset: NanosetDatasetsArgs) -> list[str]:
+    problems = []
+    for folder in dataset.folders:
+        if not os.path.exists(folder):
+            problems.append(f"dataset_folder: {folder} does not exist")
+        elif not os.path.isdir(folder):
+            problems.append(f"dataset_folder: {folder} is not a folder")
+        elif not glob.glob(os.path.join(glob.escape(folder), "*.ds")):
+            problems.append(f"dataset_folder: {folder} holds no token files (*.ds); write them with bin/prepare")
+    if len(set(map(os.path.abspath, dataset.folders))) != len(dataset.folders):
+        problems.append("dataset_folder: a folder is named twice")
+    weights = dataset.dataset_weights
+    if weights is not None:
+        if len(weights) != len(dataset.folders):
+            problems.append(f"dataset_weights: {len(weights)} weights for {len(dataset.folders)} folders")
+        else:
+            problems += _weight_problems("dataset_weights", list(zip(dataset.folders, weights)))
+    return problems
+
+
+def _continue_from_problems(config: Config, index: int) -> list[str]:
+    """continue_from names an earlier stage with the same sequence length that reads one of this stage's sources."""
+    stage = config.data_stages[index]
+    name = stage.data.continue_from
+    if name is None:
+        return []
+    earlier = {s.name: i for i, s in enumerate(config.data_stages[:index])
+               if s.start_training_step < stage.start_training_step}
+    if name not in earlier:
+        names = ", ".join(f'"{n}"' for n in earlier) or "none"
+        return [f'"{name}" is not a stage that starts before stage "{stage.name}" (earlier stages: {names})']
+    other = earlier[name]
+    ours, theirs = config.stage_tokens(index).sequence_length, config.stage_tokens(other).sequence_length
+    if ours != theirs:
+        return [f'continuing stage "{name}" needs its sequence_length ({theirs}), but this stage has {ours}: '
+                "a sample is a window of sequence_length + 1 tokens, so positions do not carry over"]
+    carried, chain = set(), other
+    while chain is not None:   # the sources whose position the earlier stage carries: its own and its chain's
+        carried |= set(config.data_stages[chain].data.dataset.source_keys())
+        before = config.data_stages[chain].data.continue_from
+        chain = next((i for i, s in enumerate(config.data_stages[:chain]) if s.name == before), None)
+    if not set(stage.data.dataset.source_keys()) & carried:
+        return [f'stage "{stage.name}" reads none of the sources of stage "{name}", so there is nothing to continue']
+    return []
+
+
+def unreached_stages(config: Config) -> list[str]:
+    """Names of stages that start after train_steps: legal (a short trial of a long schedule), but worth a warning."""
+    schedule = Schedule.from_config(config)
+    return [s.name for i, s in enumerate(schedule.stages) if not stage_steps(schedule, i)]

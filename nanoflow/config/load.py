@@ -1,0 +1,163 @@
+"""Reading a config: TOML, `--set` overrides, paths relative to the file, readable structure errors."""
+
+from __future__ import annotations
+
+import difflib
+import glob
+import os
+import sys
+from pathlib import Path
+
+import attrs
+import cattrs
+from cattrs.errors import ForbiddenExtraKeysError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+from nanoflow.config.checks import validate
+from nanoflow.config.schema import BUILDERS, Config, ConfigError, converter
+
+# ---------------------------------------------------------------------------------------------
+# Loading
+
+def load_config(path: str | os.PathLike, overrides: list[str] = ()) -> Config:
+    """Read, override, structure and validate a TOML config. Raises ConfigError."""
+    path = Path(path)
+    try:
+        raw = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such config file") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: not valid TOML: {e}") from None
+    for override in overrides:
+        apply_override(raw, override, path)
+    _resolve_paths(raw, path.parent)
+    try:
+        config = converter.structure(raw, Config)
+    except Exception as e:  # cattrs gathers every problem into one exception group
+        raise ConfigError(f"{path}:\n  " + "\n  ".join(_describe_structure_errors(e, raw))) from None
+    problems = validate(config)
+    if problems:
+        raise ConfigError(f"{path}:\n  " + "\n  ".join(problems))
+    return config
+
+
+def apply_override(raw: dict, override: str, path: Path) -> None:
+    """Apply `section.key=value` (value in TOML syntax; a bare word is a string) to the raw config.
+
+    Stages are addressed by name or index: `data_stages.sft.sequence_length=64`.
+    """
+    dotted, sep, text = override.partition("=")
+    if not sep or not dotted:
+        raise ConfigError(f"--set {override!r}: expected section.key=value")
+    try:
+        value = tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = text
+    keys = dotted.strip().split(".")
+    node = raw
+    for i, key in enumerate(keys[:-1]):
+        if isinstance(node, list):
+            node = _stage_by_name_or_index(node, key, override, path)
+        else:
+            node = node.setdefault(key, {})
+            if not isinstance(node, (dict, list)):
+                raise ConfigError(f"--set {override!r}: {'.'.join(keys[:i + 1])} in {path} is not a table")
+    if isinstance(node, list):
+        raise ConfigError(f"--set {override!r}: name a key inside the stage, e.g. data_stages.{keys[-1]}.sequence_length")
+    node[keys[-1]] = value
+
+
+def _stage_by_name_or_index(stages: list, key: str, override: str, path: Path) -> dict:
+    for i, stage in enumerate(stages):
+        if stage.get("name") == key or str(i) == key:
+            return stage
+    names = ", ".join(str(s.get("name")) for s in stages)
+    raise ConfigError(f"--set {override!r}: {path} has no stage {key!r} (stages: {names})")
+
+
+def _resolve(base: Path, value: str) -> str:
+    if "://" in value or os.path.isabs(value):
+        return value
+    return os.path.abspath(base / value)
+
+
+def _resolve_paths(raw: dict, base: Path) -> None:
+    """Make every path in the config relative to the TOML file, not to the working directory."""
+    for section, key in (("checkpoints", "checkpoints_path"), ("checkpoints", "resume_checkpoint_path"),
+                         ("model", "init_from")):
+        table = raw.get(section)
+        if isinstance(table, dict) and isinstance(table.get(key), str):
+            table[key] = _resolve(base, table[key])
+    tokenizer = raw.get("tokenizer")
+    if isinstance(tokenizer, dict) and isinstance(tokenizer.get("tokenizer_name_or_path"), str) \
+            and tokenizer["tokenizer_name_or_path"] != "bytes":
+        tokenizer["tokenizer_name_or_path"] = _resolve(base, tokenizer["tokenizer_name_or_path"])
+    for stage in raw.get("data_stages", []) if isinstance(raw.get("data_stages"), list) else []:
+        dataset = stage.get("data", {}).get("dataset") if isinstance(stage.get("data"), dict) else None
+        if not isinstance(dataset, dict):
+            continue
+        files = dataset.get("hf_data_files")
+        if isinstance(files, str):
+            dataset["hf_data_files"] = _resolve(base, files)
+        elif isinstance(files, list):
+            dataset["hf_data_files"] = [_resolve(base, f) if isinstance(f, str) else f for f in files]
+        name = dataset.get("hf_dataset_or_datasets")
+        if isinstance(name, str) and name not in BUILDERS and (base / name).exists():
+            dataset["hf_dataset_or_datasets"] = _resolve(base, name)
+        elif isinstance(name, dict):   # a blend: a name that is a local path or glob is relative to the TOML file
+            dataset["hf_dataset_or_datasets"] = {
+                (_resolve(base, key) if key not in BUILDERS and ((base / key).exists() or glob.glob(str(base / key),
+                                                                                               recursive=True))
+                 else key): weight for key, weight in name.items()}
+        folders = dataset.get("dataset_folder")
+        if isinstance(folders, str):
+            dataset["dataset_folder"] = _resolve(base, folders)
+        elif isinstance(folders, list):
+            dataset["dataset_folder"] = [_resolve(base, f) if isinstance(f, str) else f for f in folders]
+
+
+# ---------------------------------------------------------------------------------------------
+# Error messages
+
+def _describe_structure_errors(exc: BaseException, raw: dict) -> list[str]:
+    def describe(error: BaseException, _type) -> str:
+        if isinstance(error, ForbiddenExtraKeysError):
+            valid = [f.name for f in attrs.fields(error.cl)]
+            parts = []
+            for key in sorted(error.extra_fields):
+                near = difflib.get_close_matches(key, valid, n=1)
+                parts.append(f"unknown key {key!r}" + (f" (did you mean {near[0]!r}?)" if near else
+                                                      f" (valid keys: {', '.join(valid)})"))
+            return "; ".join(parts)
+        if isinstance(error, KeyError):
+            return "required key missing"
+        if isinstance(error, (ValueError, TypeError)):
+            return str(error)
+        return cattrs.v.format_exception(error, _type)
+
+    lines = []
+    for line in cattrs.transform_error(exc, path="$", format_exception=describe):
+        message, _, where = line.rpartition(" @ ")
+        lines.append(f"{_readable_path(where, raw)}: {message}")
+    return lines
+
+
+def _readable_path(where: str, raw: dict) -> str:
+    """'$.data_stages[1].data.dataset' -> 'data_stages[1] (stage "sft").data.dataset'."""
+    where = where.removeprefix("$").lstrip(".")
+    if where.startswith("data_stages["):
+        index_text, _, rest = where[len("data_stages["):].partition("]")
+        stages = raw.get("data_stages", [])
+        try:
+            name = stages[int(index_text)].get("name")
+        except (ValueError, IndexError, AttributeError):
+            name = None
+        label = f'data_stages[{index_text}]' + (f' (stage "{name}")' if name else "")
+        return label + rest
+    return where or "(top level)"
+
+

@@ -1,0 +1,317 @@
+"""The schema: nanotron's config sections as small frozen attrs classes, and the one cattrs converter.
+
+Field names follow nanotron so a nanotron YAML translates key for key, with HF LlamaConfig names
+in [model]. The converter rejects unknown keys and lossy coercions.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Literal, Union
+
+import attrs
+import cattrs
+from attrs import Factory, field, frozen
+from attrs.validators import ge, gt, instance_of, optional
+
+BUILDERS = ("text", "json", "csv", "parquet", "arrow")   # HF datasets builders over local files
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot run. The message names the file, the stage and the key."""
+
+
+positive = [instance_of(int), gt(0)]
+non_negative = [instance_of(int), ge(0)]
+positive_float = [instance_of((int, float)), gt(0)]
+
+
+@frozen
+class GeneralArgs:
+    project: str = "nanoflow"
+    run: str = "run"
+    seed: int = 42
+
+
+@frozen
+class ModelArgs:
+    """A Llama decoder, in HF LlamaConfig names, plus how to train it."""
+
+    vocab_size: int = field(validator=positive)
+    hidden_size: int = field(validator=positive)
+    intermediate_size: int = field(validator=positive)
+    num_hidden_layers: int = field(validator=positive)
+    num_attention_heads: int = field(validator=positive)
+    num_key_value_heads: int = field(
+        default=Factory(lambda self: self.num_attention_heads, takes_self=True), validator=positive)
+    max_position_embeddings: int = field(default=2048, validator=positive)
+    rms_norm_eps: float = field(default=1e-5, validator=positive_float)
+    rope_theta: float = field(default=10000.0, validator=positive_float)
+    tie_word_embeddings: bool = False
+    initializer_range: float = field(default=0.02, validator=positive_float)
+    dtype: Literal["float32", "bfloat16"] = "float32"   # autocast dtype; master weights stay float32
+    compile: bool = False                              # torch.compile each decoder layer
+    init_from: Union[str, None] = None                 # start from these weights (a checkpoint or HF folder)
+
+
+@frozen
+class TokenizerArgs:
+    tokenizer_name_or_path: str = "bytes"   # the built-in byte tokenizer, or a tokenizer.json
+
+
+@frozen
+class ParallelismArgs:
+    dp: int = field(default=1, validator=positive)
+    tp: int = field(default=1, validator=positive)
+
+
+@frozen
+class TokensArgs:
+    sequence_length: int = field(validator=positive)
+    train_steps: int = field(validator=positive)
+    micro_batch_size: int = field(validator=positive)
+    batch_accumulation_per_replica: int = field(default=1, validator=positive)
+    global_batch_size: Union[int, None] = field(default=None, validator=optional(positive))
+
+
+@frozen
+class LRSchedulerArgs:
+    learning_rate: float = field(validator=positive_float)
+    lr_warmup_steps: int = field(default=0, validator=non_negative)
+    lr_warmup_style: Literal["linear", "constant"] = "linear"
+    lr_decay_style: Literal["linear", "cosine", "1-sqrt", "constant"] = "cosine"
+    lr_decay_starting_step: Union[int, None] = field(default=None, validator=optional(positive))
+    lr_decay_steps: Union[int, None] = field(default=None, validator=optional(positive))
+    min_decay_lr: float = field(default=0.0, validator=[instance_of((int, float)), ge(0)])
+
+
+@frozen
+class OptimizerFactoryArgs:
+    name: Literal["adamW"] = "adamW"
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.95
+    adam_eps: float = 1e-8
+    torch_adam_is_fused: bool = False
+
+
+@frozen
+class OptimizerArgs:
+    learning_rate_scheduler: LRSchedulerArgs
+    optimizer_factory: OptimizerFactoryArgs = Factory(OptimizerFactoryArgs)
+    weight_decay: float = field(default=0.0, validator=[instance_of((int, float)), ge(0)])
+    clip_grad: Union[float, None] = field(default=1.0, validator=optional(positive_float))
+
+
+@frozen
+class CheckpointsArgs:
+    checkpoints_path: str = "checkpoints"          # a local folder or s3://bucket/prefix; metrics.jsonl goes here too
+    checkpoint_interval: int = field(default=1000, validator=positive)
+    resume_checkpoint_path: Union[str, None] = None
+    load_optimizer: bool = True
+    load_lr_scheduler: bool = True
+    keep: Union[int, None] = field(default=None, validator=optional(positive))
+
+
+@frozen
+class LoggingArgs:
+    iteration_step_info_interval: int = field(default=1, validator=positive)
+
+
+@frozen
+class DatasetArgs:
+    """HF `datasets` sources (nanotron's PretrainDatasetsArgs): a builder ("text", "json", "parquet", "csv",
+    "arrow") over local files, a folder saved with `Dataset.save_to_disk`, or a hub dataset; or a
+    `{name = weight}` table of such names to blend (a name may then also be a local path or glob)."""
+
+    hf_dataset_or_datasets: Union[str, dict[str, float]]
+    hf_data_files: Union[str, list[str], None] = None
+    hf_dataset_config_name: Union[str, None] = None
+    hf_dataset_splits: Union[str, list[str]] = "train"   # a list is read as the splits concatenated
+    text_column_name: str = "text"
+    prompt_column_name: Union[str, None] = None       # with completion_column_name: an SFT stage
+    completion_column_name: Union[str, None] = None
+    dataset_processing_num_proc_per_process: int = field(default=1, validator=positive)
+    dataset_overwrite_cache: bool = False
+
+    @property
+    def is_sft(self) -> bool:
+        return self.prompt_column_name is not None
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        return (self.prompt_column_name, self.completion_column_name) if self.is_sft else (self.text_column_name,)
+
+    def weighted_names(self) -> tuple[tuple[str, float], ...]:
+        """(name, weight) of each source: a plain name is one source of weight 1."""
+        if isinstance(self.hf_dataset_or_datasets, str):
+            return ((self.hf_dataset_or_datasets, 1.0),)
+        return tuple((name, float(weight)) for name, weight in self.hf_dataset_or_datasets.items())
+
+    def source_key(self, name: str) -> str:
+        """What identifies one source across stages (continue_from): the data and how it is read."""
+        files = self.hf_data_files if isinstance(self.hf_dataset_or_datasets, str) else None
+        return "hf:" + json.dumps([name, files, self.hf_dataset_config_name, self.hf_dataset_splits, self.columns])
+
+    def source_keys(self) -> tuple[str, ...]:
+        return tuple(self.source_key(name) for name, _ in self.weighted_names())
+
+
+@frozen
+class NanosetDatasetsArgs:
+    """Folders of pre-tokenized files (nanotron's NanosetDatasetsArgs; the `*.ds` layout HF datatrove writes and
+    `bin/prepare` writes). Several folders are blended by `dataset_weights`; without weights, in proportion to
+    their sizes (each folder read once per epoch of the whole, as nanotron does)."""
+
+    dataset_folder: Union[str, list[str]]
+    dataset_weights: Union[list[float], None] = None
+
+    is_sft = False
+
+    @property
+    def folders(self) -> tuple[str, ...]:
+        return (self.dataset_folder,) if isinstance(self.dataset_folder, str) else tuple(self.dataset_folder)
+
+    def source_key(self, folder: str) -> str:
+        return "tokens:" + os.path.abspath(folder)
+
+    def source_keys(self) -> tuple[str, ...]:
+        return tuple(self.source_key(folder) for folder in self.folders)
+
+
+@frozen
+class DataArgs:
+    dataset: Union[DatasetArgs, NanosetDatasetsArgs]
+    seed: Union[int, None] = None             # defaults to general.seed
+    num_loading_workers: int = field(default=0, validator=non_negative)   # background threads building batches
+    # The name of an earlier stage: sources this stage shares with it continue where that stage stopped.
+    continue_from: Union[str, None] = None
+
+
+@frozen
+class DatasetStageArgs:
+    name: str
+    start_training_step: int
+    data: DataArgs
+    # Per-stage overrides of [tokens]:
+    sequence_length: Union[int, None] = field(default=None, validator=optional(positive))
+    micro_batch_size: Union[int, None] = field(default=None, validator=optional(positive))
+    batch_accumulation_per_replica: Union[int, None] = field(default=None, validator=optional(positive))
+    global_batch_size: Union[int, None] = field(default=None, validator=optional(positive))
+
+
+def _by_start_step(stages) -> tuple[DatasetStageArgs, ...]:
+    return tuple(sorted(stages, key=lambda s: s.start_training_step))
+
+
+@frozen
+class Config:
+    model: ModelArgs
+    tokens: TokensArgs
+    optimizer: OptimizerArgs
+    # Sorted by start step, so a stage's index here is its index in the Schedule.
+    data_stages: tuple[DatasetStageArgs, ...] = field(converter=_by_start_step)
+    general: GeneralArgs = Factory(GeneralArgs)
+    tokenizer: TokenizerArgs = Factory(TokenizerArgs)
+    parallelism: ParallelismArgs = Factory(ParallelismArgs)
+    checkpoints: CheckpointsArgs = Factory(CheckpointsArgs)
+    logging: LoggingArgs = Factory(LoggingArgs)
+
+    def stage_tokens(self, index: int) -> TokensArgs:
+        """[tokens] with stage `index`'s overrides applied."""
+        stage = self.data_stages[index]
+        overrides = {key: getattr(stage, key) for key in
+                     ("sequence_length", "micro_batch_size", "batch_accumulation_per_replica", "global_batch_size")
+                     if getattr(stage, key) is not None}
+        return attrs.evolve(self.tokens, **overrides)
+
+    def data_seed(self, index: int) -> int:
+        seed = self.data_stages[index].data.seed
+        return self.general.seed if seed is None else seed
+
+    def to_dict(self) -> dict:
+        """The resolved config as plain data (None values dropped, so it round-trips through TOML)."""
+        return _drop_none(converter.unstructure(self))
+
+
+def _drop_none(value):
+    if isinstance(value, dict):
+        return {k: _drop_none(v) for k, v in value.items() if v is not None}
+    if isinstance(value, (list, tuple)):
+        return [_drop_none(v) for v in value]
+    return value
+
+
+converter = cattrs.Converter(forbid_extra_keys=True)
+
+
+def _structure_exact(value, cls):
+    """TOML already gives exact types: refuse lossy coercions such as "3" -> 3, 2.5 -> 2 or 1 -> True."""
+    if cls is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    elif cls is bool:
+        ok = isinstance(value, bool)
+    else:
+        ok = isinstance(value, cls) and not isinstance(value, bool)
+    if not ok:
+        raise TypeError(f"expected {cls.__name__}, got {type(value).__name__} {value!r}")
+    return cls(value)
+
+
+for _type in (int, float, str, bool):
+    converter.register_structure_hook(_type, _structure_exact)
+
+
+def _structure_paths(value, _cls):
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return value
+    raise TypeError(f"expected a path or a list of paths, got {value!r}")
+
+
+converter.register_structure_hook(Union[str, list[str], None], _structure_paths)
+
+
+def _structure_names(value, _cls):
+    if isinstance(value, str) or (isinstance(value, list) and value and all(isinstance(v, str) for v in value)):
+        return value
+    raise TypeError(f"expected a name or a non-empty list of names, got {value!r}")
+
+
+def _structure_weight(value, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"expected a number as the weight of {where}, got {value!r}")
+    return float(value)
+
+
+def _structure_datasets(value, _cls):
+    """hf_dataset_or_datasets: a name, or a table {name = weight}."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict) and value:
+        return {str(name): _structure_weight(weight, repr(name)) for name, weight in value.items()}
+    raise TypeError(f"expected a dataset name or a table {{name = weight}}, got {value!r}")
+
+
+def _structure_weights(value, _cls):
+    if value is None:
+        return None
+    if isinstance(value, list):
+        return [_structure_weight(w, f"entry {i}") for i, w in enumerate(value)]
+    raise TypeError(f"expected a list of weights, got {value!r}")
+
+
+def _structure_dataset(value, _cls):
+    """[data_stages.data.dataset]: token folders when it names dataset_folder, else HF datasets."""
+    if isinstance(value, dict) and "dataset_folder" in value:
+        return converter.structure(value, NanosetDatasetsArgs)
+    return converter.structure(value, DatasetArgs)
+
+
+converter.register_structure_hook(Union[str, list[str]], _structure_names)
+converter.register_structure_hook(Union[str, dict[str, float]], _structure_datasets)
+converter.register_structure_hook(Union[list[float], None], _structure_weights)
+converter.register_structure_hook(Union[DatasetArgs, NanosetDatasetsArgs], _structure_dataset)
+
+
