@@ -26,7 +26,6 @@ COLLECTIVE_MARKERS = ("c10d", "gloo", "nccl", "all_gather", "reduce_scatter", "a
 
 def worker(config_path: str, steps: int, dp: int) -> None:
     """Runs in each process: warm up, time `steps` steps, then profile two more for the communication share."""
-    import torch
     from torch.profiler import ProfilerActivity, profile
 
     import nanoflow

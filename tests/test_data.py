@@ -140,7 +140,7 @@ def write_curriculum(tmp_path: Path) -> Path:
         (tmp_path / "corpus" / name).write_text(text)
     with open(tmp_path / "sft.jsonl", "w") as f:
         f.writelines(json.dumps(row) + "\n" for row in SFT_ROWS)
-    toml = textwrap.dedent(f"""\
+    toml = textwrap.dedent("""\
         [general]
         seed = 3
         [model]

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import torch
 
-import nanoflow.data.sources as sources
+import nanoflow.data.hf_datasets as hf_datasets
 from data_helpers import BYTES, load, stage, write_config
 from nanoflow.config import ConfigError
 from nanoflow.data import PackedText, load_rows, open_stage
-from nanoflow.data.sources import hf_specs
+from nanoflow.data.hf_datasets import hf_specs
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -103,15 +103,15 @@ def test_tokenized_sources_are_cached_so_a_resume_does_not_tokenize_again(corpus
         raise AssertionError("tokenized again")
 
     with monkeypatch.context() as m:              # a hit neither tokenizes nor even loads the rows
-        m.setattr(sources, "tokenize_rows", refuse)
-        m.setattr(sources, "load_rows", refuse)
+        m.setattr(hf_datasets, "tokenize_rows", refuse)
+        m.setattr(hf_datasets, "load_rows", refuse)
         with open_stage(config, 0, BYTES, cache_dir=cache) as loader:
             assert torch.equal(loader.samples(0, 64)["input_ids"], reference)
             assert isinstance(loader.parts[0].source.tokens, np.memmap)
 
     calls = []
-    real = sources.tokenize_rows
-    monkeypatch.setattr(sources, "tokenize_rows", lambda *a, **k: calls.append(a[2]) or real(*a, **k))
+    real = hf_datasets.tokenize_rows
+    monkeypatch.setattr(hf_datasets, "tokenize_rows", lambda *a, **k: calls.append(a[2]) or real(*a, **k))
     (corpus / "rows.jsonl").write_text((corpus / "rows.jsonl").read_text() + json.dumps({"text": "new", "other": 0}) + "\n")
     open_stage(config, 0, BYTES, cache_dir=cache).close()          # an edited file is tokenized again
     assert calls == [("text",)]

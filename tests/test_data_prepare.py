@@ -16,7 +16,7 @@ from nanoflow import load_config
 from nanoflow.data import PackedText, TokenFolder, load_rows, load_tokenizer
 from nanoflow.data.prepare import PrepareError, prepare
 from nanoflow.config import DatasetArgs
-from nanoflow.data.sources import hf_specs
+from nanoflow.data.hf_datasets import hf_specs
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -100,7 +100,7 @@ def test_decay_landmarks(style):
 
 def test_mid_decay_values_by_hand():
     # progress 1/2 of a 100-step decay after 10 warmup steps
-    W, T = 10, 110
+    T = 110  # warmup is 10 steps (args default here), so the decay spans steps 11..110
     assert lr_at(60, args(lr_decay_style="linear"), T) == approx(MIN + (LR - MIN) * 0.5)
     assert lr_at(60, args(lr_decay_style="cosine"), T) == approx(MIN + (LR - MIN) * 0.5)
     assert lr_at(60, args(lr_decay_style="1-sqrt"), T) == approx(MIN + (LR - MIN) * (1 - math.sqrt(0.5)))

@@ -25,7 +25,7 @@ import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from typing import TextIO
 
-from nanoflow.data.sources import _ROWS_PER_BATCH, builder_for, tokenizer_fingerprint
+from nanoflow.data.hf_datasets import _ROWS_PER_BATCH, builder_for, tokenizer_fingerprint
 from nanoflow.data.tokenizer import Tokenizer, load_tokenizer
 from nanoflow.data.tokens import (
     SUFFIX, TokenFolder, _write_atomically, file_digest, token_size_for, tokenizer_id, write_token_file,

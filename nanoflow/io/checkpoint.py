@@ -25,7 +25,6 @@ from __future__ import annotations
 import datetime
 import json
 import math
-import os
 import platform
 import secrets
 import warnings

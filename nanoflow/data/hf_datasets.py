@@ -1,0 +1,324 @@
+"""HF `datasets` sources: which files or hub datasets a stage names, their rows, and their tokens,
+tokenized once and cached on disk so a resumed run (or the next run over the same data) maps them
+in without tokenizing again."""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import os
+import uuid
+from concurrent.futures import ProcessPoolExecutor
+
+import attrs
+import numpy as np
+
+from nanoflow.config import BUILDERS, DatasetArgs
+from nanoflow.data.tokenizer import Tokenizer, load_tokenizer
+from nanoflow.data.tokens import (
+    DataInputError,
+    token_size_for,
+)
+
+_ROWS_PER_BATCH = 1024  # rows tokenized together: large enough for the tokenizers' batching, small in memory
+_CACHE_VERSION = "nanoflow-tokens-1"
+EXTENSION_BUILDERS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet", ".arrow": "arrow"}
+
+
+def expand_data_files(patterns: str | list[str] | None) -> list[str]:
+    """Every file matched by the patterns (`**` allowed), sorted and de-duplicated so the order is fixed."""
+    if patterns is None:
+        return []
+    patterns = [patterns] if isinstance(patterns, str) else patterns
+    return sorted({path for pattern in patterns for path in glob.glob(pattern, recursive=True) if os.path.isfile(path)})
+
+
+def builder_for(path: str) -> str:
+    """The `datasets` builder that reads a local file, by its extension; anything else is text."""
+    return EXTENSION_BUILDERS.get(os.path.splitext(path)[1].lower(), "text")
+
+
+def _shown(files: list[str] | tuple[str, ...]) -> str:
+    return ", ".join(files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "")
+
+
+@attrs.frozen
+class HFSpec:
+    """One HF dataset of a stage, resolved: local files through a builder, a saved folder, or a hub name."""
+
+    name: str                     # as the config names it (a builder, a folder, a path or glob, a hub name)
+    builder: str | None           # "text", "json", ... for local files; None for a saved folder or the hub
+    files: tuple[str, ...]
+    dataset: DatasetArgs          # splits, config name, columns, processing options
+    key: str                      # what identifies the source across stages (DatasetArgs.source_key)
+    weight: float
+
+    @property
+    def label(self) -> str:
+        if self.builder is not None:
+            return f"{self.builder} files {_shown(self.files)}"
+        return f"dataset {self.name}"
+
+    @property
+    def splits(self) -> tuple[str, ...]:
+        splits = self.dataset.hf_dataset_splits
+        return (splits,) if isinstance(splits, str) else tuple(splits)
+
+
+def hf_specs(dataset: DatasetArgs) -> list[HFSpec]:
+    """The HF datasets a stage names: one, or each entry of a {name = weight} table."""
+    specs = []
+    for name, weight in dataset.weighted_names():
+        key = dataset.source_key(name)
+        if isinstance(dataset.hf_dataset_or_datasets, str):
+            files = tuple(expand_data_files(dataset.hf_data_files))
+            builder = name if name in BUILDERS else None
+        elif os.path.isdir(name):
+            files, builder = (), None
+        else:   # a table entry: a local path or glob, its builder from the extension; else a hub name
+            files = tuple(expand_data_files(name))
+            builders = {builder_for(f) for f in files}
+            if len(builders) > 1:
+                raise DataInputError(f"{name} matches files of several kinds ({', '.join(sorted(builders))}); "
+                                 "give each kind its own entry")
+            builder = builders.pop() if builders else None
+        specs.append(HFSpec(name, builder, files, dataset, key, weight))
+    return specs
+
+
+def describe(stage_name: str, dataset: DatasetArgs | HFSpec) -> str:
+    """'stage "sft" (json files /a/b.jsonl)', for error messages."""
+    if isinstance(dataset, HFSpec):
+        return f'stage "{stage_name}" ({dataset.label})'
+    if isinstance(dataset.hf_dataset_or_datasets, dict):
+        return f'stage "{stage_name}" (datasets {", ".join(dataset.hf_dataset_or_datasets)})'
+    return describe(stage_name, hf_specs(dataset)[0])
+
+
+def load_rows(dataset: DatasetArgs | HFSpec, stage_name: str, cache_dir: str | None = None):
+    """The rows of one HF dataset (the first, for a table), without `datasets`' own progress bars
+    (they would tear the run's progress display)."""
+    import datasets
+
+    spec = dataset if isinstance(dataset, HFSpec) else hf_specs(dataset)[0]
+    was_disabled = datasets.are_progress_bars_disabled()
+    datasets.disable_progress_bars()
+    try:
+        return _load_rows(spec, stage_name, cache_dir)
+    finally:
+        if not was_disabled:
+            datasets.enable_progress_bars()
+
+
+def _load_rows(spec: HFSpec, stage_name: str, cache_dir: str | None = None):
+    """The dataset's rows as a `datasets.Dataset`.
+
+    Local files go through a builder ("text" reads each file as one document); a folder written by
+    `Dataset.save_to_disk` is loaded as is; any other name is tried on the hub (which `datasets`
+    skips when HF_DATASETS_OFFLINE=1, answering from its cache). `datasets` caches what it builds
+    under `cache_dir` (default: $HF_DATASETS_CACHE, ~/.cache/huggingface/datasets), keyed on the
+    files' paths and modification times, so an edited file is read again. Several splits are read
+    one after the other.
+    """
+    import datasets
+
+    dataset, where = spec.dataset, describe(stage_name, spec)
+    options = dict(split="+".join(spec.splits), cache_dir=cache_dir)
+    if dataset.hf_dataset_config_name is not None:
+        options["name"] = dataset.hf_dataset_config_name
+    if dataset.dataset_overwrite_cache:
+        options["download_mode"] = "force_redownload"
+    if dataset.dataset_processing_num_proc_per_process > 1:
+        options["num_proc"] = dataset.dataset_processing_num_proc_per_process
+
+    if spec.builder is not None:
+        if not spec.files:
+            patterns = dataset.hf_data_files if isinstance(dataset.hf_dataset_or_datasets, str) else spec.name
+            raise FileNotFoundError(f"{where}: hf_data_files {patterns!r} matches no file")
+        if spec.builder == "text":
+            options["sample_by"] = "document"
+        return datasets.load_dataset(spec.builder, data_files=list(spec.files), **options)
+    if os.path.isdir(spec.name):
+        rows = datasets.load_from_disk(spec.name)
+        if isinstance(rows, datasets.DatasetDict):
+            missing = [split for split in spec.splits if split not in rows]
+            if missing:
+                raise DataInputError(f'{where}: no split "{missing[0]}" in {spec.name} (splits: {", ".join(rows)})')
+            rows = datasets.concatenate_datasets([rows[split] for split in spec.splits]) if len(spec.splits) > 1 \
+                else rows[spec.splits[0]]
+        return rows
+    try:
+        return datasets.load_dataset(spec.name, data_files=list(spec.files) or None, **options)
+    except (FileNotFoundError, ConnectionError, OSError, ValueError) as e:
+        offline = " (HF_DATASETS_OFFLINE is set: only datasets already in the cache can load)" \
+            if os.environ.get("HF_DATASETS_OFFLINE", "0") not in ("", "0") else ""
+        raise DataInputError(f"{where}: cannot load {spec.name!r} from the hub or a local path{offline}: {e}") from None
+
+
+def _require_columns(rows, columns: list[str], where: str) -> None:
+    for column in columns:
+        if column not in rows.column_names:
+            raise DataInputError(f'{where}: no column "{column}"; the columns are {", ".join(rows.column_names)}')
+
+
+def _texts(rows, column: str, where: str):
+    """The column's values, a batch of rows at a time."""
+    for batch in rows.select_columns([column]).iter(batch_size=_ROWS_PER_BATCH):
+        texts = batch[column]
+        for text in texts:
+            if not isinstance(text, str):
+                raise DataInputError(f'{where}: column "{column}" holds {type(text).__name__} values, expected text')
+        yield texts
+
+
+def _token_dtype(tokenizer: Tokenizer) -> type:
+    return np.uint16 if token_size_for(tokenizer.vocab_size) == 2 else np.uint32
+
+
+# ---------------------------------------------------------------------------------------------
+# Tokenizing rows (in this process, or in `num_proc` processes over contiguous shards of the rows)
+
+def _packed_tokens(rows, column: str, tokenizer: Tokenizer, where: str) -> np.ndarray:
+    """Every row's text tokenized and followed by end-of-text, as one flat array."""
+    eos = np.array([tokenizer.eos_id])
+    pieces = []
+    for texts in _texts(rows, column, where):
+        for ids in tokenizer.encode_batch(texts):
+            pieces += [ids, eos]
+    return np.concatenate(pieces).astype(_token_dtype(tokenizer)) if pieces else np.zeros(0, _token_dtype(tokenizer))
+
+
+def _sft_table(rows, prompt_column: str, completion_column: str, tokenizer: Tokenizer, sequence_length: int,
+               where: str) -> np.ndarray:
+    """[rows, sequence_length + 3] int32: prompt + completion + end-of-text, padded (with end-of-text) or
+    truncated to sequence_length + 1 tokens, then the prompt's length and the text's length."""
+    width = sequence_length + 1
+    table = np.full((len(rows), width + 2), tokenizer.eos_id, dtype=np.int32)
+    row = 0
+    batches = zip(_texts(rows, prompt_column, where), _texts(rows, completion_column, where))
+    for prompts, completions in batches:
+        for prompt, completion in zip(tokenizer.encode_batch(prompts), tokenizer.encode_batch(completions)):
+            text = np.concatenate([prompt, completion, [tokenizer.eos_id]])[:width]
+            table[row, :len(text)] = text
+            table[row, width:] = len(prompt), len(text)
+            row += 1
+    return table
+
+
+def _tokenize_shard(rows, kind: str, columns: tuple[str, ...], tokenizer_name: str, sequence_length: int,
+                    where: str) -> np.ndarray:
+    """Runs in a worker process: the tokenizer travels by name, the rows as `datasets` pickles them
+    (a reference to its memory-mapped Arrow files)."""
+    tokenizer = load_tokenizer(tokenizer_name)
+    if kind == "packed":
+        return _packed_tokens(rows, columns[0], tokenizer, where)
+    return _sft_table(rows, *columns, tokenizer, sequence_length, where)
+
+
+def tokenize_rows(rows, kind: str, columns: tuple[str, ...], tokenizer: Tokenizer, sequence_length: int = 0,
+                  where: str = "the source", num_proc: int = 1) -> np.ndarray:
+    """The rows tokenized: a flat token array ("packed") or the SFT table ("sft"); the result does not
+    depend on num_proc (contiguous shards, joined in order)."""
+    _require_columns(rows, list(columns), where)
+    num_proc = min(num_proc, len(rows))
+    if num_proc <= 1:
+        return _tokenize_shard_local(rows, kind, columns, tokenizer, sequence_length, where)
+    import multiprocessing
+
+    shards = [rows.shard(num_shards=num_proc, index=i, contiguous=True) for i in range(num_proc)]
+    with ProcessPoolExecutor(num_proc, mp_context=multiprocessing.get_context("spawn")) as pool:
+        parts = list(pool.map(_tokenize_shard, shards, [kind] * num_proc, [columns] * num_proc,
+                              [tokenizer.name] * num_proc, [sequence_length] * num_proc, [where] * num_proc))
+    return np.concatenate(parts)
+
+
+def _tokenize_shard_local(rows, kind, columns, tokenizer, sequence_length, where) -> np.ndarray:
+    if kind == "packed":
+        return _packed_tokens(rows, columns[0], tokenizer, where)
+    return _sft_table(rows, *columns, tokenizer, sequence_length, where)
+
+
+# ---------------------------------------------------------------------------------------------
+# The token cache
+
+def tokenizer_fingerprint(tokenizer: Tokenizer) -> str:
+    """"bytes", or a hash of the tokenizer.json's content (a tokenizer edited in place is a new tokenizer)."""
+    if tokenizer.name == "bytes":
+        return "bytes"
+    with open(tokenizer.name, "rb") as f:
+        return "sha256:" + hashlib.sha256(f.read()).hexdigest()
+
+
+def _file_stats(paths) -> list:
+    return [[os.path.abspath(p), os.stat(p).st_size, os.stat(p).st_mtime_ns] for p in paths]
+
+
+def _data_fingerprint(spec: HFSpec, rows_loader) -> list:
+    """What the rows depend on: the local files' paths, sizes and modification times, or the hub
+    dataset's own fingerprint (which needs the rows, so they are loaded first)."""
+    if spec.builder is not None:
+        return ["files", spec.builder, _file_stats(spec.files)]
+    if os.path.isdir(spec.name):
+        found = sorted(os.path.join(d, f) for d, _, fs in os.walk(spec.name) for f in fs)
+        return ["saved", _file_stats(found)]
+    return ["hub", spec.name, rows_loader()._fingerprint]
+
+
+def cache_root(cache_dir: str | None = None) -> str:
+    """Where tokenized sources are kept: <cache_dir or $HF_DATASETS_CACHE>/nanoflow-tokens."""
+    if cache_dir is None:
+        import datasets
+
+        cache_dir = str(datasets.config.HF_DATASETS_CACHE)
+    return os.path.join(cache_dir, "nanoflow-tokens")
+
+
+def tokenized_array(spec: HFSpec, kind: str, tokenizer: Tokenizer, sequence_length: int, stage_name: str,
+                    cache_dir: str | None = None) -> np.ndarray:
+    """The tokenized rows of `spec`, memory-mapped from the cache; tokenized (and cached) on a miss.
+
+    The cache file is keyed by a hash of everything the tokens depend on (the data's fingerprint,
+    the tokenizer's content, the columns, the splits, the config name, and for SFT the sequence
+    length). It is written under a temporary name and renamed into place, so a concurrent run
+    (another rank, another job) or a kill mid-write never leaves a partial file under the key:
+    writers race harmlessly to the same content. dataset_overwrite_cache = true tokenizes again.
+    """
+    rows = None
+    where = describe(stage_name, spec)
+
+    def load():
+        nonlocal rows
+        if rows is None:
+            rows = load_rows(spec, stage_name, cache_dir)
+        return rows
+
+    dataset = spec.dataset
+    columns = dataset.columns
+    material = [_CACHE_VERSION, kind, spec.name, list(spec.splits), dataset.hf_dataset_config_name, list(columns),
+                sequence_length if kind == "sft" else None, tokenizer_fingerprint(tokenizer), tokenizer.eos_id,
+                _data_fingerprint(spec, load)]
+    key = hashlib.sha256(json.dumps(material).encode()).hexdigest()[:32]
+    root = cache_root(cache_dir)
+    path = os.path.join(root, f"{key}.npy")
+    if os.path.exists(path) and not dataset.dataset_overwrite_cache:
+        try:
+            return np.load(path, mmap_mode="r")
+        except (ValueError, OSError):   # unreadable (e.g. a foreign file): tokenize again and replace it
+            pass
+    array = tokenize_rows(load(), kind, columns, tokenizer, sequence_length, where,
+                          dataset.dataset_processing_num_proc_per_process)
+    os.makedirs(root, exist_ok=True)
+    temporary = os.path.join(root, f".{key}.npy.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    try:
+        with open(temporary, "wb") as f:
+            np.save(f, array)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+        raise
+    del array
+    return np.load(path, mmap_mode="r")
