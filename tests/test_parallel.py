@@ -18,16 +18,17 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).parent.parent
 TINY = REPO / "schedules" / "tiny.toml"
 STEPS = 4
-# One schedule for every layout: global batch 8 = micro 2 × accumulation × dp, the SFT stage out of reach.
+# One schedule for every layout: global batch 8 = micro 2 × accumulation × dp (the accumulation derived
+# from the stated global batch), the SFT stage out of reach.
 COMMON = [f"tokens.train_steps={STEPS}", "data_stages.sft.start_training_step=100", "tokens.micro_batch_size=2",
-          "checkpoints.checkpoint_interval=2"]
+          "tokens.global_batch_size=8", "data_stages.sft.micro_batch_size=2", "checkpoints.checkpoint_interval=2"]
 LAYOUTS = {  # name: (dp, tp)
     "dp1": (1, 1), "dp2": (2, 1), "tp2": (1, 2), "dp2tp2": (2, 2), "dp4": (4, 1),
 }
 
 
 def layout_overrides(dp: int, tp: int) -> list[str]:
-    return [f"parallelism.dp={dp}", f"parallelism.tp={tp}", f"tokens.batch_accumulation_per_replica={8 // (2 * dp)}"]
+    return [f"parallelism.dp={dp}", f"parallelism.tp={tp}"]  # the accumulation follows from global_batch_size
 
 
 def run(layout: str, run_dir: Path, *extra: str, script: str = "bin/train", args=(), timeout: int = 240):

@@ -43,7 +43,8 @@ def test_micro_batch_split_does_not_change_loss_or_update(masked):
     batch = random_batch(8, 32, seed=1, masked=masked)
     results = []
     for micro, accumulation in [(8, 1), (4, 2), (1, 8)]:
-        config = tiny(f"tokens.micro_batch_size={micro}", f"tokens.batch_accumulation_per_replica={accumulation}")
+        config = tiny(f"tokens.micro_batch_size={micro}", "tokens.global_batch_size=8")
+        assert config.stage_tokens(0).batch_accumulation_per_replica == accumulation
         state, metrics = train_step(init_state(config), batch)
         results.append((metrics["loss"], metrics["grad_norm"], dict(state.model.named_parameters())))
     loss, grad_norm, params = results[0]
@@ -61,7 +62,7 @@ def test_micro_batch_split_does_not_change_loss_or_update(masked):
 def test_gradient_is_the_mean_over_all_target_tokens():
     # With masks, the mean over the batch's target tokens differs from the mean of per-micro-batch
     # means (HF's 2024 gradient-accumulation bug): check against the former, computed by hand.
-    config = tiny("tokens.micro_batch_size=2", "tokens.batch_accumulation_per_replica=2")
+    config = tiny("tokens.micro_batch_size=2", "tokens.global_batch_size=4")
     batch = random_batch(4, 32, seed=2, masked=True)
     state = init_state(config)
     logits = state.model(batch["input_ids"])

@@ -51,7 +51,14 @@ def validate(config: Config) -> list[str]:
         if config.data_stages[i].sequence_length is not None and tokens.sequence_length > model.max_position_embeddings:
             problems.append(f"{stage_label(i)}: " + too_long.format(tokens.sequence_length))
         derived = tokens.micro_batch_size * tokens.batch_accumulation_per_replica * par.dp
-        if tokens.global_batch_size is not None and tokens.global_batch_size != derived:
+        accumulation_stated = (config.data_stages[i].batch_accumulation_per_replica is not None
+                               or config.tokens.batch_accumulation_per_replica is not None)
+        if tokens.global_batch_size is not None and not accumulation_stated \
+                and tokens.global_batch_size % (tokens.micro_batch_size * par.dp):
+            problems.append(
+                f"{stage_label(i)}: global_batch_size = {tokens.global_batch_size} is not a multiple of "
+                f"micro_batch_size × dp = {tokens.micro_batch_size} × {par.dp}")
+        elif tokens.global_batch_size is not None and tokens.global_batch_size != derived:
             problems.append(
                 f"{stage_label(i)}: global_batch_size = {tokens.global_batch_size}, but micro_batch_size × "
                 f"batch_accumulation_per_replica × dp = {tokens.micro_batch_size} × "

@@ -71,7 +71,9 @@ class TokensArgs:
     sequence_length: int = field(validator=positive)
     train_steps: int = field(validator=positive)
     micro_batch_size: int = field(validator=positive)
-    batch_accumulation_per_replica: int = field(default=1, validator=positive)
+    # Unset: global_batch_size / (micro_batch_size × dp) when global_batch_size is stated, else 1 —
+    # so a run that states its global batch keeps it on any dp.
+    batch_accumulation_per_replica: Union[int, None] = field(default=None, validator=optional(positive))
     global_batch_size: Union[int, None] = field(default=None, validator=optional(positive))
 
 
@@ -218,12 +220,18 @@ class Config:
     logging: LoggingArgs = Factory(LoggingArgs)
 
     def stage_tokens(self, index: int) -> TokensArgs:
-        """[tokens] with stage `index`'s overrides applied."""
+        """[tokens] with stage `index`'s overrides applied and the accumulation resolved."""
         stage = self.data_stages[index]
         overrides = {key: getattr(stage, key) for key in
                      ("sequence_length", "micro_batch_size", "batch_accumulation_per_replica", "global_batch_size")
                      if getattr(stage, key) is not None}
-        return attrs.evolve(self.tokens, **overrides)
+        tokens = attrs.evolve(self.tokens, **overrides)
+        if tokens.batch_accumulation_per_replica is None:
+            per_step = tokens.micro_batch_size * self.parallelism.dp
+            stated = tokens.global_batch_size
+            accumulation = stated // per_step if stated is not None and stated % per_step == 0 else 1
+            tokens = attrs.evolve(tokens, batch_accumulation_per_replica=accumulation)
+        return tokens
 
     def data_seed(self, index: int) -> int:
         seed = self.data_stages[index].data.seed
