@@ -210,10 +210,8 @@ class MetricsLog:
         self.file = None
         if not enabled:
             return
-        kept = []
-        if path.exists():
-            kept = [line for line in path.read_text().splitlines() if line and json.loads(line)["step"] <= start_step]
-        path.write_text("".join(line + "\n" for line in kept))
+        with open(path, "a+b") as f:  # created when missing
+            f.truncate(_kept_length(f, start_step))
         self.path = path
 
     def __enter__(self) -> MetricsLog:
@@ -229,6 +227,36 @@ class MetricsLog:
     def __exit__(self, *exc) -> None:
         if self.file is not None:
             self.file.close()
+
+
+def _kept_length(f, step: int, block: int = 1 << 16) -> int:
+    """The byte length of metrics.jsonl up to the end of its last line of a step ≤ `step`.
+
+    The lines are in step order (each run drops those after its start and appends), so this reads
+    backwards from the end, only as far as the lines it drops: a resume late in a long run does not
+    read the run's whole history. A line that does not parse (cut by a kill) counts as one to drop.
+    """
+    if step <= 0:
+        return 0
+    position = f.seek(0, os.SEEK_END)
+    buffer, limit = b"", 0  # the file's bytes from `position` on; buffer[:limit] is what is still in question
+    while True:
+        end = buffer.rfind(b"\n", 0, limit)                # the newline ending the last line in question
+        start = buffer.rfind(b"\n", 0, max(end, 0)) + 1    # where that line begins, if buffer reaches it
+        if (end < 0 or start == 0) and position > 0:
+            size = min(block, position)
+            position -= size
+            f.seek(position)
+            buffer, limit = f.read(size) + buffer[:limit], limit + size
+            continue
+        if end < 0:
+            return 0
+        try:
+            if json.loads(buffer[start:end])["step"] <= step:
+                return position + end + 1
+        except (ValueError, KeyError, TypeError):
+            pass
+        limit = start
 
 
 class Progress:

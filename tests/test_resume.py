@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from nanoflow import io, load_config
-from nanoflow.loop import start_state, train
+from nanoflow.loop import MetricsLog, start_state, train
 from nanoflow.lr import lr_at
 from nanoflow.schedule import ScheduleDriftError
 from nanoflow.verify import first_difference
@@ -63,6 +63,21 @@ def test_metrics_log_continues_without_duplicates(tmp_path):
     train(tiny(tmp_path), out=quiet())
     steps = [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert steps == list(range(1, 13))
+
+
+def test_metrics_log_drops_only_the_lines_after_the_resume_step_reading_from_the_end(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    history = "not json: the history before the resume step is never read\n"
+    lines = [json.dumps({"step": s, "loss": 1.0}) + "\n" for s in range(1, 9)]
+    path.write_text(history + "".join(lines) + '{"step": 9, "lo')  # step 9's line cut by a kill
+    MetricsLog(path, 5)
+    assert path.read_text() == history + "".join(lines[:5])
+    MetricsLog(path, 5)
+    assert path.read_text() == history + "".join(lines[:5])
+    MetricsLog(path, 0)  # a fresh start keeps nothing
+    assert path.read_text() == ""
+    MetricsLog(tmp_path / "new.jsonl", 3)
+    assert (tmp_path / "new.jsonl").read_text() == ""
 
 
 def test_checkpoint_contents_and_layout(straight):
