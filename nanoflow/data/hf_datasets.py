@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import glob
 import hashlib
+import io
 import json
 import os
-import uuid
 from concurrent.futures import ProcessPoolExecutor
 
 import attrs
@@ -19,6 +19,7 @@ from nanoflow.data.tokenizer import Tokenizer, load_tokenizer
 from nanoflow.data.tokens import (
     DataInputError,
     token_size_for,
+    write_atomically,
 )
 
 _ROWS_PER_BATCH = 1024  # rows tokenized together: large enough for the tokenizers' batching, small in memory
@@ -309,16 +310,8 @@ def tokenized_array(spec: HFSpec, kind: str, tokenizer: Tokenizer, sequence_leng
     array = tokenize_rows(load(), kind, columns, tokenizer, sequence_length, where,
                           dataset.dataset_processing_num_proc_per_process)
     os.makedirs(root, exist_ok=True)
-    temporary = os.path.join(root, f".{key}.npy.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-    try:
-        with open(temporary, "wb") as f:
-            np.save(f, array)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
-        raise
+    encoded = io.BytesIO()
+    np.save(encoded, array)
+    write_atomically(path, encoded.getbuffer())  # concurrent runs and kills never leave a partial cache file
     del array
     return np.load(path, mmap_mode="r")

@@ -25,10 +25,20 @@ import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from typing import TextIO
 
-from nanoflow.data.hf_datasets import _ROWS_PER_BATCH, builder_for, tokenizer_fingerprint
+from nanoflow.data.hf_datasets import (
+    _ROWS_PER_BATCH,
+    builder_for,
+    tokenizer_fingerprint,
+)
 from nanoflow.data.tokenizer import Tokenizer, load_tokenizer
 from nanoflow.data.tokens import (
-    SUFFIX, TokenFolder, _write_atomically, file_digest, token_size_for, tokenizer_id, write_token_file,
+    SUFFIX,
+    TokenFolder,
+    file_digest,
+    token_size_for,
+    tokenizer_id,
+    write_atomically,
+    write_token_file,
 )
 
 MANIFEST = "prepare.json"
@@ -135,7 +145,7 @@ def _prepare_shard(rows, start: int, stop: int, tokenizer_name: str, output: str
 
 
 def _write_manifest(output: str, manifest: dict) -> None:
-    _write_atomically(os.path.join(output, MANIFEST), (json.dumps(manifest, indent=1) + "\n").encode())
+    write_atomically(os.path.join(output, MANIFEST), (json.dumps(manifest, indent=1) + "\n").encode())
 
 
 def prepare(inputs: list[str], output: str, *, tokenizer: str | Tokenizer = "bytes", text_column: str = "text",

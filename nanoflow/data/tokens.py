@@ -82,12 +82,12 @@ def _humanize(count: int) -> str:
     return f"{count} T"
 
 
-def _write_atomically(path: str, data: bytes | Iterable[bytes]) -> None:
+def write_atomically(path: str, data: bytes | memoryview | Iterable[bytes]) -> None:
     """Write `path` whole or not at all: a temporary name in the same folder, fsync, rename."""
     temporary = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.tmp-{uuid.uuid4().hex[:12]}")
     try:
         with open(temporary, "wb") as f:
-            for chunk in [data] if isinstance(data, bytes) else data:
+            for chunk in [data] if isinstance(data, (bytes, bytearray, memoryview)) else data:
                 f.write(chunk)
             f.flush()
             os.fsync(f.fileno())
@@ -125,9 +125,9 @@ def write_token_file(folder: str | os.PathLike, name: str, documents: Iterable[n
             yield data
 
     path = os.path.join(folder, name + SUFFIX)
-    _write_atomically(path, chunks())
-    _write_atomically(path + ".index", np.asarray(ends, dtype="<u8").tobytes())
-    _write_atomically(path + ".metadata", f"{tokenizer_name}|{token_size}\n{total}\n{_humanize(total)}".encode())
+    write_atomically(path, chunks())
+    write_atomically(path + ".index", np.asarray(ends, dtype="<u8").tobytes())
+    write_atomically(path + ".metadata", f"{tokenizer_name}|{token_size}\n{total}\n{_humanize(total)}".encode())
     return {"tokens": total, "documents": len(ends), "blake2b": digest.hexdigest()}
 
 
