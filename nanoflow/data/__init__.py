@@ -1,12 +1,24 @@
 """Training data: tokenizers, sources (HF `datasets`, token folders), blending, the O(1) sample order, per-stage loaders."""
 
 from nanoflow.data.blend import Blend
+from nanoflow.data.hf_datasets import expand_data_files, load_rows
 from nanoflow.data.loader import DataError, StageLoader, open_stage, source_position
 from nanoflow.data.order import SampleOrder, sample_order
-from nanoflow.data.hf_datasets import expand_data_files, load_rows
-from nanoflow.data.sources import IGNORE_INDEX, NamedSource, PackedText, SFTExamples, open_source, open_sources
+from nanoflow.data.sources import (
+    IGNORE_INDEX,
+    NamedSource,
+    PackedText,
+    SFTExamples,
+    open_source,
+    open_sources,
+)
 from nanoflow.data.tokenizer import ByteTokenizer, HFTokenizer, load_tokenizer
-from nanoflow.data.tokens import DataInputError, TokenFolder, TokenFolderError, write_token_file
+from nanoflow.data.tokens import (
+    DataInputError,
+    TokenFolder,
+    TokenFolderError,
+    write_token_file,
+)
 
 __all__ = [
     "IGNORE_INDEX", "Blend", "ByteTokenizer", "DataError", "DataInputError", "HFTokenizer", "NamedSource",
