@@ -115,14 +115,14 @@ def prepare_main(argv: list[str] | None = None) -> int:
 def export_main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="bin/export",
-        description="Write a checkpoint as an HF transformers Llama folder (config.json, model.safetensors, tokenizer) "
+        description="Write a checkpoint as an HF transformers Llama folder (config.json, the weights, the tokenizer) "
                     "that AutoModelForCausalLM.from_pretrained and AutoTokenizer.from_pretrained load.",
         epilog="Example: bin/export runs/curriculum hf/curriculum")
     parser.add_argument("checkpoint", help="a run folder (its latest committed checkpoint) or a step folder; "
                                            "local or s3://bucket/prefix")
     parser.add_argument("out_dir", help="the folder to write (local or s3://)")
     parser.add_argument("--max-shard-size", type=_size, default="5GB", metavar="SIZE",
-                        help="split the weights into model-0000i-of-0000n.safetensors shards of at most SIZE "
+                        help="split the weights into HF's numbered shards (model-0000i-of-0000n) of at most SIZE "
                              "(bytes, or with KB/MB/GB), with an index (default 5GB)")
     parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"),
                         help="cast the weights (default: as saved, float32)")
