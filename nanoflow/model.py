@@ -143,4 +143,3 @@ class Llama(nn.Module):
             elif isinstance(module, RMSNorm):
                 nn.init.ones_(module.weight)
 
-    init_weights = reset_parameters
