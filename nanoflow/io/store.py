@@ -84,13 +84,7 @@ class Store:
                 return [e.name for e in os.scandir(self.root) if e.is_dir()]
             except FileNotFoundError:
                 return []
-        bucket, prefix = self._bucket_key("")
-        names = set()
-        for obj in self._list(bucket, prefix + "/" if prefix else ""):
-            rest = obj["Key"][len(prefix) + 1 if prefix else 0:]
-            if "/" in rest:
-                names.add(rest.split("/", 1)[0])
-        return sorted(names)
+        return sorted({key.split("/", 1)[0] for key in self._keys() if "/" in key})
 
     def files(self, folder: str) -> list[str]:
         """Every object under `folder`, as paths relative to the root."""
@@ -99,9 +93,7 @@ class Store:
             for directory, _, names in os.walk(self.url(folder)):
                 found += [os.path.relpath(os.path.join(directory, n), self.root).replace(os.sep, "/") for n in names]
             return found
-        bucket, prefix = self._bucket_key(folder)
-        root_prefix = self._bucket_key("")[1]
-        return [obj["Key"][len(root_prefix) + 1 if root_prefix else 0:] for obj in self._list(bucket, prefix + "/")]
+        return list(self._keys(folder + "/"))
 
     def root_files(self) -> list[str]:
         """Names of the objects directly under the root."""
@@ -110,10 +102,14 @@ class Store:
                 return [e.name for e in os.scandir(self.root) if e.is_file()]
             except FileNotFoundError:
                 return []
+        return [key for key in self._keys() if "/" not in key]
+
+    def _keys(self, under: str = ""):
+        """S3: the keys of every object whose path relative to the root starts with `under`, relative to the root."""
         bucket, prefix = self._bucket_key("")
         start = len(prefix) + 1 if prefix else 0
-        return [obj["Key"][start:] for obj in self._list(bucket, prefix + "/" if prefix else "")
-                if "/" not in obj["Key"][start:]]
+        for obj in self._list(bucket, (prefix + "/" if prefix else "") + under):
+            yield obj["Key"][start:]
 
     def delete(self, relatives: list[str]) -> None:
         if not self.is_s3:
