@@ -7,12 +7,11 @@ import contextlib
 import torch
 import torch.nn.functional as F
 
+from nanoflow.data.sources import IGNORE_INDEX
 from nanoflow.lr import lr_at
 from nanoflow.parallel import all_reduce_sum, grad_norm
 from nanoflow.schedule import active_stage
 from nanoflow.state import TrainState
-
-IGNORE_INDEX = -100
 
 
 def train_step(state: TrainState, batch) -> tuple[TrainState, dict]:
