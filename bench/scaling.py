@@ -30,7 +30,7 @@ def worker(config_path: str, steps: int, dp: int) -> None:
 
     import nanoflow
     from nanoflow.data import load_tokenizer, open_stage
-    from nanoflow.parallel import init_topology, shutdown
+    from nanoflow.parallel import exit_process, init_topology, shutdown
 
     accumulation = 2
     config = nanoflow.load_config(config_path, [
@@ -57,6 +57,7 @@ def worker(config_path: str, steps: int, dp: int) -> None:
         print(json.dumps({"dp": dp, "tokens_per_s": tokens / elapsed,
                           "comm_share": min(comm_us / 1e6 / profiled, 1.0) if dp > 1 else 0.0}))
     shutdown()
+    exit_process(0)
 
 
 def launch(config: str, steps: int, dp: int) -> dict:

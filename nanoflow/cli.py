@@ -10,6 +10,14 @@ from nanoflow.config import ConfigError, load_config
 EXIT_BAD_INPUT = 2
 
 
+def exit_process(code: int) -> None:
+    """sys.exit(code), or, in a torchrun worker, nanoflow.parallel.exit_process (which skips a teardown that can abort)."""
+    parallel = sys.modules.get("nanoflow.parallel")  # never imported for --plan or a config error: nothing to skip
+    if parallel is not None:
+        parallel.exit_process(code)
+    sys.exit(code)
+
+
 def train_main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="bin/train",

@@ -14,7 +14,9 @@ the global batch's target tokens, so FSDP sums gradients instead of averaging th
 from __future__ import annotations
 
 import os
+import sys
 from datetime import timedelta
+from typing import NoReturn
 
 import attrs
 import torch
@@ -66,6 +68,9 @@ def device() -> torch.device:
     return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if torch.cuda.is_available() else torch.device("cpu")
 
 
+_joined_a_group = False  # whether this process joined a process group (see exit_process)
+
+
 def init_topology(config: Config) -> Topology:
     """Join the process group torchrun started (NCCL on CUDA, gloo on CPU) and build the mesh.
 
@@ -84,6 +89,8 @@ def init_topology(config: Config) -> Topology:
         if backend == "nccl":
             torch.cuda.set_device(device())
         dist.init_process_group(backend, timeout=timedelta(minutes=10))
+    global _joined_a_group
+    _joined_a_group = True
     mesh = init_device_mesh(device().type, (dp, tp), mesh_dim_names=("dp", "tp"))
     return Topology(dp, tp, dist.get_rank(), mesh)
 
@@ -163,3 +170,18 @@ def shutdown() -> None:
     """Leave the process group, if this process joined one."""
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+def exit_process(code: int) -> NoReturn:
+    """End this process with exit status `code`, after shutdown() and once everything is written and closed.
+
+    A process that joined a process group skips the interpreter's teardown. torch's DeviceMesh keeps
+    the gloo process groups alive past destroy_process_group, so they are freed while the interpreter
+    clears its modules, and that can — rarely — abort a worker whose work is all done ("terminate
+    called without an active exception", a SIGABRT that torchrun reports as the run's failure).
+    """
+    if _joined_a_group:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)

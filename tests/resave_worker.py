@@ -10,7 +10,7 @@ from pathlib import Path
 
 from nanoflow import load_config
 from nanoflow.loop import save, start_state
-from nanoflow.parallel import init_topology, shutdown
+from nanoflow.parallel import exit_process, init_topology, shutdown
 
 source, destination, *overrides = sys.argv[1:]
 config = load_config(Path(__file__).parent.parent / "schedules" / "tiny.toml", [
@@ -18,3 +18,4 @@ config = load_config(Path(__file__).parent.parent / "schedules" / "tiny.toml", [
 topology = init_topology(config)
 save(start_state(config, topology))
 shutdown()
+exit_process(0)
