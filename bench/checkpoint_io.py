@@ -12,16 +12,16 @@ Timed, interleaved in each round (the order flips every round, so drift in the m
 side alike), on one local disk (`--dir`, default a fresh temporary folder under /tmp):
 
   save:  nanoflow.io.save_checkpoint (safetensors streamed from the tensors' memory, XXH3-128 of every
-         file, temporary file + fsync + rename, metadata, latest.txt) | torch.save of the same tensors as {group: {name: tensor}}
+         header and shard, temporary file + fsync + rename, metadata, latest.txt) | torch.save of the same tensors as {group: {name: tensor}}
          | torch.save followed by flush + os.fsync (the fair comparison: nanoflow fsyncs every file)
-  load:  nanoflow.io.read_checkpoint of the step folder (every file's size and checksum checked)
+  load:  nanoflow.io.read_checkpoint of the step folder (every file's size, every header and shard checksum checked)
          | torch.load(weights_only=True) of the torch.save file
 
 Every timed operation starts after os.sync(), so no operation pays for the writeback of an earlier
 one. Both loads read files that were just written (warm page cache: this measures CPU and memory
 copies, not the disk). Where io.py's time goes is measured in the same runs: its real functions are
 wrapped with timers (header and tensor views, checksum, write to the temporary file, fsync, rename;
-read, checksum, parsing into tensor views, assembling boxes), which costs microseconds. Prints medians, ratios (targets: save ≤ 1.5×, load ≤ 1.2× torch's time) and Markdown
+read by byte ranges, checksum, tensor views, assembling boxes), which costs microseconds. Prints medians, ratios (targets: save ≤ 1.5×, load ≤ 1.2× torch's time) and Markdown
 tables.
 """
 
@@ -46,6 +46,7 @@ import torch  # noqa: E402
 
 import nanoflow  # noqa: E402
 import nanoflow.io.checkpoint as checkpoint_module  # noqa: E402
+import nanoflow.io.reader as reader_module  # noqa: E402
 import nanoflow.io.store as store_module  # noqa: E402
 import nanoflow.io.tensorfile as tensorfile_module  # noqa: E402
 from nanoflow.io import read_checkpoint, save_checkpoint  # noqa: E402
@@ -144,21 +145,12 @@ class TimedChecksum:
 def save_breakdown(root: str, step: int, groups: dict, info: dict) -> dict[str, float]:
     """save_checkpoint with its parts timed: header + tensor views, checksum, write, fsync, rename."""
     t = Timers()
-    original_write = store_module._write_chunks
-
-    def write_less_checksum(f, chunks, checksum):  # the write phase, less the checksum it feeds
-        before = t.seconds["checksum (xxh3-128)"]
-        start = time.perf_counter()
-        size = original_write(f, chunks, checksum)
-        t.seconds["write"] += time.perf_counter() - start - (t.seconds["checksum (xxh3-128)"] - before)
-        return size
-
     with contextlib.ExitStack() as stack:
         stack.enter_context(patched(checkpoint_module, "tensor_chunks",
                                     t.wrap("header + tensor views", checkpoint_module.tensor_chunks)))
         stack.enter_context(patched(checkpoint_module, "new_checksum",
                                     lambda: TimedChecksum(t, tensorfile_module.new_checksum())))
-        stack.enter_context(patched(store_module, "_write_chunks", write_less_checksum))
+        stack.enter_context(patched(store_module, "_write_chunks", t.wrap("write", store_module._write_chunks)))
         stack.enter_context(patched(os, "fsync", t.wrap("fsync", os.fsync)))
         stack.enter_context(patched(os, "replace", t.wrap("rename", os.replace)))
         total = timed(lambda: save_checkpoint(root, step, groups, info))
@@ -169,9 +161,9 @@ def save_breakdown(root: str, step: int, groups: dict, info: dict) -> dict[str, 
 
 
 def load_breakdown(folder: str) -> dict[str, float]:
-    """read_checkpoint with its parts timed: read, checksum, parse (tensor views), assemble (boxes)."""
+    """read_checkpoint with its parts timed: read (byte ranges), checksum, tensor views, assemble (boxes)."""
     t = Timers()
-    reader_read = checkpoint_module.CheckpointReader.read
+    reader_read = reader_module.CheckpointReader.read
     inner = collections.defaultdict(float)
 
     def read_box(self, *args, **kwargs):  # CheckpointReader.read, less the file loads it triggers
@@ -182,11 +174,12 @@ def load_breakdown(folder: str) -> dict[str, float]:
         return result
 
     with contextlib.ExitStack() as stack:
-        stack.enter_context(patched(store_module.Store, "read", t.wrap("read", store_module.Store.read)))
+        stack.enter_context(patched(store_module.Store, "read_range",
+                                    t.wrap("read (byte ranges)", store_module.Store.read_range)))
         stack.enter_context(patched(checkpoint_module, "new_checksum",
                                     lambda: TimedChecksum(t, tensorfile_module.new_checksum())))
-        stack.enter_context(patched(checkpoint_module, "parse", t.wrap("parse (tensor views)", checkpoint_module.parse)))
-        stack.enter_context(patched(checkpoint_module.CheckpointReader, "read", read_box))
+        stack.enter_context(patched(reader_module, "tensor_at", t.wrap("tensor views", reader_module.tensor_at)))
+        stack.enter_context(patched(reader_module.CheckpointReader, "read", read_box))
         total = timed(lambda: read_checkpoint(folder))
     parts = dict(t.seconds)
     parts["assemble (boxes)"] = inner["assemble"]

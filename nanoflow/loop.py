@@ -114,24 +114,37 @@ def start_state(config: Config, topology: Topology = SINGLE, *, fresh: bool = Fa
     resume_checkpoint_path, when set, must hold a committed checkpoint (never a silent fresh
     start); otherwise the run's own checkpoints_path is resumed from when it holds one, so
     rerunning the same command after a crash continues the run. `fresh` ignores both. Rank 0
-    picks and verifies the checkpoint; every rank then reads just the boxes it holds.
+    lists the checkpoints to try; every rank then reads, and checks, just the shards it holds. A
+    checkpoint found damaged on any rank gives way, on all of them, to the next older intact one
+    of a run folder (a step folder named on its own has none: its damage is the error).
     """
     checkpoints = config.checkpoints
-    reader, failure = None, None
+    folders, failure = [], None
     if topology.is_main:
         try:
-            reader = _choose_checkpoint(config, fresh, out)
+            folders = _checkpoints_to_try(config, fresh, out)
         except io.CheckpointError as e:
             failure = str(e)
-    failure, path = broadcast_object((failure, reader.path if reader is not None else None), topology)
+    failure, folders = broadcast_object((failure, folders), topology)
     if failure is not None:
         raise io.CheckpointError(failure)
-    if path is None:
+    if not folders:
         return init_state(config, topology)
-    if reader is None:  # not rank 0: the checkpoint rank 0 chose and verified
-        reader = io.open_checkpoint(path, verify=False)
-    state = restore_state(config, reader, topology, load_optimizer=checkpoints.load_optimizer,
-                          load_lr_scheduler=checkpoints.load_lr_scheduler)
+    damaged = []
+    for folder in folders:
+        reader = io.CheckpointReader(folder)
+        try:
+            state = restore_state(config, reader, topology, load_optimizer=checkpoints.load_optimizer,
+                                  load_lr_scheduler=checkpoints.load_lr_scheduler)
+            break
+        except io.DamagedCheckpointError as e:
+            if len(folders) == 1:
+                raise
+            damaged.append(str(e))
+            if topology.is_main:
+                print(f"warning: {folder} is damaged, trying an older checkpoint: {e}", file=out)
+    else:
+        raise io.DamagedCheckpointError("no checkpoint to resume from reads back intact: " + "; ".join(damaged))
     point = resume_point(state.schedule, TrainingMetadata.from_dict(reader.metadata["training"]))
     skipped = [what for what, loaded in (("optimizer moments", checkpoints.load_optimizer),
                                          ("LR schedule position", checkpoints.load_lr_scheduler)) if not loaded]
@@ -141,25 +154,24 @@ def start_state(config: Config, topology: Topology = SINGLE, *, fresh: bool = Fa
     return state
 
 
-def _choose_checkpoint(config: Config, fresh: bool, out: TextIO):
-    """The verified reader of the checkpoint to resume from, or None for a fresh start."""
+def _checkpoints_to_try(config: Config, fresh: bool, out: TextIO) -> list[str]:
+    """The step folders to resume from, in the order to try them; none for a fresh start."""
     checkpoints = config.checkpoints
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", io.CheckpointWarning)
         if fresh:
-            source = None
+            folders = []
         elif checkpoints.resume_checkpoint_path is not None:
-            source = checkpoints.resume_checkpoint_path
-            if io.latest(source) is None:
+            folders = io.checkpoints_to_try(checkpoints.resume_checkpoint_path)
+            if not folders:
                 raise io.CheckpointError(
-                    f"checkpoints.resume_checkpoint_path = {source} holds no committed checkpoint; "
-                    "refusing to start from scratch (unset it, or pass --fresh)")
+                    f"checkpoints.resume_checkpoint_path = {checkpoints.resume_checkpoint_path} holds no committed "
+                    "checkpoint; refusing to start from scratch (unset it, or pass --fresh)")
         else:
-            source = checkpoints.checkpoints_path if io.latest(checkpoints.checkpoints_path) is not None else None
-        reader = io.open_checkpoint(source) if source is not None else None
+            folders = io.checkpoints_to_try(checkpoints.checkpoints_path)
     for warning in caught:
         print(f"warning: {warning.message}", file=out)
-    return reader
+    return folders
 
 
 class StopRequest:

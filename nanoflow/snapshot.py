@@ -14,9 +14,9 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from nanoflow.config import Config
-from nanoflow.io import Block, CheckpointError, CheckpointReader
+from nanoflow.io import Block, CheckpointError, CheckpointReader, DamagedCheckpointError
 from nanoflow.model import Llama
-from nanoflow.parallel import Topology
+from nanoflow.parallel import Topology, gather_objects
 from nanoflow.schedule import Schedule, TrainingMetadata, resume_point, training_metadata
 from nanoflow.state import TrainState, build_optimizer, new_model
 
@@ -103,7 +103,30 @@ def load_weights(model: Llama, reader: CheckpointReader | dict[str, torch.Tensor
     for name, p in params.items():
         if shape_of(name) != tuple(p.shape):
             raise ValueError(f"{source}: {name} has shape {list(shape_of(name))}, the model expects {list(p.shape)}")
+    if not isinstance(reader, dict):
+        reader.fetch(("model", name, *local_box(p)) for name, p in params.items())
+    for name, p in params.items():
         place(p, read(name))
+
+
+def read_on_every_rank(read, topology: Topology):
+    """read() — this rank's part of a checkpoint — then agree: each rank reads, and checks, only its
+    own shards, so a damaged one may stop a single rank; it then fails every rank alike instead of
+    leaving the others waiting in their next collective. Damage stays a DamagedCheckpointError."""
+    failure = None
+    try:
+        result = read()
+    except Exception as e:
+        result, failure = None, e
+    reports = gather_objects(None if failure is None else (isinstance(failure, DamagedCheckpointError), str(failure)),
+                             topology)
+    if failure is not None:
+        raise failure
+    for rank, report in enumerate(reports):
+        if report is not None:
+            damaged, message = report
+            raise (DamagedCheckpointError if damaged else CheckpointError)(f"(on rank {rank}) {message}")
+    return result
 
 
 ARCHITECTURE = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
@@ -131,11 +154,20 @@ def restore_state(config: Config, reader: CheckpointReader, topology: Topology, 
     trained = TrainingMetadata.from_dict(reader.metadata["training"])
     resume_point(schedule, trained)  # raises ScheduleDriftError if the config rewrites trained history
     _check_architecture(config, reader)
+    return read_on_every_rank(lambda: _restore(config, reader, topology, schedule, trained, load_optimizer,
+                                               load_lr_scheduler), topology)
+
+
+def _restore(config: Config, reader: CheckpointReader, topology: Topology, schedule: Schedule,
+             trained: TrainingMetadata, load_optimizer: bool, load_lr_scheduler: bool) -> TrainState:
     model = new_model(config, topology, init=False)
     load_weights(model, reader, reader.path)
     optimizer = build_optimizer(model, config.optimizer)
     saved = set(reader.names("optimizer"))
     if load_optimizer:
+        params = [(name, p) for name, p in model.named_parameters() if f"{STEP}.{name}" in saved]
+        reader.fetch([("optimizer", f"{STEP}.{name}", None, None) for name, _ in params]
+                     + [("optimizer", f"{key}.{name}", *local_box(p)) for name, p in params for key in MOMENTS])
         for name, p in model.named_parameters():
             if f"{STEP}.{name}" not in saved:
                 continue  # a parameter the optimizer had not stepped yet

@@ -110,9 +110,10 @@ def init_state(config: Config, topology: Topology | None = None) -> TrainState:
     model = new_model(config, topology)
     if config.model.init_from is not None:
         from nanoflow.io import read_init_weights  # nanoflow.io reads the bytes: a checkpoint or an HF folder
-        from nanoflow.snapshot import load_weights
+        from nanoflow.snapshot import load_weights, read_on_every_rank
 
-        load_weights(model, read_init_weights(config.model.init_from, config.model), config.model.init_from)
+        source = config.model.init_from
+        read_on_every_rank(lambda: load_weights(model, read_init_weights(source, config.model), source), topology)
     generator = torch.Generator().manual_seed(config.general.seed)
     return TrainState.create(step=0, model=model, optimizer=build_optimizer(model, config.optimizer),
                              rng_state=generator.get_state(), lr_origin=0, config=config,

@@ -55,6 +55,7 @@ class S3Endpoint:
         self._lock = threading.Lock()
         self._stop_when = None
         self.stopped_by: str | None = None   # "METHOD PATH" of the request that stopped the server
+        self.requests: list[tuple[str, str, str | None]] = []   # (method, path, Range header) of each request
 
     @property
     def running(self) -> bool:
@@ -91,6 +92,7 @@ class S3Endpoint:
         def wrapped(environ, start_response):
             predicate = endpoint._stop_when
             method, path = environ["REQUEST_METHOD"], environ.get("PATH_INFO", "")
+            endpoint.requests.append((method, path, environ.get("HTTP_RANGE")))
             if endpoint._server is None or (predicate is not None and predicate(method, path)):
                 if endpoint._server is not None:
                     endpoint._stop_when = None

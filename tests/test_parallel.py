@@ -3,6 +3,7 @@ resume on another layout."""
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -37,7 +38,8 @@ def run(layout: str, run_dir: Path, *extra: str, script: str = "bin/train", args
             for a in ("--set", o)]
     launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(dp * tp)] if dp * tp > 1 \
         else [sys.executable]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    # PYTHONFAULTHANDLER: a worker that dies of a signal prints every thread's Python stack in the failure report.
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1"}
     result = subprocess.run([*launcher, script, *args, str(TINY), *sets] if script == "bin/train"
                             else [*launcher, script, *args], cwd=REPO, env=env, capture_output=True, text=True,
                             timeout=timeout)
@@ -119,3 +121,41 @@ def test_a_checkpoint_that_does_not_fit_the_model_fails_clearly_on_every_rank(ru
                  "model.intermediate_size=96", timeout=120)
     assert result.returncode != 0
     assert result.stderr.count("model.intermediate_size was 64, the config now says 96") == 2
+
+
+def test_a_box_is_read_from_the_files_of_the_shards_it_overlaps_only(runs):
+    folder = runs / "dp2tp2" / "2"
+    name = "model.layers.0.self_attn.q_proj.weight"
+    full = io.read_model(str(folder))[name]
+    shards = io.read_metadata(str(folder))["tensors"]["model"][name]["shards"]
+    boxes = [(shard["offset"], shard["shape"], {shard["file"]}) for shard in shards]
+    first, second = sorted(shards, key=lambda s: s["offset"])[:2]   # a box across two neighbouring row blocks
+    rows = first["shape"][0] // 2
+    boxes.append(([first["offset"][0] + rows, 0], [rows + second["shape"][0] // 2, full.shape[1]],
+                  {first["file"], second["file"]}))
+    for offset, shape, files in boxes:
+        reader = io.CheckpointReader(str(folder))
+        touched, read_range = set(), reader.store.read_range
+        reader.store.read_range = lambda f, start, length: touched.add(f) or read_range(f, start, length)
+        box = reader.read("model", name, offset, shape)
+        assert torch.equal(box, full[offset[0]:offset[0] + shape[0], offset[1]:offset[1] + shape[1]])
+        assert touched == files, (offset, shape)
+
+
+def test_damage_seen_by_one_rank_falls_back_on_every_rank(runs, tmp_path):
+    run_dir = tmp_path / "dp2"
+    shutil.copytree(runs / "dp2", run_dir)
+    damaged = run_dir / "4" / "model" / "rank00001.safetensors"   # read by rank 1 alone on this layout
+    data = bytearray(damaged.read_bytes())
+    data[-64:] = bytes(b ^ 0xFF for b in data[-64:])
+    damaged.write_bytes(bytes(data))
+    result = run("dp2", run_dir, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"warning: {run_dir}/4 is damaged" in result.stdout and "rank00001.safetensors is damaged" in result.stdout
+    assert f"resuming from {run_dir}/2: step 2 done" in result.stdout
+    reference = losses(runs / "dp1")
+    resumed = losses(run_dir)   # the copied log holds steps 1–4; the resumed run rewrote 3 and 4
+    assert resumed.keys() == set(range(1, STEPS + 1))
+    for step in (3, 4):
+        assert resumed[step] == pytest.approx(reference[step], abs=1e-5), f"loss of step {step}"
+    assert_close_weights(io.read_model(str(run_dir)), io.read_model(str(runs / "dp1")))

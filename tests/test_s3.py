@@ -247,7 +247,7 @@ def test_damaged_newest_checkpoint_falls_back_on_s3(s3_endpoint, s3_run, s3_buck
     with pytest.warns(CheckpointWarning, match=reason) as caught:
         checkpoint = read_checkpoint(url)
     assert checkpoint.path == f"{url}/8" and checkpoint.metadata["step"] == 8
-    assert any("resuming from step 8" in str(w.message) for w in caught)
+    assert any(f"using {url}/8" in str(w.message) for w in caught)
 
     # Resuming the run falls back the same way, says so, and ends where the uninterrupted run ends.
     monkeypatch.chdir(tmp_path)

@@ -4,7 +4,8 @@ import pytest
 import torch
 from safetensors.torch import load, save
 
-from nanoflow.io.tensorfile import TensorFileError, new_checksum, parse, tensor_chunks
+from nanoflow.io.tensorfile import (TensorFileError, header_length, new_checksum, parse, parse_header, tensor_at,
+                                   tensor_chunks)
 
 
 def sample_tensors() -> dict:
@@ -21,7 +22,8 @@ def sample_tensors() -> dict:
 
 
 def written(tensors) -> bytearray:
-    return bytearray(b"".join(bytes(chunk) for chunk in tensor_chunks(tensors)))
+    header, data = tensor_chunks(tensors)
+    return bytearray(b"".join(bytes(chunk) for chunk in [header, *data.values()]))
 
 
 def test_our_files_are_read_by_the_safetensors_library():
@@ -41,12 +43,12 @@ def test_we_read_files_written_by_the_safetensors_library():
 
 def test_chunks_are_the_tensors_own_memory_and_the_checksum_is_of_the_bytes():
     tensor = torch.arange(1000, dtype=torch.float32)
-    chunks = tensor_chunks({"t": tensor})
-    assert chunks[1].nbytes == tensor.numel() * 4
+    header, data = tensor_chunks({"t": tensor})
+    assert data["t"].nbytes == tensor.numel() * 4
     tensor[0] = 42.0                                  # no copy was made: the chunk sees the change
     assert parse(written({"t": tensor}))["t"][0] == 42.0
     a, b = new_checksum(), new_checksum()
-    for chunk in chunks:
+    for chunk in [header, *data.values()]:
         a.update(chunk)
     b.update(bytes(written({"t": tensor})))
     assert a.hexdigest() == b.hexdigest()
@@ -60,3 +62,26 @@ def test_truncated_or_garbage_bytes_are_refused():
         parse(data[: len(data) - 3])
     with pytest.raises(TensorFileError):
         parse(bytearray(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json at all"))
+
+
+def test_one_tensor_is_read_from_the_header_and_its_own_byte_range():
+    tensors = sample_tensors()
+    data = written(tensors)
+    start = header_length(data[:8])
+    entries = parse_header(data[:start], len(data))
+    for name, t in tensors.items():
+        begin, end = entries[name]["data_offsets"]
+        alone = bytearray(data[start + begin:start + end])   # only this tensor's bytes
+        assert torch.equal(tensor_at(alone, entries[name]), t), name
+
+
+def test_a_header_that_does_not_fit_the_file_is_refused():
+    data = written({"t": torch.arange(10, dtype=torch.float32)})
+    start = header_length(data)
+    with pytest.raises(TensorFileError, match="header runs past"):
+        parse_header(data[:start - 1], len(data))
+    with pytest.raises(TensorFileError, match="does not fit"):
+        parse_header(data, len(data) - 4)                         # the file is shorter than its header says
+    lying = bytearray(data.replace(b'"shape":[10]', b'"shape":[11]'))
+    with pytest.raises(TensorFileError, match="does not fit"):
+        parse_header(lying, len(lying))                           # 11 floats do not fit 40 bytes

@@ -1,25 +1,25 @@
 """Checkpoint IO: the only package that reads or writes checkpoint bytes, on a local disk or on S3.
 
-`checkpoint` holds the layout, the commit protocol and the readers; `store` reaches a local
-folder or an s3:// prefix through smart_open; `hf` exports checkpoints as transformers Llama
-folders and reads such folders back (for `[model] init_from`).
+`checkpoint` holds the layout, the commit protocol and how committed checkpoints are found;
+`reader` reads any box of a saved tensor by byte ranges, checking every shard it uses; `store`
+reaches a local folder or an s3:// prefix through smart_open; `tensorfile` writes and parses
+safetensors files without copies; `hf` exports checkpoints as transformers Llama folders and reads
+such folders back (for `[model] init_from`).
 """
 
 from nanoflow.io.checkpoint import (
     Block,
-    Checkpoint,
-    CheckpointReader,
     CheckpointError,
     CheckpointWarning,
+    DamagedCheckpointError,
+    checkpoints_to_try,
     latest,
-    open_checkpoint,
-    read_checkpoint,
     read_metadata,
-    read_model,
     save_checkpoint,
 )
 from nanoflow.io.hf import export_hf, read_hf, read_init_weights
+from nanoflow.io.reader import Checkpoint, CheckpointReader, open_checkpoint, read_checkpoint, read_model
 
-__all__ = ["Block", "Checkpoint", "CheckpointError", "CheckpointReader", "CheckpointWarning", "latest",
-           "open_checkpoint", "read_checkpoint", "read_metadata", "read_model", "save_checkpoint",
-           "export_hf", "read_hf", "read_init_weights"]
+__all__ = ["Block", "Checkpoint", "CheckpointError", "CheckpointReader", "CheckpointWarning", "DamagedCheckpointError",
+           "checkpoints_to_try", "latest", "open_checkpoint", "read_checkpoint", "read_metadata", "read_model",
+           "save_checkpoint", "export_hf", "read_hf", "read_init_weights"]

@@ -1,4 +1,4 @@
-"""Checkpoints: the only module that reads or writes checkpoint bytes, on a local disk or on S3.
+"""Checkpoints: the layout, finding the committed ones, and writing them (reader.py reads them back).
 
 Layout (nanotron's, with a commit marker):
 
@@ -8,9 +8,10 @@ Layout (nanotron's, with a commit marker):
     <run>/300/rng.safetensors               generator state
     <run>/300/checkpoint_metadata.json      written LAST: the commit marker
 
-The metadata lists every file with its size and XXH3-128 checksum, every tensor with its global shape and
-the boxes (file, offset, shape) it was written in, the schedule position, the topology, the
-resolved config and the versions. A step folder without it is incomplete and never loaded.
+The metadata lists every file with its size and the XXH3-128 checksum of its header, every tensor
+with its global shape and the boxes (file, key, offset, shape, XXH3-128 of its bytes) it was written
+in, the schedule position, the topology, the resolved config and the versions. A step folder
+without it is incomplete and never loaded.
 
 Every object is written whole: locally to a temporary name, flushed and renamed; on S3 each PUT
 (or multipart upload) lands entirely or not at all. Replacing a committed step (a run branched
@@ -24,7 +25,6 @@ from __future__ import annotations
 
 import datetime
 import json
-import math
 import platform
 import secrets
 import warnings
@@ -32,16 +32,21 @@ import warnings
 import attrs
 import torch
 from nanoflow.io.store import Store, StoreError
-from nanoflow.io.tensorfile import TensorFileError, new_checksum, parse, tensor_chunks
+from nanoflow.io.tensorfile import new_checksum, tensor_chunks
 
 METADATA = "checkpoint_metadata.json"
-CHECKSUM = "xxh3_128"  # the per-file checksum recorded in the metadata
+CHECKSUM = "xxh3_128"  # recorded for each file's header and each shard's bytes: together, every byte of a file
 LATEST = "latest.txt"
 FORMAT = "nanoflow-checkpoint/1"
 
 
 class CheckpointError(RuntimeError):
     """A checkpoint that cannot be used: missing, incomplete, damaged, or not what was asked for."""
+
+
+class DamagedCheckpointError(CheckpointError):
+    """A committed checkpoint whose bytes cannot be read back as recorded: a file missing, short,
+    unreadable, or not matching its checksum. An older intact checkpoint may be used instead."""
 
 
 class CheckpointWarning(UserWarning):
@@ -63,38 +68,60 @@ def _step_of(name: str) -> int | None:
 
 
 def latest(path: str) -> str | None:
-    """The newest intact committed step folder of a run folder, or the step folder itself; None if there is none.
+    """The committed step folder a run folder resumes from (or the step folder itself); None if there is none.
 
-    latest.txt is followed when it names an intact checkpoint; otherwise the newest intact one is
-    taken, with a CheckpointWarning naming what was skipped.
+    latest.txt is followed when it names a checkpoint whose files are all there; otherwise the
+    newest such one is taken, with a CheckpointWarning naming what was skipped. Only sizes are
+    checked here; checksums are checked as the bytes are read.
     """
+    folders = checkpoints_to_try(path)
+    return folders[0] if folders else None
+
+
+def checkpoints_to_try(path: str) -> list[str]:
+    """The committed step folders of a run folder whose files are all there, in the order to try
+    them: latest.txt's first, then newest first (a CheckpointWarning names any skipped). For a step
+    folder: just it, or a CheckpointError saying what is wrong with it."""
     store = Store(path)
     if store.exists(METADATA):  # a step folder
         _check_files(store, _read_metadata(store, ""), "")
-        return store.root
-    return _first_usable(store, lambda folder: folder)
-
-
-def _first_usable(store: Store, use):
-    """`use(folder)` of the first committed step that is intact and usable, latest.txt's first, then newest first."""
+        return [store.root]
     pointer = _latest_pointer(store)
     steps = sorted((s for s in map(_step_of, store.folders()) if s is not None), reverse=True)
-    skipped = []
+    found, skipped = [], []
     for step in ([pointer] if pointer is not None else []) + [s for s in steps if s != pointer]:
         try:
             _check_files(store, _read_metadata(store, str(step)), str(step))
-            result = use(store.url(str(step)))
+            found.append(store.url(str(step)))
         except CheckpointError as e:
             skipped.append(str(e))
+    if skipped:
+        heading = f"using {found[0]}" if found else "no intact checkpoint"
+        warnings.warn(f"{store.root}: {heading}; skipped: " + "; ".join(skipped), CheckpointWarning, stacklevel=3)
+    return found
+
+
+def first_readable(path: str, use):
+    """use(folder) for the first of checkpoints_to_try(path) it succeeds on: one found damaged while
+    `use` reads it (DamagedCheckpointError) gives way to the next, with a CheckpointWarning. A step
+    folder named on its own has no next: its error is raised."""
+    folders = checkpoints_to_try(path)
+    if not folders:
+        raise CheckpointError(f"{path} holds no intact committed checkpoint")
+    damaged = []
+    for folder in folders:
+        try:
+            result = use(folder)
+        except DamagedCheckpointError as e:
+            if len(folders) == 1:
+                raise
+            damaged.append(str(e))
             continue
-        if skipped:
-            warnings.warn(f"{store.root}: resuming from step {step}; skipped: " + "; ".join(skipped),
+        if damaged:
+            warnings.warn(f"{Store(path).root}: using {folder}; skipped: " + "; ".join(damaged),
                           CheckpointWarning, stacklevel=3)
         return result
-    if skipped:
-        warnings.warn(f"{store.root}: no intact checkpoint; skipped: " + "; ".join(skipped), CheckpointWarning,
-                      stacklevel=3)
-    return None
+    raise DamagedCheckpointError(f"{path}: no checkpoint reads back intact: " + "; ".join(damaged))
 
 
 def _latest_pointer(store: Store) -> int | None:
@@ -127,20 +154,15 @@ def _check_files(store: Store, meta: dict, folder: str) -> None:
         size = store.size(f"{folder}/{name}" if folder else name)
         if size != entry["bytes"]:
             state = "missing" if size is None else f"{size} bytes, expected {entry['bytes']}"
-            raise CheckpointError(f"{store.url(folder)}: {name} is {state}")
+            raise DamagedCheckpointError(f"{store.url(folder)}: {name} is {state}")
 
 
 def read_metadata(path: str) -> dict:
-    """The metadata of a step folder, or of the latest intact checkpoint of a run folder."""
-    folder = _require(path)
-    return _read_metadata(Store(folder), "")
-
-
-def _require(path: str) -> str:
+    """The metadata of a step folder, or of the checkpoint a run folder resumes from."""
     folder = latest(path)
     if folder is None:
         raise CheckpointError(f"{path} holds no committed checkpoint")
-    return folder
+    return _read_metadata(Store(folder), "")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -180,12 +202,14 @@ def save_checkpoint(root: str, step: int, groups: dict[str, dict[str, Block | to
         if not blocks:
             continue
         name = f"{group}/rank{topology.rank:05d}{suffix}.safetensors"
-        checksum = new_checksum()
-        size = store.write(f"{folder}/{name}", tensor_chunks({k: b.data for k, b in blocks.items()}), checksum)
-        files[name] = {"bytes": size, CHECKSUM: checksum.hexdigest()}
+        header, data = tensor_chunks({k: b.data for k, b in blocks.items()})
+        size = store.write(f"{folder}/{name}", [header, *data.values()])
+        # A checksum for the header and one for each shard (rather than one for the file): a reader of
+        # only some shards checks every byte it uses, and a reader of all of them checks the whole file.
+        files[name] = {"bytes": size, "header_" + CHECKSUM: _digest(header)}
         index[group] = {k: {"shape": list(b.shape), "dtype": str(b.data.dtype).removeprefix("torch."),
-                            "shards": [{"file": name, "key": k, "offset": list(b.offset),
-                                        "shape": list(b.data.shape)}]} for k, b in blocks.items()}
+                            "shards": [{"file": name, "key": k, "offset": list(b.offset), "shape": list(b.data.shape),
+                                        CHECKSUM: _digest(data[k])}]} for k, b in blocks.items()}
     gathered = gather_objects((files, index), topology)
     if topology.is_main:
         files, index = {}, {}
@@ -231,123 +255,12 @@ def _retain(store: Store, keep: int | None, newest: int) -> None:
         store.remove_empty_folder(str(step))
 
 
+def _digest(data) -> str:
+    checksum = new_checksum()
+    checksum.update(data)
+    return checksum.hexdigest()
+
+
 def _nanoflow_version() -> str:
     from nanoflow import __version__
     return __version__
-
-
-# ---------------------------------------------------------------------------------------------
-# Reading
-
-class CheckpointReader:
-    """One committed step folder. Reads any box of any saved tensor, loading only the files that
-    hold part of it; every file is checked against its recorded size and checksum when loaded."""
-
-    def __init__(self, folder: str):
-        self.store = Store(folder)
-        self.path = self.store.root
-        self.metadata = _read_metadata(self.store, "")
-        self._files: dict[str, dict[str, torch.Tensor]] = {}
-
-    def names(self, group: str) -> list[str]:
-        return list(self._entries(group))
-
-    def shape(self, group: str, name: str) -> tuple[int, ...]:
-        return tuple(self._entries(group)[name]["shape"])
-
-    def read(self, group: str, name: str, offset=None, shape=None) -> torch.Tensor:
-        """The box [offset, offset + shape) of tensor `name` (the whole tensor by default).
-
-        A box saved exactly as asked comes back as a view of the file's buffer; copy it before writing to it.
-        """
-        entry = self._entries(group).get(name)
-        if entry is None:
-            raise CheckpointError(f"{self.path}: no tensor {name!r} in its {group} group")
-        shape = tuple(entry["shape"]) if shape is None else tuple(shape)
-        offset = (0,) * len(shape) if offset is None else tuple(offset)
-        if len(shape) != len(entry["shape"]) or any(o + n > m for o, n, m in zip(offset, shape, entry["shape"])):
-            raise CheckpointError(f"{self.path}: {group} tensor {name} has shape {entry['shape']}; the box at "
-                                  f"{list(offset)} of shape {list(shape)} does not fit it")
-        for shard in entry["shards"]:
-            if tuple(shard["offset"]) == offset and tuple(shard["shape"]) == shape:  # saved as asked: no copy
-                return self._load(shard["file"])[shard["key"]]
-        box, covered = torch.empty(shape, dtype=getattr(torch, entry["dtype"])), 0
-        for shard in entry["shards"]:
-            lo = [max(o, so) for o, so in zip(offset, shard["offset"])]
-            hi = [min(o + n, so + sn) for o, n, so, sn in zip(offset, shape, shard["offset"], shard["shape"])]
-            if any(l >= h for l, h in zip(lo, hi)):
-                continue
-            block = self._load(shard["file"])[shard["key"]]
-            source = tuple(slice(l - so, h - so) for l, h, so in zip(lo, hi, shard["offset"]))
-            target = tuple(slice(l - o, h - o) for l, h, o in zip(lo, hi, offset))
-            box[target] = block[source]
-            covered += math.prod(h - l for l, h in zip(lo, hi))
-        if covered != box.numel():
-            raise CheckpointError(f"{self.path}: the saved shards of {group} tensor {name} do not cover "
-                                  f"the box at {list(offset)} of shape {list(shape)}")
-        return box
-
-    def verify(self) -> CheckpointReader:
-        """Load and check every file now, so a damaged checkpoint is found before anything uses it."""
-        for name in self.metadata["files"]:
-            self._load(name)
-        return self
-
-    def _entries(self, group: str) -> dict:
-        entries = self.metadata["tensors"].get(group)
-        if entries is None:
-            raise CheckpointError(f"{self.path}: the checkpoint has no {group!r} tensors")
-        return entries
-
-    def _load(self, name: str) -> dict[str, torch.Tensor]:
-        if name not in self._files:
-            expected = self.metadata["files"].get(name)
-            if expected is None:
-                raise CheckpointError(f"{self.path}: {name} is not listed in {METADATA}")
-            data = _read(self.store, name)
-            checksum = new_checksum()
-            checksum.update(data)
-            if len(data) != expected["bytes"] or checksum.hexdigest() != expected[CHECKSUM]:
-                raise CheckpointError(f"{self.store.url(name)} is damaged (size or checksum differs from {METADATA})")
-            try:
-                self._files[name] = parse(data, self.store.url(name))
-            except (TensorFileError, KeyError, RuntimeError) as e:
-                raise CheckpointError(f"{self.store.url(name)} is not a readable safetensors file: {e}") from None
-        return self._files[name]
-
-
-def open_checkpoint(path: str, *, verify: bool = True) -> CheckpointReader:
-    """A reader of a step folder, or of the latest intact checkpoint of a run folder.
-
-    With `verify`, every file is checked up front, and in a run folder a checkpoint found damaged
-    is skipped for the next older intact one (with a CheckpointWarning).
-    """
-    store = Store(path)
-    if store.exists(METADATA):
-        reader = CheckpointReader(store.root)
-        return reader.verify() if verify else reader
-    reader = _first_usable(store, lambda folder: CheckpointReader(folder).verify() if verify
-                           else CheckpointReader(folder))
-    if reader is None:
-        raise CheckpointError(f"{path} holds no intact committed checkpoint")
-    return reader
-
-
-@attrs.frozen
-class Checkpoint:
-    path: str                                   # the step folder
-    metadata: dict
-    groups: dict[str, dict[str, torch.Tensor]]  # full tensors by group and HF name
-
-
-def read_checkpoint(path: str, groups: tuple[str, ...] = ("model", "optimizer", "rng")) -> Checkpoint:
-    """Full tensors of a step folder (or of the latest intact checkpoint of a run folder), from any layout."""
-    reader = open_checkpoint(path)
-    return Checkpoint(reader.path, reader.metadata,
-                      {group: {name: reader.read(group, name) for name in reader.names(group)} for group in groups})
-
-
-def read_model(path: str) -> dict[str, torch.Tensor]:
-    """Full weights by HF name, from a run folder (its latest intact checkpoint) or a step folder, any layout."""
-    reader = open_checkpoint(path)
-    return {name: reader.read("model", name) for name in reader.names("model")}

@@ -23,7 +23,8 @@ import torch
 from safetensors.torch import save as save_safetensors  # for the {"format": "pt"} header transformers wants
 
 from nanoflow.config import ConfigError, hf_config_mismatches
-from nanoflow.io.checkpoint import CheckpointError, CheckpointReader, open_checkpoint, read_checkpoint
+from nanoflow.io.checkpoint import CheckpointError
+from nanoflow.io.reader import CheckpointReader, open_checkpoint, read_checkpoint
 from nanoflow.io.store import Store, StoreError
 from nanoflow.io.tensorfile import parse
 
