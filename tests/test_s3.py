@@ -357,3 +357,5 @@ def test_trainer_killed_mid_upload_then_resume(s3_endpoint, s3_bucket, tiny_toml
     assert f"resuming from {url}/2: step 2 done" in result.stdout, result.stdout
     assert_same({"model": read_model(url)}, reference, groups=("model",))
     assert_same(read_checkpoint(url).groups, reference)
+    # The first save after the kill aborted the killed upload: S3 keeps no parts of it.
+    assert s3_endpoint.client().list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []

@@ -246,6 +246,7 @@ def _retain(store: Store, keep: int | None, newest: int) -> None:
     if keep is not None:
         doomed += [s for s in sorted(committed, reverse=True)[keep:] if s != newest]
     store.delete([name for name in store.root_files() if name.startswith(f"{LATEST}.tmp-")])  # left by a kill
+    store.abort_unfinished_uploads()  # S3 parts of a killed save (every rank of this one has finished writing)
     for step in doomed:
         # The marker goes first, so a folder half-deleted by a crash reads as incomplete, never as damaged data.
         files = store.files(str(step))

@@ -176,6 +176,22 @@ class Store:
             bucket, key = self._bucket_key(relative)
             client.delete_object(Bucket=bucket, Key=key)
 
+    def abort_unfinished_uploads(self) -> list[str]:
+        """S3: abort the multipart uploads under the root that never completed — left by a writer that was
+        killed; never visible as objects, but S3 keeps (and bills) their parts. Returns their keys.
+        Only call it when no writer of this root is still uploading. Nothing to do locally: a killed
+        local write leaves a temporary file, which the save deletes."""
+        if not self.is_s3:
+            return []
+        bucket, prefix = self._bucket_key("")
+        client, aborted = _s3_client(), []
+        paginator = client.get_paginator("list_multipart_uploads")
+        for page in paginator.paginate(Bucket=bucket, Prefix=prefix + "/" if prefix else ""):
+            for upload in page.get("Uploads", []):
+                client.abort_multipart_upload(Bucket=bucket, Key=upload["Key"], UploadId=upload["UploadId"])
+                aborted.append(upload["Key"])
+        return aborted
+
     def remove_empty_folder(self, folder: str) -> None:
         if not self.is_s3:
             for directory, _, _ in sorted(os.walk(self.url(folder)), key=lambda w: -len(w[0])):
