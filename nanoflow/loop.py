@@ -124,10 +124,11 @@ def start_state(config: Config, topology: Topology = SINGLE, *, fresh: bool = Fa
         try:
             folders = _checkpoints_to_try(config, fresh, out)
         except io.CheckpointError as e:
-            failure = str(e)
+            failure = (isinstance(e, io.DamagedCheckpointError), str(e))
     failure, folders = broadcast_object((failure, folders), topology)
     if failure is not None:
-        raise io.CheckpointError(failure)
+        damaged, message = failure
+        raise (io.DamagedCheckpointError if damaged else io.CheckpointError)(message)
     if not folders:
         return init_state(config, topology)
     damaged = []
@@ -168,7 +169,11 @@ def _checkpoints_to_try(config: Config, fresh: bool, out: TextIO) -> list[str]:
                     f"checkpoints.resume_checkpoint_path = {checkpoints.resume_checkpoint_path} holds no committed "
                     "checkpoint; refusing to start from scratch (unset it, or pass --fresh)")
         else:
-            folders = io.checkpoints_to_try(checkpoints.checkpoints_path)
+            try:
+                folders = io.checkpoints_to_try(checkpoints.checkpoints_path)
+            except io.DamagedCheckpointError as e:
+                raise io.DamagedCheckpointError(f"{e}\nRefusing to start from scratch over them: repair or move "
+                                                "them, or pass --fresh") from None
     for warning in caught:
         print(f"warning: {warning.message}", file=out)
     return folders

@@ -246,6 +246,15 @@ def test_a_damaged_step_folder_named_explicitly_is_refused(two_checkpoints):
         io.read_checkpoint(str(two_checkpoints / "8"))
 
 
+def test_committed_checkpoints_none_intact_never_mean_a_fresh_start(two_checkpoints):
+    for step in ("4", "8"):
+        f = two_checkpoints / step / "model" / "rank00000.safetensors"
+        f.write_bytes(f.read_bytes()[:100])
+    with pytest.raises(io.DamagedCheckpointError, match="(?s)none is intact.*pass --fresh"):
+        start_state(tiny(two_checkpoints), out=quiet())
+    assert start_state(tiny(two_checkpoints), fresh=True, out=quiet()).step == 0   # asked for: it may
+
+
 def test_nothing_intact_means_no_checkpoint(two_checkpoints):
     damage_metadata_missing(two_checkpoints)
     (two_checkpoints / "4" / "checkpoint_metadata.json").unlink()

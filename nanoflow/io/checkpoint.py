@@ -80,21 +80,26 @@ def latest(path: str) -> str | None:
 
 def checkpoints_to_try(path: str) -> list[str]:
     """The committed step folders of a run folder whose files are all there, in the order to try
-    them: latest.txt's first, then newest first (a CheckpointWarning names any skipped). For a step
-    folder: just it, or a CheckpointError saying what is wrong with it."""
+    them: latest.txt's first, then newest first (a CheckpointWarning names any skipped); none for a
+    folder with nothing committed. Committed checkpoints none of which is intact are an error, never
+    "none". For a step folder: just it, or a CheckpointError saying what is wrong with it."""
     store = Store(path)
     if store.exists(METADATA):  # a step folder
         _check_files(store, _read_metadata(store, ""), "")
         return [store.root]
     pointer = _latest_pointer(store)
     steps = sorted((s for s in map(_step_of, store.folders()) if s is not None), reverse=True)
-    found, skipped = [], []
+    found, skipped, damaged = [], [], False
     for step in ([pointer] if pointer is not None else []) + [s for s in steps if s != pointer]:
         try:
             _check_files(store, _read_metadata(store, str(step)), str(step))
             found.append(store.url(str(step)))
         except CheckpointError as e:
             skipped.append(str(e))
+            damaged |= isinstance(e, DamagedCheckpointError)
+    if damaged and not found:  # committed once, so never treated as "nothing here" (a fresh start over it)
+        raise DamagedCheckpointError(f"{store.root} holds committed checkpoints, but none is intact: "
+                                     + "; ".join(skipped))
     if skipped:
         heading = f"using {found[0]}" if found else "no intact checkpoint"
         warnings.warn(f"{store.root}: {heading}; skipped: " + "; ".join(skipped), CheckpointWarning, stacklevel=3)
@@ -141,10 +146,10 @@ def _read_metadata(store: Store, folder: str) -> dict:
         raise CheckpointError(f"{store.url(folder)} is incomplete (no {METADATA})")
     try:
         meta = json.loads(_read(store, relative))
-    except (ValueError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{store.url(relative)} is not valid JSON: {e}") from None
+    except (ValueError, UnicodeDecodeError) as e:  # written whole and renamed: bad JSON is damage, never a torn write
+        raise DamagedCheckpointError(f"{store.url(relative)} is not valid JSON: {e}") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-        raise CheckpointError(f"{store.url(relative)} is not a {FORMAT} checkpoint")
+        raise DamagedCheckpointError(f"{store.url(relative)} is not a {FORMAT} checkpoint")
     return meta
 
 
