@@ -8,6 +8,7 @@ import sys
 from nanoflow.config import ConfigError, load_config
 
 EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130  # the shell's 128 + SIGINT
 
 
 def exit_process(code: int) -> None:
@@ -54,6 +55,10 @@ def train_main(argv: list[str] | None = None) -> int:
             print(f"error: {e}\nThe last committed checkpoint is untouched: run the same command again to resume "
                   "from it.", file=sys.stderr)
             return 1
+        except KeyboardInterrupt:  # a second Ctrl-C: stop now, not after the step (a save it cuts never commits)
+            print("interrupted: stopped at once, without saving; the last committed checkpoint is untouched",
+                  file=sys.stderr)
+            return EXIT_INTERRUPTED
         finally:
             shutdown()
     except ConfigError as e:

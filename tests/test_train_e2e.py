@@ -173,3 +173,14 @@ def test_sigint_stops_cleanly_after_the_current_step(tmp_path):
     steps = [json.loads(line)["step"] for line in metrics_path.read_text().splitlines() if line]
     assert steps == list(range(1, len(steps) + 1))
     assert 3 <= len(steps) < 400
+
+
+def test_a_second_ctrl_c_stops_at_once_with_a_message_not_a_traceback(tmp_path, monkeypatch, capsys):
+    from nanoflow import cli, loop
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt  # what StopRequest raises on a second SIGINT, wherever the loop is
+
+    monkeypatch.setattr(loop, "train", interrupted)
+    assert cli.train_main([str(TINY), *run_arg(tmp_path)]) == 130
+    assert "interrupted: stopped at once" in capsys.readouterr().err
