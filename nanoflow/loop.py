@@ -64,6 +64,7 @@ def train(config: Config, *, fresh: bool = False, until_step: int | None = None,
     directory = run_dir(config)
     if topology.is_main:
         directory.mkdir(parents=True, exist_ok=True)
+    _check_stages_ahead(config, schedule, state.step, tokenizer)
     report = Progress(schedule.train_steps, state.step, out, progress, config.logging.iteration_step_info_interval)
     stop = StopRequest(topology)
     loader, loader_index = None, None
@@ -98,6 +99,15 @@ def train(config: Config, *, fresh: bool = False, until_step: int | None = None,
     if state.step == schedule.train_steps:
         report.message(f"done: {state.step} steps in {report.elapsed():.1f}s; metrics in {directory / 'metrics.jsonl'}")
     return state
+
+
+def _check_stages_ahead(config: Config, schedule, completed: int, tokenizer) -> None:
+    """Open, and close again, the data of every later stage this run reaches: a missing column, a short
+    or truncated file or a wrong tokenizer there stops the run before its next step, not at the stage
+    switch hours in. (The current stage's data opens right after, for the step itself.)"""
+    for index in range(active_stage(schedule, completed + 1) + 1, len(schedule.stages)):
+        if stage_steps(schedule, index):
+            open_stage(config, index, tokenizer, schedule).close()
 
 
 def save(state: TrainState) -> str:

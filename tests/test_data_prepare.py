@@ -201,3 +201,17 @@ def test_bin_train_reports_a_truncated_token_file_before_step_1(blend_folders, t
     assert f'stage "pretrain" (dataset_folder {broken}): {broken}/00000.ds: ' in result.stderr
     assert "is not a whole number of 2-byte tokens; the file is truncated" in result.stderr
     assert not (tmp_path / "run" / "1").exists()
+
+
+@pytest.mark.slow
+def test_bad_data_in_a_later_stage_stops_the_run_before_step_1(blend_folders, tmp_path):
+    folders = json.dumps([str(blend_folders / "code"), str(blend_folders / "prose")])
+    result = subprocess.run([sys.executable, "bin/train", "schedules/blend.toml", "--set",
+                             f"data_stages.pretrain.data.dataset.dataset_folder={folders}", "--set",
+                             'data_stages.sft.data.dataset.prompt_column_name="question"', "--set",   # no such column
+                             f"checkpoints.checkpoints_path={json.dumps(str(tmp_path / 'run'))}"],
+                            cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    assert 'stage "sft"' in result.stderr and "question" in result.stderr, result.stderr
+    assert "step 1/" not in result.stdout and not (tmp_path / "run" / "metrics.jsonl").exists()
