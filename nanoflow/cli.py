@@ -31,7 +31,8 @@ def train_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plan", action="store_true", help="print the stage plan and exit without training")
     parser.add_argument("--fresh", action="store_true",
                         help="start from step 1 even if checkpoints_path or resume_checkpoint_path holds a checkpoint "
-                             "(its checkpoints are replaced as the new run commits its own)")
+                             "(a step is replaced when the new run commits its own; the old run's later steps "
+                             "rank after the new run's, and go first under checkpoints.keep)")
     args = parser.parse_args(argv)
 
     try:

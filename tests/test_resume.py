@@ -255,6 +255,26 @@ def test_committed_checkpoints_none_intact_never_mean_a_fresh_start(two_checkpoi
     assert start_state(tiny(two_checkpoints), fresh=True, out=quiet()).step == 0   # asked for: it may
 
 
+def test_a_fresh_run_keeps_its_own_checkpoints_not_the_abandoned_runs_higher_steps(tmp_path):
+    train(tiny(tmp_path, "tokens.train_steps=8", "checkpoints.checkpoint_interval=2"), out=quiet())
+    abandoned = {step: io.read_metadata(str(tmp_path / str(step)))["created"] for step in (2, 4, 6, 8)}
+    train(tiny(tmp_path, "tokens.train_steps=4", "checkpoints.checkpoint_interval=2", "checkpoints.keep=2"),
+          fresh=True, out=quiet())
+    # keep = 2 counts the most recently committed: the new run's 2 and 4; the old 6 and 8 went first.
+    assert sorted(int(p.name) for p in tmp_path.iterdir() if p.name.isdigit()) == [2, 4]
+    assert all(io.read_metadata(str(tmp_path / str(step)))["created"] > abandoned[8] for step in (2, 4))
+    assert io.checkpoints_to_try(str(tmp_path)) == [f"{tmp_path}/4", f"{tmp_path}/2"]
+
+
+def test_after_latest_the_most_recently_committed_is_tried_first(tmp_path):
+    train(tiny(tmp_path, "tokens.train_steps=8", "checkpoints.checkpoint_interval=4"), out=quiet())   # 4, 8
+    train(tiny(tmp_path, "tokens.train_steps=8", "checkpoints.checkpoint_interval=2"),
+          fresh=True, until_step=2, out=quiet())                                  # a fresh run, stopped after 2
+    assert io.checkpoints_to_try(str(tmp_path)) == [f"{tmp_path}/2", f"{tmp_path}/8", f"{tmp_path}/4"]
+    (tmp_path / "latest.txt").unlink()                                           # no pointer: commit order alone
+    assert io.checkpoints_to_try(str(tmp_path))[0] == f"{tmp_path}/2"
+
+
 def test_nothing_intact_means_no_checkpoint(two_checkpoints):
     damage_metadata_missing(two_checkpoints)
     (two_checkpoints / "4" / "checkpoint_metadata.json").unlink()

@@ -80,7 +80,8 @@ def latest(path: str) -> str | None:
 
 def checkpoints_to_try(path: str) -> list[str]:
     """The committed step folders of a run folder whose files are all there, in the order to try
-    them: latest.txt's first, then newest first (a CheckpointWarning names any skipped); none for a
+    them: latest.txt's first, then the most recently committed first (a CheckpointWarning names any
+    skipped); none for a
     folder with nothing committed. Committed checkpoints none of which is intact are an error, never
     "none". For a step folder: just it, or a CheckpointError saying what is wrong with it."""
     store = Store(path)
@@ -89,14 +90,18 @@ def checkpoints_to_try(path: str) -> list[str]:
         return [store.root]
     pointer = _latest_pointer(store)
     steps = sorted((s for s in map(_step_of, store.folders()) if s is not None), reverse=True)
-    found, skipped, damaged = [], [], False
+    found, skipped, damaged = {}, [], False
     for step in ([pointer] if pointer is not None else []) + [s for s in steps if s != pointer]:
         try:
-            _check_files(store, _read_metadata(store, str(step)), str(step))
-            found.append(store.url(str(step)))
+            meta = _read_metadata(store, str(step))
+            _check_files(store, meta, str(step))
+            found[step] = _committed_at(meta)
         except CheckpointError as e:
             skipped.append(str(e))
             damaged |= isinstance(e, DamagedCheckpointError)
+    # latest.txt's, then the most recently committed: after a --fresh start or a resume from an older step,
+    # the higher steps of the abandoned history come after the new run's own.
+    found = [store.url(str(s)) for s in sorted(found, key=lambda s: (s == pointer, found[s], s), reverse=True)]
     if damaged and not found:  # committed once, so never treated as "nothing here" (a fresh start over it)
         raise DamagedCheckpointError(f"{store.root} holds committed checkpoints, but none is intact: "
                                      + "; ".join(skipped))
@@ -231,7 +236,7 @@ def save_checkpoint(root: str, step: int, groups: dict[str, dict[str, Block | to
             **info,
             "versions": {"nanoflow": _nanoflow_version(), "torch": torch.__version__,
                          "python": platform.python_version()},
-            "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="microseconds"),
         }
         store.write(f"{folder}/{METADATA}", json.dumps(meta, indent=1).encode())   # the commit
         store.write(LATEST, f"{step}\n".encode())
@@ -244,12 +249,20 @@ def save_checkpoint(root: str, step: int, groups: dict[str, dict[str, Block | to
 
 
 def _retain(store: Store, keep: int | None, newest: int) -> None:
-    """Delete incomplete step folders, and committed ones beyond the `keep` newest (never the one latest.txt names)."""
+    """Delete incomplete step folders, and committed ones beyond the `keep` most recently committed (never
+    `newest`, the one just committed). Commit order, not step order: the higher steps of an abandoned
+    history (a --fresh start, a resume from an older step) go before the new run's own."""
     steps = [s for s in map(_step_of, store.folders()) if s is not None]
     committed = [s for s in steps if store.exists(f"{s}/{METADATA}")]
     doomed = [s for s in steps if s not in committed]
     if keep is not None:
-        doomed += [s for s in sorted(committed, reverse=True)[keep:] if s != newest]
+        def committed_at(step: int) -> datetime.datetime:
+            try:
+                return _committed_at(_read_metadata(store, str(step)))
+            except CheckpointError:  # unreadable metadata: the first to go
+                return _NEVER
+        order = sorted(committed, key=lambda s: (s == newest, committed_at(s), s), reverse=True)
+        doomed += [s for s in order[keep:] if s != newest]
     store.delete([name for name in store.root_files() if name.startswith(f"{LATEST}.tmp-")])  # left by a kill
     store.abort_unfinished_uploads()  # S3 parts of a killed save (every rank of this one has finished writing)
     for step in doomed:
@@ -259,6 +272,16 @@ def _retain(store: Store, keep: int | None, newest: int) -> None:
         store.delete([f for f in files if f == marker])
         store.delete([f for f in files if f != marker])
         store.remove_empty_folder(str(step))
+
+
+_NEVER = datetime.datetime.min.replace(tzinfo=datetime.timezone.utc)
+
+
+def _committed_at(meta: dict) -> datetime.datetime:
+    try:
+        return datetime.datetime.fromisoformat(meta["created"])
+    except (KeyError, TypeError, ValueError):
+        return _NEVER
 
 
 def _digest(data) -> str:
