@@ -41,7 +41,7 @@ def train_main(argv: list[str] | None = None) -> int:
             from nanoflow.plan import render_plan
             print(render_plan(config))
             return 0
-        # Imported here: torch is not needed for --plan or for config errors.
+        # The training machinery, once the config is known to be good.
         from nanoflow.io import CheckpointError
         from nanoflow.io.store import StoreError
         from nanoflow.loop import train

@@ -5,7 +5,7 @@ Layout (nanotron's, with a commit marker):
     <run>/latest.txt                        "300", written last, after the step is committed
     <run>/300/model/rank00000.safetensors   weights by HF name: this rank's block of each tensor
     <run>/300/optimizer/rank00000.safetensors  AdamW moments and step counts, by the same names
-    <run>/300/rng.safetensors               generator state
+    <run>/300/rng/rank00000.safetensors     generator state (rank 0's)
     <run>/300/checkpoint_metadata.json      written LAST: the commit marker
 
 The metadata lists every file with its size and the XXH3-128 checksum of its header, every tensor
