@@ -116,6 +116,13 @@ def test_world_size_that_does_not_match_dp_times_tp_fails_clearly_on_every_rank(
     assert "]: Traceback" not in result.stderr   # a message from each rank, not a stack (torchrun adds its own)
 
 
+def test_tp_that_does_not_divide_the_kv_heads_fails_clearly_on_every_rank(tmp_path):
+    result = run("tp2", tmp_path, "model.num_key_value_heads=1", timeout=120)
+    assert result.returncode != 0
+    assert result.stderr.count("model.num_key_value_heads = 1 is not divisible by parallelism.tp = 2") == 2
+    assert "]: Traceback" not in result.stderr
+
+
 def test_a_checkpoint_that_does_not_fit_the_model_fails_clearly_on_every_rank(runs, tmp_path):
     result = run("dp2", tmp_path, f'checkpoints.resume_checkpoint_path="{runs / "dp2tp2"}"',
                  "model.intermediate_size=96", timeout=120)
