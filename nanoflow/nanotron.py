@@ -321,11 +321,16 @@ def _optimizer(walk: _Walk, optimizer) -> dict:
 def _path_notes(walk: _Walk, out: dict) -> None:
     checkpoints, tokenizer = out.get("checkpoints", {}), out.get("tokenizer", {})
     paths = [checkpoints.get("checkpoints_path"), checkpoints.get("resume_checkpoint_path")]
-    for stage in out.get("data_stages", []):
+    for i, stage in enumerate(out.get("data_stages", [])):
         dataset = stage.get("data", {}).get("dataset", {})
         for key in ("hf_data_files", "dataset_folder"):
             value = dataset.get(key)
             paths += value if isinstance(value, list) else [value]
+        blend = dataset.get("hf_dataset_or_datasets")
+        if isinstance(blend, dict) and ("hf_data_files" in dataset or set(blend) & set(schema.BUILDERS)):
+            walk.notes.append(f"data_stages[{i}].data.dataset: a {{name = weight}} table names each part's files in "
+                              'its key (e.g. "sft/*.jsonl" = 1.0), without hf_data_files or a bare builder name '
+                              "such as json: rewrite it so, or the config will not load")
     if any(isinstance(p, str) and "://" not in p and not p.startswith("/") for p in paths):
         walk.notes.append("relative paths are carried verbatim: nanoflow reads them relative to the TOML file, "
                           "nanotron relative to the working directory")

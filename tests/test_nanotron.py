@@ -217,6 +217,9 @@ def test_nanoset_stages_and_blends_carry_over():
     assert stages[0]["data"]["dataset"] == {"dataset_folder": ["/data/a", "/data/b"], "dataset_weights": [0.7, 0.3]}
     assert stages[1]["data"]["dataset"]["hf_dataset_or_datasets"] == {"json": 1.0, "/data/c": 0.5}
     assert not [key for key, _, _ in report.dropped if key.startswith("data_stages")]
+    # Carried over as written, but nanoflow's table names its files in its keys: the report says to rewrite it.
+    assert any(note.startswith("data_stages[1].data.dataset: a {name = weight} table") for note in report.notes)
+    assert not any(note.startswith("data_stages[0]") for note in report.notes)
 
 
 def test_legacy_layouts(tmp_path):
