@@ -10,8 +10,9 @@ After a warm-up of both sides, the steps are interleaved (nanoflow, bare, bare, 
 order flips every round) so drift in the machine's speed hits both sides alike. Prints the median
 tokens/s of each side, the ratio nanoflow / bare (target ≥ 0.97) and a Markdown table row.
 
---compile also runs the comparison with the model wrapped in torch.compile on both sides
-(skipped, with the reason, when torch.compile does not work on this machine).
+--compile also runs the comparison compiled: nanoflow's side with `[model] compile = true` (the
+kernel compiles each decoder layer in place), the bare side with the same `layer.compile()` on each
+of its layers (skipped, with the reason, when torch.compile does not work on this machine).
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # works without `pip install -e .`
 
-import attrs  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
@@ -37,7 +37,7 @@ CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "schedul
 IGNORE_INDEX = -100
 
 
-def load_config(measured_steps: int):
+def load_config(measured_steps: int, compile_model: bool = False):
     # Enough steps for warm-up and measurement, all in the pretrain stage: the later stages are pushed
     # past train_steps ("not reached"), so every step has the pretrain stage's batch shape.
     steps = measured_steps + 100
@@ -45,6 +45,7 @@ def load_config(measured_steps: int):
         f"tokens.train_steps={steps}",
         f"data_stages.anneal.start_training_step={steps + 1}",
         f"data_stages.sft.start_training_step={steps + 2}",
+        f"model.compile={str(compile_model).lower()}",
     ])
 
 
@@ -53,11 +54,9 @@ class Nanoflow:
 
     name = "nanoflow"
 
-    def __init__(self, config, compile_model: bool):
-        self.state = nanoflow.init_state(config)
+    def __init__(self, config):
+        self.state = nanoflow.init_state(config)   # with [model] compile = true, each layer compiled in place
         self.weights = {k: v.detach().clone() for k, v in self.state.model.state_dict().items()}
-        if compile_model:
-            self.state = attrs.evolve(self.state, model=torch.compile(self.state.model))
 
     def step(self, batch) -> None:
         self.state, _ = nanoflow.train_step(self.state, batch)
@@ -68,7 +67,7 @@ class Bare:
 
     name = "bare"
 
-    def __init__(self, config, weights: dict, compile_model: bool):
+    def __init__(self, config, weights: dict):
         self.micro = config.stage_tokens(0).micro_batch_size
         self.clip = config.optimizer.clip_grad
         model = Llama(config.model)
@@ -80,7 +79,10 @@ class Bare:
              {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}],
             lr=config.optimizer.learning_rate_scheduler.learning_rate,
             betas=(factory.adam_beta1, factory.adam_beta2), eps=factory.adam_eps)
-        self.model = torch.compile(model) if compile_model else model
+        if config.model.compile:
+            for layer in model.model.layers:
+                layer.compile()  # as nanoflow.state.new_model does
+        self.model = model
 
     def step(self, batch) -> None:
         input_ids, labels = batch["input_ids"], batch["labels"]
@@ -95,9 +97,9 @@ class Bare:
         self.optimizer.zero_grad(set_to_none=True)
 
 
-def compare(config, batch, *, steps: int, warmup: int, compile_model: bool) -> dict:
-    a = Nanoflow(config, compile_model)
-    b = Bare(config, a.weights, compile_model)
+def compare(config, batch, *, steps: int, warmup: int) -> dict:
+    a = Nanoflow(config)
+    b = Bare(config, a.weights)
     tokens = batch["input_ids"].numel()
     for side in (a, b):
         for _ in range(warmup):
@@ -142,7 +144,8 @@ def main() -> int:
     for variant, compile_model in variants:
         start = time.perf_counter()
         try:
-            result = compare(config, batch, steps=args.steps, warmup=args.warmup, compile_model=compile_model)
+            result = compare(load_config(args.steps + args.warmup, compile_model), batch, steps=args.steps,
+                             warmup=args.warmup)
         except Exception as e:  # torch.compile needs a working C++ toolchain and inductor support on this CPU
             if not compile_model:
                 raise
