@@ -4,7 +4,8 @@ and the one place where the model is sharded — with PyTorch's own FSDP2 and DT
 Tensor parallel (the "tp" mesh dimension): q/k/v/gate/up are split column-wise (by output
 features, so each rank holds whole heads), o/down row-wise (their all-reduce restores the full
 hidden state). Embeddings, norms and lm_head stay replicated across tp: with a small vocabulary
-that costs less than sharding and keeps tied embeddings simple.
+that costs less than sharding and keeps tied embeddings simple. With tp_mode = "REDUCE_SCATTER"
+(sequence parallelism) the norms and the residual stream hold a slice of the positions instead.
 
 Data parallel (the "dp" mesh dimension): FSDP2 `fully_shard` per decoder layer and on the root,
 so parameters, gradients and AdamW moments are sharded over dp. The loss is already the mean over
@@ -104,8 +105,11 @@ def parallelize(model: torch.nn.Module, topology: Topology, config: Config) -> t
 
     if topology.tp > 1:
         styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
-        for layer in model.model.layers:
-            parallelize_module(layer, topology.mesh["tp"], {path: styles[s]() for path, s in TP_PLAN.items()})
+        if config.parallelism.tp_mode == "REDUCE_SCATTER":
+            _parallelize_sequence(model, topology.mesh["tp"])
+        else:
+            for layer in model.model.layers:
+                parallelize_module(layer, topology.mesh["tp"], {path: styles[s]() for path, s in TP_PLAN.items()})
     if topology.dp > 1:
         bf16 = config.model.dtype == "bfloat16"
         policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if bf16 else None, reduce_dtype=torch.float32)
@@ -114,6 +118,31 @@ def parallelize(model: torch.nn.Module, topology: Topology, config: Config) -> t
             module.set_gradient_divide_factor(1.0)
             module.set_force_sum_reduction_for_comms(True)  # a plain SUM: gloo has no PREMUL_SUM
     return model
+
+
+def _parallelize_sequence(model: torch.nn.Module, tp_mesh: DeviceMesh) -> None:
+    """TP_PLAN with sequence parallelism (nanotron's tp_mode = "REDUCE_SCATTER"): between the blocks
+    the residual stream and the norms hold sequence_length / tp positions on each rank instead of all
+    of them. Each attention or MLP block all-gathers its normed input by position, and its row-wise
+    output projection reduce-scatters back to positions (instead of all-reducing). The embedding
+    stays replicated (its output is split by position), and lm_head replicated (its input is gathered)."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, PrepareModuleOutput,
+                                                   RowwiseParallel, SequenceParallel, parallelize_module)
+
+    def gather(args: int) -> PrepareModuleInput:  # the hidden state by position → whole; cos and sin pass as they are
+        return PrepareModuleInput(input_layouts=(Shard(1),) + (None,) * (args - 1),
+                                  desired_input_layouts=(Replicate(),) + (None,) * (args - 1), use_local_output=True)
+
+    styles = {"colwise": ColwiseParallel(), "rowwise": RowwiseParallel(output_layouts=Shard(1))}
+    for layer in model.model.layers:
+        parallelize_module(layer, tp_mesh, {
+            "input_layernorm": SequenceParallel(), "self_attn": gather(3),
+            "post_attention_layernorm": SequenceParallel(), "mlp": gather(1),
+            **{path: styles[style] for path, style in TP_PLAN.items()}})
+    parallelize_module(model, tp_mesh, {
+        "model.embed_tokens": PrepareModuleOutput(output_layouts=Replicate(), desired_output_layouts=Shard(1)),
+        "model.norm": SequenceParallel(), "lm_head": gather(1)})
 
 
 def all_reduce_sum(value: torch.Tensor, topology: Topology) -> torch.Tensor:

@@ -228,6 +228,14 @@ def test_heads_not_divisible_by_tp(tmp_path):
     assert "parallelism.tp" in message
 
 
+def test_sequence_parallel_needs_every_stage_length_divisible_by_tp(tmp_path):
+    odd = replace(replace(VALID, "tp = 1", "tp = 2"), "sequence_length = 24", "sequence_length = 25")
+    load_config(write_config(tmp_path, odd))                       # all-reduce tensor parallelism: any length
+    message = config_error(tmp_path, replace(odd, "tp = 2", 'tp = 2\ntp_mode = "REDUCE_SCATTER"'))
+    assert 'stage "sft"' in message and "sequence_length = 25 is not divisible by parallelism.tp = 2" in message
+    assert 'stage "pretrain"' not in message                       # 32 splits in two
+
+
 def test_global_batch_size_inconsistent(tmp_path):
     text = replace(VALID, "batch_accumulation_per_replica = 2",
                    "batch_accumulation_per_replica = 2\nglobal_batch_size = 5")

@@ -162,7 +162,7 @@ def test_converted_config_loads_and_keeps_every_value(tmp_path, monkeypatch):
     assert (model.num_attention_heads, model.num_key_value_heads, model.max_position_embeddings) == (4, 4, 256)
     assert (model.rms_norm_eps, model.rope_theta, model.tie_word_embeddings) == (1e-5, 10000.0, True)
     assert model.dtype == "bfloat16" and model.initializer_range == 0.025   # init_method.std is what nanotron draws with
-    assert (config.parallelism.dp, config.parallelism.tp) == (2, 2)
+    assert (config.parallelism.dp, config.parallelism.tp, config.parallelism.tp_mode) == (2, 2, "REDUCE_SCATTER")
     assert (config.tokens.sequence_length, config.tokens.train_steps, config.tokens.micro_batch_size) == (128, 15, 2)
     lr = config.optimizer.learning_rate_scheduler
     assert (lr.learning_rate, lr.lr_warmup_steps, lr.lr_decay_steps, lr.min_decay_lr) == (3e-4, 2, 13, 1e-5)

@@ -35,6 +35,12 @@ def validate(config: Config) -> list[str]:
     for key in ("num_attention_heads", "num_key_value_heads"):
         if getattr(model, key) % par.tp:
             problems.append(f"model.{key} = {getattr(model, key)} is not divisible by parallelism.tp = {par.tp}")
+    if par.tp_mode == "REDUCE_SCATTER":  # each tp rank holds sequence_length / tp positions between the blocks
+        for index in range(len(config.data_stages)):
+            length = config.stage_tokens(index).sequence_length
+            if length % par.tp:
+                problems.append(f"{stage_label(index)}: sequence_length = {length} is not divisible by "
+                                f'parallelism.tp = {par.tp}, which parallelism.tp_mode = "REDUCE_SCATTER" needs')
     world = os.environ.get("WORLD_SIZE")
     if world is not None and (not world.isdigit() or int(world) != par.dp * par.tp):
         problems.append(f"parallelism.dp × parallelism.tp = {par.dp} × {par.tp} = {par.dp * par.tp}, "

@@ -64,6 +64,8 @@ class TokenizerArgs:
 class ParallelismArgs:
     dp: int = field(default=1, validator=positive)
     tp: int = field(default=1, validator=positive)
+    # nanotron's names: REDUCE_SCATTER is sequence parallelism (norms and residual stream split by position over tp)
+    tp_mode: Literal["ALL_REDUCE", "REDUCE_SCATTER"] = "ALL_REDUCE"
 
 
 @frozen
