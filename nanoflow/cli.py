@@ -12,7 +12,7 @@ EXIT_INTERRUPTED = 130  # the shell's 128 + SIGINT
 
 
 def exit_process(code: int) -> None:
-    """sys.exit(code), or, in a torchrun worker, nanoflow.parallel.exit_process (which skips a teardown that can abort)."""
+    """sys.exit(code); in a torchrun worker, nanoflow.parallel.exit_process (which skips a teardown that can abort)."""
     parallel = sys.modules.get("nanoflow.parallel")  # never imported for --plan or a config error: nothing to skip
     if parallel is not None:
         parallel.exit_process(code)

@@ -22,7 +22,7 @@ from nanoflow.io.tensorfile import TensorFileError, header_length, parse_header,
 class CheckpointReader:
     """One committed step folder. Reads any box of any saved tensor by fetching, as byte ranges of
     their files, only the saved shards that overlap it; every shard is checked against the checksum
-    recorded for it before it is used. A damaged shard raises CheckpointError.
+    recorded for it before it is used. A damaged shard raises DamagedCheckpointError.
     """
 
     def __init__(self, folder: str):
@@ -78,9 +78,12 @@ class CheckpointReader:
             by_file.setdefault(file, []).append((shard, uses))
         for file, shards in by_file.items():
             start, entries = self._header(file)
-            shards.sort(key=lambda item: entries[item[0]["key"]]["data_offsets"][0])
-            for run in _neighbours(shards, lambda item: entries[item[0]["key"]]["data_offsets"]):
-                first, last = entries[run[0][0]["key"]]["data_offsets"][0], entries[run[-1][0]["key"]]["data_offsets"][1]
+
+            def span(item) -> list[int]:  # where a shard's bytes lie, after the header
+                return entries[item[0]["key"]]["data_offsets"]
+
+            for run in _neighbours(sorted(shards, key=lambda item: span(item)[0]), span):
+                first, last = span(run[0])[0], span(run[-1])[1]
                 buffer = self._read_range(file, start + first, last - first)
                 for shard, uses in run:
                     at = entries[shard["key"]]["data_offsets"][0] - first
@@ -151,9 +154,10 @@ class CheckpointReader:
         """The shard's tensor from `buffer` at `at`, once its bytes match the checksum and shape recorded for it."""
         where = self.store.url(shard["file"])
         entry = entries.get(shard["key"])
-        if entry is None or list(entry["shape"]) != list(shard["shape"]):  # (only a header that was damaged
-                                                                            # before its checksum was taken)
-            raise DamagedCheckpointError(f"{where} is damaged: it does not hold {shard['key']} as {METADATA} records it")
+        # A header that disagrees with the metadata passed its checksum: it was wrong before it was written.
+        if entry is None or list(entry["shape"]) != list(shard["shape"]):
+            raise DamagedCheckpointError(f"{where} is damaged: it does not hold {shard['key']} as {METADATA} "
+                                         "records it")
         begin, end = entry["data_offsets"]
         if _digest(memoryview(buffer)[at:at + end - begin]) != shard[CHECKSUM]:
             raise DamagedCheckpointError(f"{where} is damaged (the bytes of {shard['key']} differ from their "

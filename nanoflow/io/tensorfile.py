@@ -5,9 +5,9 @@ mapping each name to {dtype, shape, data_offsets} (plus optional "__metadata__")
 spaces to a multiple of 8, then the raw little-endian tensor bytes. `safetensors.torch.save`
 builds the whole file as one bytes object and `load` copies every tensor out of it; for
 checkpoints of many GB those copies cost more than the disk. Here a file is a header plus
-memoryviews of the tensors themselves, hashed as they are written; a reader takes the header,
-then just the byte range of the tensors it wants, into one buffer whose slices become the tensors. The files are ordinary safetensors files (tested with the
-safetensors library).
+memoryviews of the tensors themselves; a reader takes the header, then just the byte range of the
+tensors it wants, into one buffer whose slices become the tensors. The files are ordinary
+safetensors files (tested with the safetensors library).
 """
 
 from __future__ import annotations
