@@ -85,28 +85,24 @@ def place(target: torch.Tensor, read_box) -> None:
         local.copy_(read_box(offset, shape))
 
 
-def load_weights(model: Llama, reader: CheckpointReader | dict[str, torch.Tensor], source: str) -> None:
-    """Copy weights by HF name into a (possibly sharded) model, refusing missing, unexpected or misshapen ones."""
+def load_weights(model: Llama, reader, source: str) -> None:
+    """Copy weights by HF name into a (possibly sharded) model, refusing missing, unexpected or misshapen
+    ones. `reader` is a CheckpointReader or an HF folder's nanoflow.io.hf.HFWeights: names(), shape(),
+    fetch() and read() of boxes — each rank reads only its own."""
     params = dict(model.named_parameters())
-    if isinstance(reader, dict):
-        tensors = reader
-        names, shape_of = set(tensors), (lambda n: tuple(tensors[n].shape))
-        read = lambda n: lambda o, s: tensors[n][tuple(slice(a, a + b) for a, b in zip(o, s))]  # noqa: E731
-    else:
-        names, shape_of = set(reader.names("model")), (lambda n: reader.shape("model", n))
-        read = lambda n: lambda o, s: reader.read("model", n, o, s)  # noqa: E731
+    names = set(reader.names("model"))
     tied_alias = {"lm_head.weight"} if model.cfg.tie_word_embeddings else set()
     missing, unexpected = sorted(set(params) - names), sorted(names - set(params) - tied_alias)
     if missing or unexpected:
         raise ValueError(f"{source}: the weights do not fit the model: missing {missing[:5]}, "
                          f"unexpected {unexpected[:5]}")
     for name, p in params.items():
-        if shape_of(name) != tuple(p.shape):
-            raise ValueError(f"{source}: {name} has shape {list(shape_of(name))}, the model expects {list(p.shape)}")
-    if not isinstance(reader, dict):
-        reader.fetch(("model", name, *local_box(p)) for name, p in params.items())
+        saved = reader.shape("model", name)
+        if saved != tuple(p.shape):
+            raise ValueError(f"{source}: {name} has shape {list(saved)}, the model expects {list(p.shape)}")
+    reader.fetch(("model", name, *local_box(p)) for name, p in params.items())
     for name, p in params.items():
-        place(p, read(name))
+        place(p, lambda offset, shape, n=name: reader.read("model", n, offset, shape))
 
 
 def read_on_every_rank(read, topology: Topology):

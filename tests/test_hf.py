@@ -16,7 +16,7 @@ import transformers
 import nanoflow
 from nanoflow import ConfigError, load_config
 from nanoflow.io import export_hf, read_hf, read_model
-from nanoflow.io.hf import HFFormatError, is_hf_folder, read_init_weights
+from nanoflow.io.hf import HFFormatError, HFWeights, is_hf_folder, read_init_weights
 from nanoflow.loop import save, train
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -210,6 +210,20 @@ def test_read_init_weights_checks_too_and_reads_checkpoints(trained, tmp_path):
         read_init_weights(str(tmp_path / "hf"), other)
 
 
+def test_init_from_an_hf_folder_reads_only_the_rows_of_a_box(trained, tmp_path):
+    run, state = trained
+    export_hf(str(run), str(tmp_path / "hf"), max_shard_size=30_000)   # sharded: the index says where
+    weights = HFWeights(str(tmp_path / "hf"))
+    asked, read_range = [], weights.store.read_range
+    weights.store.read_range = lambda f, start, length: asked.append(length) or read_range(f, start, length)
+    name = "model.layers.1.mlp.down_proj.weight"
+    full = dict(state.model.named_parameters())[name].detach()
+    assert weights.shape("model", name) == tuple(full.shape)
+    assert torch.equal(weights.read("model", name, (2, 4), (3, 8)), full[2:5, 4:12])
+    assert asked[-1] == 3 * full.shape[1] * full.element_size()     # three rows' bytes, not the whole weight
+    assert torch.equal(weights.read("model", name), full)
+
+
 def test_pickle_only_hf_folder_is_refused_clearly(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
     (tmp_path / "pytorch_model.bin").write_bytes(b"not read")
@@ -225,6 +239,9 @@ def test_export_and_import_on_s3(trained, s3_bucket):
     params = dict(state.model.named_parameters())
     assert set(tensors) == set(params)
     assert all(torch.equal(tensors[k], p.detach()) for k, p in params.items())
+    weights = HFWeights(s3_bucket + "/hf")                     # box reads: ranged GETs of the rows
+    assert all(torch.equal(weights.read("model", k, (1,) + (0,) * (p.dim() - 1), (2, *p.shape[1:])), p.detach()[1:3])
+               for k, p in params.items())
 
 
 @pytest.mark.slow

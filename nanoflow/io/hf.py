@@ -10,8 +10,9 @@ An HF Llama folder is what `LlamaForCausalLM.save_pretrained` writes and `from_p
 
 Export reads a run folder (its latest intact checkpoint) or a step folder, local or s3://, and
 writes to a local folder or an s3:// prefix; config.json is written last, so a folder that has it
-is complete. Import (`read_hf`, `read_init_weights`) accepts sharded and unsharded folders,
-safetensors only (no pickle).
+is complete. Import accepts sharded and unsharded folders, safetensors only (no pickle):
+`read_hf` reads every weight whole; `read_init_weights` (for `[model] init_from`) reads, on each
+rank, only the rows of each weight that rank holds.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from nanoflow.config import ConfigError, hf_config_mismatches
 from nanoflow.io.checkpoint import CheckpointError
 from nanoflow.io.reader import CheckpointReader, open_checkpoint, read_checkpoint
 from nanoflow.io.store import Store, StoreError
-from nanoflow.io.tensorfile import parse
+from nanoflow.io.tensorfile import TensorFileError, header_length, parse, parse_header, tensor_at
 
 CONFIG = "config.json"
 WEIGHTS = "model.safetensors"
@@ -253,50 +254,120 @@ def _load(store: Store, relative: str) -> dict[str, torch.Tensor]:
         raise HFFormatError(f"{store.url(relative)} is not a readable safetensors file: {e}") from None
 
 
-def read_hf(folder: str) -> tuple[dict, dict[str, torch.Tensor]]:
-    """(config.json as a dict, every weight by HF name) of an HF model folder, sharded or not, local or s3://.
-
-    RoPE frequency buffers that old checkpoints carry (`…rotary_emb.inv_freq`) are dropped: nanoflow
-    recomputes them.
-    """
-    store = Store(folder)
-    config = _read_json(store, CONFIG)
+def _weight_map(store: Store) -> dict[str, str]:
+    """Every weight's file, by HF name: the index's weight_map, or model.safetensors's own names."""
     if store.exists(INDEX):
         weight_map = _read_json(store, INDEX).get("weight_map")
         if not isinstance(weight_map, dict) or not weight_map:
             raise HFFormatError(f"{store.url(INDEX)} has no weight_map")
-        tensors: dict[str, torch.Tensor] = {}
-        for file in sorted(set(weight_map.values())):
-            shard = _load(store, file)
-            listed = {name for name, f in weight_map.items() if f == file}
-            missing = sorted(listed - set(shard))
-            if missing:
-                raise HFFormatError(f"{store.url(file)} lacks {missing[:5]}, which {INDEX} places there")
-            tensors.update({name: shard[name] for name in listed})
     elif store.exists(WEIGHTS):
-        tensors = _load(store, WEIGHTS)
+        weight_map = dict.fromkeys(_header(store, WEIGHTS)[1], WEIGHTS)
     else:
         other = [f for f in ("pytorch_model.bin", "pytorch_model.bin.index.json") if store.exists(f)]
         raise HFFormatError(f"{store.root} has no {WEIGHTS} or {INDEX}"
                             + (f" ({other[0]} is a pickle; nanoflow reads safetensors only: re-save the model "
                                "with save_pretrained(..., safe_serialization=True))" if other else ""))
-    return config, {name: t for name, t in tensors.items() if not name.endswith("rotary_emb.inv_freq")}
+    # RoPE frequency buffers that old checkpoints carry are dropped: nanoflow recomputes them.
+    return {name: file for name, file in weight_map.items() if not name.endswith("rotary_emb.inv_freq")}
 
 
-def read_init_weights(path: str, model=None) -> CheckpointReader | dict[str, torch.Tensor]:
-    """The weights `[model] init_from = path` starts from, as `nanoflow.snapshot.load_weights` takes them: an HF
-    folder's tensors (config.json + safetensors), or a reader of a nanoflow checkpoint (run or step folder),
-    local or s3://.
+def read_hf(folder: str) -> tuple[dict, dict[str, torch.Tensor]]:
+    """(config.json as a dict, every weight by HF name) of an HF model folder, sharded or not, local or s3://,
+    each file read whole."""
+    store = Store(folder)
+    config = _read_json(store, CONFIG)
+    weight_map, tensors = _weight_map(store), {}
+    for file in sorted(set(weight_map.values())):
+        shard = _load(store, file)
+        listed = {name for name, f in weight_map.items() if f == file}
+        missing = sorted(listed - set(shard))
+        if missing:
+            raise HFFormatError(f"{store.url(file)} lacks {missing[:5]}, which {INDEX} places there")
+        tensors.update({name: shard[name] for name in listed})
+    return config, tensors
+
+
+class HFWeights:
+    """An HF model folder's weights, read box by box as nanoflow.snapshot.load_weights asks (the same
+    names / shape / fetch / read as a CheckpointReader): each file's header once, then only the bytes
+    of the rows a box covers, so each rank of a sharded model reads its own slice, not the model."""
+
+    def __init__(self, folder: str):
+        self.store = Store(folder)
+        self.path = self.store.root
+        self._files = _weight_map(self.store)
+        self._headers: dict[str, tuple[int, dict]] = {}
+
+    def names(self, group: str = "model") -> list[str]:
+        return sorted(self._files)
+
+    def shape(self, group: str, name: str) -> tuple[int, ...]:
+        return tuple(self._entry(name)[1]["shape"])
+
+    def fetch(self, boxes) -> None:
+        """Nothing to gather ahead: each box is one byte range, its rows."""
+
+    def read(self, group: str, name: str, offset=None, shape=None) -> torch.Tensor:
+        start, entry = self._entry(name)
+        full = list(entry["shape"])
+        shape = full if shape is None else list(shape)
+        offset = [0] * len(full) if offset is None else list(offset)
+        begin, end = entry["data_offsets"]
+        rows, first = (full[0], offset[0]) if full else (1, 0)
+        row_bytes = (end - begin) // rows if rows else 0
+        count = shape[0] if full else 1
+        file = self._files[name]
+        try:
+            data = self.store.read_range(file, start + begin + first * row_bytes, count * row_bytes)
+        except StoreError as e:
+            raise HFFormatError(str(e)) from e
+        block = tensor_at(data, {**entry, "shape": [count, *full[1:]] if full else []})
+        return block[(slice(None), *(slice(o, o + n) for o, n in zip(offset[1:], shape[1:])))] if full else block
+
+    def _entry(self, name: str) -> tuple[int, dict]:
+        file = self._files.get(name)
+        if file is None:
+            raise HFFormatError(f"{self.path} has no weight {name!r}")
+        if file not in self._headers:
+            self._headers[file] = _header(self.store, file)
+        start, entries = self._headers[file]
+        if name not in entries:
+            raise HFFormatError(f"{self.store.url(file)} lacks {name}, which {INDEX} places there")
+        return start, entries[name]
+
+
+def _header(store: Store, file: str) -> tuple[int, dict]:
+    """(where the tensor bytes start, the tensor entries) of one safetensors file, from its first bytes only."""
+    where = store.url(file)
+    try:
+        size = store.size(file)
+        if size is None:
+            raise HFFormatError(f"{where} is missing")
+        head = store.read_range(file, 0, min(size, 1 << 16))
+        length = header_length(head, where)
+        if length > len(head):
+            head = bytearray(head) + store.read_range(file, len(head), min(length, size) - len(head))
+        return length, parse_header(head, size, where)
+    except StoreError as e:
+        raise HFFormatError(str(e)) from e
+    except TensorFileError as e:
+        raise HFFormatError(f"{where} is not a readable safetensors file: {e}") from None
+
+
+def read_init_weights(path: str, model=None) -> CheckpointReader | HFWeights:
+    """The weights `[model] init_from = path` starts from, as `nanoflow.snapshot.load_weights` takes them:
+    a reader of an HF folder (config.json + safetensors) or of a nanoflow checkpoint (run or step
+    folder), local or s3://. Either reads only the boxes asked for.
 
     For an HF folder, `model` (the `[model]` section) is checked against config.json first: a
     ConfigError names every mismatched key.
     """
     if not is_hf_folder(path):
         return open_checkpoint(path)
-    config, tensors = read_hf(path)
     if model is not None:
-        problems = hf_config_mismatches(model, config, Store(path).url(CONFIG))
+        store = Store(path)
+        problems = hf_config_mismatches(model, _read_json(store, CONFIG), store.url(CONFIG))
         if problems:
             raise ConfigError("model.init_from: the [model] section does not match the HF model:\n  "
                               + "\n  ".join(problems))
-    return tensors
+    return HFWeights(path)
