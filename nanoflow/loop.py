@@ -23,7 +23,7 @@ from nanoflow.config import Config, ConfigError, unreached_stages
 from nanoflow.data import load_tokenizer, open_stage
 from nanoflow.parallel import SINGLE, Topology, broadcast_object, device, init_topology
 from nanoflow.schedule import TrainingMetadata, active_stage, resume_point, stage_steps
-from nanoflow.snapshot import checkpoint_blocks, restore_state
+from nanoflow.snapshot import checkpoint_blocks, read_on_every_rank, restore_state
 from nanoflow.state import TrainState, init_state
 from nanoflow.step import train_step
 from nanoflow.tensorboard import TensorBoardLog
@@ -143,8 +143,8 @@ def start_state(config: Config, topology: Topology = SINGLE, *, fresh: bool = Fa
         return init_state(config, topology)
     damaged = []
     for folder in folders:
-        reader = io.CheckpointReader(folder)
         try:
+            reader = read_on_every_rank(lambda: io.CheckpointReader(folder), topology)  # noqa: B023 - called now
             state = restore_state(config, reader, topology, load_optimizer=checkpoints.load_optimizer,
                                   load_lr_scheduler=checkpoints.load_lr_scheduler)
             break

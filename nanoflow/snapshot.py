@@ -116,13 +116,17 @@ def read_on_every_rank(read, topology: Topology):
         result, failure = None, e
     reports = gather_objects(None if failure is None else (isinstance(failure, DamagedCheckpointError), str(failure)),
                              topology)
-    if failure is not None:
+    failed = [(rank, damaged, message) for rank, report in enumerate(reports) if report is not None
+              for damaged, message in [report]]
+    if not failed:
+        return result
+    # One verdict on every rank, from the same reports: damage (an older checkpoint may do) only if every
+    # failure was damage; otherwise an error that stops every rank.
+    damaged = all(d for _, d, _ in failed)
+    if failure is not None and isinstance(failure, DamagedCheckpointError) == damaged:
         raise failure
-    for rank, report in enumerate(reports):
-        if report is not None:
-            damaged, message = report
-            raise (DamagedCheckpointError if damaged else CheckpointError)(f"(on rank {rank}) {message}")
-    return result
+    rank, _, message = next(f for f in failed if f[1] == damaged)
+    raise (DamagedCheckpointError if damaged else CheckpointError)(f"(on rank {rank}) {message}") from failure
 
 
 ARCHITECTURE = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",

@@ -10,7 +10,7 @@ import torch
 
 from nanoflow.io import CheckpointReader, DamagedCheckpointError, read_checkpoint, save_checkpoint
 from nanoflow.io.reader import _HEAD_GUESS
-from nanoflow.io.store import Store
+from nanoflow.io.store import Store, StoreError
 from nanoflow.io.tensorfile import header_length, parse_header
 
 MODEL = "model/rank00000.safetensors"
@@ -112,3 +112,32 @@ def test_a_header_changed_after_the_save_is_refused(tmp_path):
     path.write_bytes(data.replace(b'"shape":[3]', b'"shape":[2]'))  # still parses; c now claims fewer elements
     with pytest.raises(DamagedCheckpointError, match="its header differs from its checksum"):
         CheckpointReader(f"{root}/1").read("model", "a")
+
+
+def test_a_header_longer_than_the_first_read_is_read_whole(tmp_path):
+    many = {f"layer{i}.weight": torch.full((3,), float(i)) for i in range(1200)}     # a header of > 64 KiB
+    save_checkpoint(str(tmp_path / "run"), 1, {"model": many}, {})
+    data = (tmp_path / "run" / "1" / MODEL).read_bytes()
+    assert header_length(data) > _HEAD_GUESS
+    reader = CheckpointReader(str(tmp_path / "run" / "1"))
+    assert torch.equal(reader.read("model", "layer1199.weight"), many["layer1199.weight"])
+    assert all(torch.equal(t, many[n]) for n, t in read_checkpoint(str(tmp_path / "run"), ("model",)).groups["model"].items())
+
+
+def test_retention_deletes_nothing_while_a_metadata_file_cannot_be_read(tmp_path, monkeypatch):
+    root = str(tmp_path / "run")
+    for step in (1, 2):
+        save_checkpoint(root, step, {"model": tensors()}, {})
+    read = Store.read
+
+    def failing(self, relative):
+        if relative == "1/checkpoint_metadata.json":
+            raise StoreError("injected: the store did not answer")
+        return read(self, relative)
+
+    monkeypatch.setattr(Store, "read", failing)
+    save_checkpoint(root, 3, {"model": tensors()}, {}, keep=1)       # cannot tell when 1 was committed
+    assert sorted(p.name for p in (tmp_path / "run").iterdir() if p.name.isdigit()) == ["1", "2", "3"]
+    monkeypatch.setattr(Store, "read", read)
+    save_checkpoint(root, 4, {"model": tensors()}, {}, keep=1)       # now it can: only the newest stays
+    assert sorted(p.name for p in (tmp_path / "run").iterdir() if p.name.isdigit()) == ["4"]

@@ -224,6 +224,17 @@ def test_init_from_an_hf_folder_reads_only_the_rows_of_a_box(trained, tmp_path):
     assert torch.equal(weights.read("model", name), full)
 
 
+def test_hf_weights_with_a_header_longer_than_the_first_read(tmp_path):
+    from safetensors.torch import save_file
+
+    many = {f"model.layers.{i}.input_layernorm.weight": torch.full((4,), float(i)) for i in range(1500)}
+    save_file(many, str(tmp_path / "model.safetensors"))               # a header of > 64 KiB
+    weights = HFWeights(str(tmp_path))
+    assert len(weights.names()) == 1500
+    assert torch.equal(weights.read("model", "model.layers.1499.input_layernorm.weight", (1,), (2,)),
+                       torch.full((2,), 1499.0))
+
+
 def test_pickle_only_hf_folder_is_refused_clearly(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
     (tmp_path / "pytorch_model.bin").write_bytes(b"not read")

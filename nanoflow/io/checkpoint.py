@@ -37,7 +37,7 @@ from nanoflow.io.tensorfile import new_checksum, tensor_chunks
 METADATA = "checkpoint_metadata.json"
 CHECKSUM = "xxh3_128"  # recorded for each file's header and each shard's bytes: together, every byte of a file
 LATEST = "latest.txt"
-FORMAT = "nanoflow-checkpoint/1"
+FORMAT = "nanoflow-checkpoint/2"   # 2: checksums per header and per shard (1: per file)
 
 
 class CheckpointError(RuntimeError):
@@ -70,9 +70,9 @@ def _step_of(name: str) -> int | None:
 def latest(path: str) -> str | None:
     """The committed step folder a run folder resumes from (or the step folder itself); None if there is none.
 
-    latest.txt is followed when it names a checkpoint whose files are all there; otherwise the
-    newest such one is taken, with a CheckpointWarning naming what was skipped. Only sizes are
-    checked here; checksums are checked as the bytes are read.
+    latest.txt is followed when it names a checkpoint whose files are all there; otherwise the most
+    recently committed such one is taken, with a CheckpointWarning naming what was skipped. Only
+    sizes are checked here; checksums are checked as the bytes are read.
     """
     folders = checkpoints_to_try(path)
     return folders[0] if folders else None
@@ -150,7 +150,11 @@ def _read_metadata(store: Store, folder: str) -> dict:
     if not store.exists(relative):
         raise CheckpointError(f"{store.url(folder)} is incomplete (no {METADATA})")
     try:
-        meta = json.loads(_read(store, relative))
+        text = store.read(relative)
+    except StoreError as e:  # committed, but not readable now: never to be taken for "nothing committed"
+        raise DamagedCheckpointError(str(e)) from e
+    try:
+        meta = json.loads(text)
     except (ValueError, UnicodeDecodeError) as e:  # written whole and renamed: bad JSON is damage, never a torn write
         raise DamagedCheckpointError(f"{store.url(relative)} is not valid JSON: {e}") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
@@ -256,15 +260,18 @@ def _retain(store: Store, keep: int | None, newest: int) -> None:
     committed = [s for s in steps if store.exists(f"{s}/{METADATA}")]
     doomed = [s for s in steps if s not in committed]
     if keep is not None:
-        def committed_at(step: int) -> datetime.datetime:
-            try:
-                return _committed_at(_read_metadata(store, str(step)))
-            except CheckpointError:  # unreadable metadata: the first to go
-                return _NEVER
-        order = sorted(committed, key=lambda s: (s == newest, committed_at(s), s), reverse=True)
-        doomed += [s for s in order[keep:] if s != newest]
+        try:
+            times = {s: _commit_time(store, s) for s in committed}
+        except CheckpointError:  # a metadata file that cannot be read now: prune nothing this time
+            times = None
+        if times is not None:
+            order = sorted(committed, key=lambda s: (s == newest, times[s], s), reverse=True)
+            doomed += [s for s in order[keep:] if s != newest]
     store.delete([name for name in store.root_files() if name.startswith(f"{LATEST}.tmp-")])  # left by a kill
-    store.abort_unfinished_uploads()  # S3 parts of a killed save (every rank of this one has finished writing)
+    try:  # S3 parts of a killed save (every rank of this one has finished writing); nothing of another run's
+        store.abort_unfinished_uploads(lambda path: path == LATEST or _step_of(path.partition("/")[0]) is not None)
+    except StoreError as e:  # the new checkpoint is committed: say so, and carry on
+        warnings.warn(str(e), CheckpointWarning, stacklevel=3)
     for step in doomed:
         # The marker goes first, so a folder half-deleted by a crash reads as incomplete, never as damaged data.
         files = store.files(str(step))
@@ -275,6 +282,17 @@ def _retain(store: Store, keep: int | None, newest: int) -> None:
 
 
 _NEVER = datetime.datetime.min.replace(tzinfo=datetime.timezone.utc)
+
+
+def _commit_time(store: Store, step: int) -> datetime.datetime:
+    """When step was committed; _NEVER (the first to go) for metadata that reads back as damaged. Raises
+    CheckpointError when it cannot be read at all, so that nothing is deleted on a guess."""
+    try:
+        return _committed_at(_read_metadata(store, str(step)))
+    except DamagedCheckpointError as e:
+        if isinstance(e.__cause__, StoreError):
+            raise
+        return _NEVER
 
 
 def _committed_at(meta: dict) -> datetime.datetime:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 
+import numpy
 import torch
 from safetensors.torch import save as save_safetensors  # for the {"format": "pt"} header transformers wants
 
@@ -346,7 +347,8 @@ def _header(store: Store, file: str) -> tuple[int, dict]:
         head = store.read_range(file, 0, min(size, 1 << 16))
         length = header_length(head, where)
         if length > len(head):
-            head = bytearray(head) + store.read_range(file, len(head), min(length, size) - len(head))
+            rest = store.read_range(file, len(head), min(length, size) - len(head))
+            head = numpy.concatenate([head, rest])  # (arrays: + would add them element-wise)
         return length, parse_header(head, size, where)
     except StoreError as e:
         raise HFFormatError(str(e)) from e

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 
 import attrs
+import numpy
 import torch
 from nanoflow.io.checkpoint import (CHECKSUM, METADATA, CheckpointError, DamagedCheckpointError, _digest,
                                     _read_metadata, first_readable)
@@ -140,7 +141,8 @@ class CheckpointReader:
                 head = self._read_range(file, 0, min(size, _HEAD_GUESS))
                 length = header_length(head, where)
                 if length > len(head):
-                    head = bytearray(head) + self._read_range(file, len(head), min(length, size) - len(head))
+                    rest = self._read_range(file, len(head), min(length, size) - len(head))
+                    head = numpy.concatenate([head, rest])  # (arrays: + would add them element-wise)
                 if _digest(memoryview(head)[:length]) != expected["header_" + CHECKSUM]:
                     raise TensorFileError(f"its header differs from its checksum in {METADATA}")
                 self._headers[file] = (length, parse_header(head, size, where))
@@ -199,8 +201,8 @@ def _neighbours(items: list, span) -> list[list]:
 def open_checkpoint(path: str, *, verify: bool = False) -> CheckpointReader:
     """A reader of a step folder, or of the checkpoint a run folder resumes from (see `latest`).
 
-    Its reads check each shard they use. With `verify`, every file is also checked whole now
-    (streamed), and in a run folder a damaged checkpoint gives way to the next older intact one.
+    Its reads check each shard they use. With `verify`, every header and shard is checked now (one
+    shard in memory at a time), and in a run folder a damaged checkpoint gives way to the next one.
     """
     return first_readable(path, lambda folder: CheckpointReader(folder).verify() if verify
                           else CheckpointReader(folder))

@@ -176,20 +176,26 @@ class Store:
             bucket, key = self._bucket_key(relative)
             client.delete_object(Bucket=bucket, Key=key)
 
-    def abort_unfinished_uploads(self) -> list[str]:
-        """S3: abort the multipart uploads under the root that never completed — left by a writer that was
-        killed; never visible as objects, but S3 keeps (and bills) their parts. Returns their keys.
-        Only call it when no writer of this root is still uploading. Nothing to do locally: a killed
-        local write leaves a temporary file, which the save deletes."""
+    def abort_unfinished_uploads(self, ours) -> list[str]:
+        """S3: abort the multipart uploads under the root that never completed and whose path relative
+        to the root satisfies `ours` — left by a writer that was killed; never visible as objects, but
+        S3 keeps (and bills) their parts. Returns their paths. Only call it when no writer of those
+        paths is still uploading. Nothing to do locally: a killed local write leaves a temporary file."""
         if not self.is_s3:
             return []
         bucket, prefix = self._bucket_key("")
-        client, aborted = _s3_client(), []
-        paginator = client.get_paginator("list_multipart_uploads")
-        for page in paginator.paginate(Bucket=bucket, Prefix=prefix + "/" if prefix else ""):
-            for upload in page.get("Uploads", []):
-                client.abort_multipart_upload(Bucket=bucket, Key=upload["Key"], UploadId=upload["UploadId"])
-                aborted.append(upload["Key"])
+        start = len(prefix) + 1 if prefix else 0
+        aborted = []
+        try:
+            client = _s3_client()
+            for page in client.get_paginator("list_multipart_uploads").paginate(
+                    Bucket=bucket, Prefix=prefix + "/" if prefix else ""):
+                for upload in page.get("Uploads", []):
+                    if ours(upload["Key"][start:]):
+                        client.abort_multipart_upload(Bucket=bucket, Key=upload["Key"], UploadId=upload["UploadId"])
+                        aborted.append(upload["Key"][start:])
+        except Exception as e:  # botocore's errors: no permission to list uploads, one aborted meanwhile …
+            raise StoreError(f"cannot abort the unfinished uploads under {self.root}: {e}") from e
         return aborted
 
     def remove_empty_folder(self, folder: str) -> None:
