@@ -98,22 +98,6 @@ class Store:
         into[:len(data)] = data
         return len(data)
 
-    def stream(self, relative: str):
-        """An object's bytes, piece by piece, never holding more than one piece."""
-        try:
-            if not self.is_s3:
-                with open(self.url(relative), "rb") as f:
-                    while piece := f.read(_CHUNK):
-                        yield piece
-                return
-            import smart_open
-
-            with smart_open.open(self.url(relative), "rb") as f:
-                while piece := f.read(_CHUNK):
-                    yield piece
-        except Exception as e:
-            raise StoreError(f"cannot read {self.url(relative)}: {e}") from e
-
     def exists(self, relative: str) -> bool:
         if not self.is_s3:
             return os.path.exists(self.url(relative))
