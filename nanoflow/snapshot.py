@@ -116,8 +116,7 @@ def read_on_every_rank(read, topology: Topology):
         result, failure = None, e
     reports = gather_objects(None if failure is None else (isinstance(failure, DamagedCheckpointError), str(failure)),
                              topology)
-    failed = [(rank, damaged, message) for rank, report in enumerate(reports) if report is not None
-              for damaged, message in [report]]
+    failed = [(rank, *report) for rank, report in enumerate(reports) if report is not None]  # (rank, damaged, message)
     if not failed:
         return result
     # One verdict on every rank, from the same reports: damage (an older checkpoint may do) only if every
