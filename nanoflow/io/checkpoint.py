@@ -81,9 +81,9 @@ def latest(path: str) -> str | None:
 def checkpoints_to_try(path: str) -> list[str]:
     """The committed step folders of a run folder whose files are all there, in the order to try
     them: latest.txt's first, then the most recently committed first (a CheckpointWarning names any
-    skipped); none for a
-    folder with nothing committed. Committed checkpoints none of which is intact are an error, never
-    "none". For a step folder: just it, or a CheckpointError saying what is wrong with it."""
+    skipped); none for a folder with nothing committed. Committed checkpoints none of which is
+    intact are an error, never "none". For a step folder: just it, or a CheckpointError saying what
+    is wrong with it."""
     store = Store(path)
     if store.exists(METADATA):  # a step folder
         _check_files(store, _read_metadata(store, ""), "")
