@@ -6,9 +6,7 @@ import argparse
 import sys
 
 from nanoflow.config import ConfigError, load_config
-
-EXIT_BAD_INPUT = 2
-EXIT_INTERRUPTED = 130  # the shell's 128 + SIGINT
+from nanoflow.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, NanoflowError
 
 
 def exit_process(code: int) -> None:
@@ -65,6 +63,9 @@ def train_main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except NanoflowError as e:
+        print(f"error: {args.config}: {e}", file=sys.stderr)
+        return e.exit_status
     return 0
 
 

@@ -14,11 +14,13 @@ from pathlib import Path
 
 import attrs
 
+from nanoflow.errors import NanoflowError
+
 WIDTH, HEIGHT, DPI = 1200, 900, 100   # report.png's size in pixels
 COLORS = ("#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860")
 
 
-class ReportError(ValueError):
+class ReportError(NanoflowError, ValueError):
     """A run folder without usable metrics."""
 
 

@@ -16,8 +16,10 @@ from collections.abc import Sequence
 import attrs
 from attrs import field, frozen
 
+from nanoflow.errors import NanoflowError
 
-class ScheduleError(ValueError):
+
+class ScheduleError(NanoflowError, ValueError):
     """A schedule that cannot be trained. `stage` and `key` name the culprit when there is one."""
 
     def __init__(self, message: str, *, stage: str | None = None, key: str | None = None):

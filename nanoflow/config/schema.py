@@ -15,10 +15,12 @@ import cattrs
 from attrs import Factory, field, frozen
 from attrs.validators import ge, gt, instance_of, optional
 
+from nanoflow.errors import NanoflowError
+
 BUILDERS = ("text", "json", "csv", "parquet", "arrow")   # HF datasets builders over local files
 
 
-class ConfigError(ValueError):
+class ConfigError(NanoflowError, ValueError):
     """A configuration that cannot run. The message names the file, the stage and the key."""
 
 

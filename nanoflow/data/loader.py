@@ -36,10 +36,11 @@ from nanoflow.data.order import SampleOrder, sample_order
 from nanoflow.data.sources import NamedSource, Source, open_sources
 from nanoflow.data.tokenizer import Tokenizer
 from nanoflow.data.tokens import DataInputError, TokenFolder
+from nanoflow.errors import NanoflowError
 from nanoflow.schedule import Schedule, stage_steps
 
 
-class DataError(RuntimeError):
+class DataError(NanoflowError, RuntimeError):
     """A sample that could not be read: the message names the stage, the sample, the source and the file."""
 
 

@@ -40,6 +40,7 @@ from nanoflow.data.tokens import (
     write_atomically,
     write_token_file,
 )
+from nanoflow.errors import NanoflowError
 
 MANIFEST = "prepare.json"
 FORMAT = "nanoflow-prepare-1"
@@ -47,7 +48,7 @@ DOCS_PER_SHARD = 50_000
 _SAVED_DATASET_MARKERS = ("dataset_info.json", "state.json", "dataset_dict.json")
 
 
-class PrepareError(ValueError):
+class PrepareError(NanoflowError, ValueError):
     """Inputs or an output folder that bin/prepare cannot use; the message names the culprit."""
 
 

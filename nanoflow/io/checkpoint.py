@@ -31,6 +31,8 @@ import warnings
 
 import attrs
 import torch
+
+from nanoflow.errors import NanoflowError
 from nanoflow.io.store import Store, StoreError
 from nanoflow.io.tensorfile import new_checksum, tensor_chunks
 
@@ -40,7 +42,7 @@ LATEST = "latest.txt"
 FORMAT = "nanoflow-checkpoint/2"   # 2: checksums per header and per shard (1: per file)
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(NanoflowError, RuntimeError):
     """A checkpoint that cannot be used: missing, incomplete, damaged, or not what was asked for."""
 
 

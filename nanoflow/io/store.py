@@ -12,8 +12,10 @@ import os
 import numpy
 import torch
 
+from nanoflow.errors import NanoflowError
 
-class StoreError(OSError):
+
+class StoreError(NanoflowError, OSError):
     """An object that cannot be read."""
 
 

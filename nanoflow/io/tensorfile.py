@@ -19,6 +19,8 @@ import struct
 import torch
 import xxhash
 
+from nanoflow.errors import NanoflowError
+
 DTYPES = {
     torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
     torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
@@ -27,7 +29,7 @@ DTYPES = {
 TORCH_DTYPES = {name: dtype for dtype, name in DTYPES.items()}
 
 
-class TensorFileError(ValueError):
+class TensorFileError(NanoflowError, ValueError):
     """Bytes that are not a well-formed safetensors file."""
 
 
