@@ -2,8 +2,12 @@
 
 `cfg` is any object with: vocab_size, hidden_size, intermediate_size, num_hidden_layers,
 num_attention_heads, num_key_value_heads, max_position_embeddings, rms_norm_eps,
-rope_theta, tie_word_embeddings, initializer_range.
+rope_theta, tie_word_embeddings, initializer_range, and optionally rope_scaling (None, or an object with
+rope_type "default" | "linear" | "llama3" and that type's factor, low_freq_factor, high_freq_factor,
+original_max_position_embeddings: nanoflow.config.RopeScalingArgs).
 """
+
+import math
 
 import torch
 import torch.nn.functional as F
@@ -23,14 +27,38 @@ class RMSNorm(nn.Module):
         return self.weight * h.to(x.dtype)
 
 
-def rope_cos_sin(seq_len: int, head_dim: int, theta: float, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_inv_freq(head_dim: int, theta: float, scaling, device: torch.device) -> torch.Tensor:
+    """RoPE's inverse frequencies [head_dim / 2], float32, after `scaling` (HF's rope_scaling; None: plain RoPE)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim))
+    kind = "default" if scaling is None else scaling.rope_type
+    if kind == "default":
+        return inv_freq
+    if kind == "linear":   # positions / factor, i.e. every frequency / factor
+        return inv_freq / scaling.factor
+    if kind == "llama3":
+        # Llama 3.1's rule, by each frequency's wavelength against the pretraining context length L:
+        # longer than L / low_freq_factor: / factor; shorter than L / high_freq_factor: unchanged;
+        # in between: blended linearly in L / wavelength. (The order of operations is HF's, for its roundings.)
+        context = scaling.original_max_position_embeddings
+        low, high = scaling.low_freq_factor, scaling.high_freq_factor
+        wavelength = 2 * math.pi / inv_freq
+        smooth = (context / wavelength - low) / (high - low)
+        blended = (1 - smooth) * inv_freq / scaling.factor + smooth * inv_freq
+        scaled = torch.where(wavelength > context / low, inv_freq / scaling.factor, inv_freq)
+        middle = (wavelength >= context / high) & (wavelength <= context / low)
+        return torch.where(middle, blended, scaled)
+    raise ValueError(f"rope_scaling.rope_type = {kind!r}: nanoflow implements default, linear and llama3")
+
+
+def rope_cos_sin(seq_len: int, head_dim: int, theta: float, device: torch.device,
+                 scaling=None) -> tuple[torch.Tensor, torch.Tensor]:
     """cos/sin of shape [seq_len, head_dim] for positions 0..seq_len-1, in float32.
 
     Recomputed every forward instead of cached in buffers: it is tiny next to the matmuls, and it stays
     correct after `model.to(bfloat16)` (which would round cached tables) and after meta-device init
     (which would leave cached tables empty).
     """
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim))
+    inv_freq = rope_inv_freq(head_dim, theta, scaling, device)
     freqs = torch.arange(seq_len, dtype=torch.float32, device=device)[:, None] * inv_freq[None, :]
     emb = torch.cat((freqs, freqs), dim=-1)  # HF's layout: pairs are (i, i + head_dim/2), not (2i, 2i+1)
     return emb.cos(), emb.sin()
@@ -101,6 +129,7 @@ class LlamaModel(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.head_dim = cfg.hidden_size // cfg.num_attention_heads
         self.rope_theta = cfg.rope_theta
+        self.rope_scaling = getattr(cfg, "rope_scaling", None)
         self.max_position_embeddings = cfg.max_position_embeddings
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -108,7 +137,7 @@ class LlamaModel(nn.Module):
         if T > self.max_position_embeddings:
             raise ValueError(f"sequence length {T} exceeds max_position_embeddings={self.max_position_embeddings}")
         x = self.embed_tokens(input_ids)
-        cos, sin = rope_cos_sin(T, self.head_dim, self.rope_theta, x.device)
+        cos, sin = rope_cos_sin(T, self.head_dim, self.rope_theta, x.device, self.rope_scaling)
         cos, sin = cos.to(x.dtype), sin.to(x.dtype)  # HF rounds the tables to the activation dtype too
         for layer in self.layers:
             x = layer(x, cos, sin)

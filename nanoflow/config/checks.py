@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import difflib
 import glob
 import math
 import os
+
+import attrs
 
 from nanoflow.config.schema import (
     BUILDERS,
@@ -12,6 +15,7 @@ from nanoflow.config.schema import (
     DatasetArgs,
     ModelArgs,
     NanosetDatasetsArgs,
+    RopeScalingArgs,
 )
 from nanoflow.schedule import Schedule, ScheduleError, stage_steps
 
@@ -75,6 +79,7 @@ def validate(config: Config) -> list[str]:
         problems.append(f"tokenizer.tokenizer_name_or_path: {config.tokenizer.tokenizer_name_or_path} does not exist")
     if model.init_from is not None and "://" not in model.init_from and not os.path.exists(model.init_from):
         problems.append(f"model.init_from: {model.init_from} does not exist")
+    problems.extend(rope_scaling_problems(model.rope_scaling))
     problems.extend(_hf_init_from_problems(model))
 
     try:
@@ -90,10 +95,86 @@ def validate(config: Config) -> list[str]:
 
 
 # ---------------------------------------------------------------------------------------------
+# RoPE scaling: [model.rope_scaling], and rope_scaling in an HF config.json
+
+# The keys each rope_type needs, as transformers requires them (no others are used by that type).
+ROPE_KEYS = {
+    "default": (),
+    "linear": ("factor",),
+    "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
+}
+
+
+def rope_scaling_problems(scaling: RopeScalingArgs | None) -> list[str]:
+    """What is wrong with [model.rope_scaling]: an unknown rope_type, a key its type needs or does not use."""
+    if scaling is None:
+        return []
+    where = "model.rope_scaling"
+    if scaling.rope_type not in ROPE_KEYS:
+        near = difflib.get_close_matches(scaling.rope_type, list(ROPE_KEYS), n=1)
+        return [f"{where}.rope_type = {scaling.rope_type!r}: nanoflow implements "
+                + ", ".join(f'"{t}"' for t in ROPE_KEYS) + (f' (did you mean "{near[0]}"?)' if near else "")]
+    needed = ROPE_KEYS[scaling.rope_type]
+    problems = []
+    for f in attrs.fields(RopeScalingArgs)[1:]:
+        given = getattr(scaling, f.name) is not None
+        if f.name in needed and not given:
+            problems.append(f'{where}.{f.name}: required with rope_type = "{scaling.rope_type}"')
+        elif f.name not in needed and given:
+            problems.append(f'{where}.{f.name}: not used by rope_type = "{scaling.rope_type}"; remove it')
+    if scaling.rope_type == "llama3" and not problems and scaling.low_freq_factor >= scaling.high_freq_factor:
+        problems.append(f"{where}: low_freq_factor = {scaling.low_freq_factor} must be below "
+                        f"high_freq_factor = {scaling.high_freq_factor}")
+    return problems
+
+
+def hf_rope(hf: dict) -> tuple[str, dict, float]:
+    """(where, rope_scaling dict, rope_theta) of an HF config.json as transformers reads it.
+
+    transformers < 5 writes `rope_scaling` and a top-level `rope_theta`; transformers 5 writes
+    `rope_parameters` with rope_theta inside. A non-empty rope_scaling wins, and a rope_theta inside the
+    dict wins over the top-level one; `type` is the legacy name of rope_type; llama3's
+    original_max_position_embeddings defaults to max_position_embeddings.
+    """
+    where = "rope_scaling" if hf.get("rope_scaling") else "rope_parameters"
+    rope = hf.get(where)
+    rope = dict(rope) if isinstance(rope, dict) else {}
+    theta = rope.pop("rope_theta", hf.get("rope_theta", 10000.0))
+    rope.setdefault("rope_type", rope.get("type", "default"))
+    rope.pop("type", None)
+    if rope["rope_type"] == "llama3":
+        rope.setdefault("original_max_position_embeddings", hf.get("max_position_embeddings", 2048))
+    return where, rope, theta
+
+
+def _rope_mismatches(model: ModelArgs, hf: dict, source: str) -> tuple[list[str], list[str]]:
+    """(mismatches with [model.rope_scaling], RoPE variants nanoflow does not implement) for config.json `hf`."""
+    where, rope, _ = hf_rope(hf)
+    kind = rope["rope_type"]
+    partial = rope.get("partial_rotary_factor", hf.get("partial_rotary_factor"))
+    unsupported = [] if partial in (None, 1, 1.0) else \
+        [f"partial_rotary_factor = {partial!r} (nanoflow rotates the whole head)"]
+    if kind not in ROPE_KEYS:
+        return [], unsupported + [f"{where}.rope_type = {kind!r} (nanoflow implements "
+                                  + ", ".join(ROPE_KEYS) + ")"]
+    theirs = {key: rope.get(key) for key in ROPE_KEYS[kind]}
+    ours = model.rope_scaling or RopeScalingArgs()
+    if ours.rope_type != kind:
+        wanted = ", ".join([f'rope_type = "{kind}"'] + [f"{k} = {v!r}" for k, v in theirs.items()])
+        return [f"model.rope_scaling.rope_type = {ours.rope_type!r}"
+                + (" (unset: plain RoPE)" if model.rope_scaling is None else "")
+                + f", but {source} has {where}.rope_type = {kind!r}; "
+                f"write model.rope_scaling = {{{wanted}}}"], unsupported
+    return [f"model.rope_scaling.{key} = {getattr(ours, key)!r}, but {source} has {where}.{key} = {value!r}"
+            for key, value in theirs.items() if getattr(ours, key) != value], unsupported
+
+
+# ---------------------------------------------------------------------------------------------
 # [model] init_from = an HF model folder: its config.json must describe the same model
 
 # [model] key -> (config.json key, transformers' LlamaConfig default when config.json omits it).
-# initializer_range is not compared: it only matters for weights that init_from replaces.
+# initializer_range is not compared: it only matters for weights that init_from replaces. rope_theta
+# and rope_scaling are compared by _rope_mismatches / hf_rope.
 HF_MODEL_KEYS = {
     "vocab_size": ("vocab_size", 32000),
     "hidden_size": ("hidden_size", 4096),
@@ -103,7 +184,6 @@ HF_MODEL_KEYS = {
     "num_key_value_heads": ("num_key_value_heads", None),   # None: = num_attention_heads
     "max_position_embeddings": ("max_position_embeddings", 2048),
     "rms_norm_eps": ("rms_norm_eps", 1e-6),
-    "rope_theta": ("rope_theta", 10000.0),
     "tie_word_embeddings": ("tie_word_embeddings", False),
 }
 
@@ -111,15 +191,15 @@ HF_MODEL_KEYS = {
 def hf_config_mismatches(model: ModelArgs, hf: dict, source: str = "config.json") -> list[str]:
     """Every way an HF config.json (as a dict) differs from the [model] section, one line per key.
 
-    Also names the architecture features nanoflow's Llama does not have (biases, another activation,
-    RoPE scaling, a head_dim other than hidden_size / num_attention_heads, a model_type other than llama).
+    Also names every config.json setting that would change the numbers and that nanoflow's Llama does
+    not implement (from transformers' LlamaConfig: biases, another activation, attention dropout,
+    pretraining_tp, head_dim, RoPE types other than default/linear/llama3, partial rotary; and what
+    other architectures put in a llama-typed config: sliding windows, quantization).
     """
     problems = []
     for key, (hf_key, default) in HF_MODEL_KEYS.items():
         where = hf_key
-        if hf_key == "rope_theta" and "rope_theta" not in hf and isinstance(hf.get("rope_parameters"), dict):
-            value, where = hf["rope_parameters"].get("rope_theta", default), "rope_parameters.rope_theta"
-        elif hf_key in hf:
+        if hf_key in hf and hf[hf_key] is not None:
             value = hf[hf_key]
         else:
             value = hf.get("num_attention_heads", 32) if default is None else default
@@ -127,20 +207,39 @@ def hf_config_mismatches(model: ModelArgs, hf: dict, source: str = "config.json"
         ours = getattr(model, key)
         if value != ours or isinstance(value, bool) != isinstance(ours, bool):
             problems.append(f"model.{key} = {ours!r}, but {source} has {where} = {value!r}")
-    unsupported = []
+    rope_where, _, theta = hf_rope(hf)
+    if theta != model.rope_theta:
+        where = f"{rope_where}.rope_theta" if isinstance(hf.get(rope_where), dict) and "rope_theta" in hf[rope_where] \
+            else "rope_theta" if "rope_theta" in hf else "rope_theta (absent: transformers' default)"
+        problems.append(f"model.rope_theta = {model.rope_theta!r}, but {source} has {where} = {theta!r}")
+    rope_problems, unsupported = _rope_mismatches(model, hf, source)
+    problems += rope_problems
     if hf.get("model_type", "llama") != "llama":
         unsupported.append(f"model_type = {hf['model_type']!r} (nanoflow trains llama)")
-    if hf.get("hidden_act", "silu") != "silu":
+    architectures = hf.get("architectures")
+    if architectures and "LlamaForCausalLM" not in architectures:
+        unsupported.append(f"architectures = {architectures!r} (nanoflow reads LlamaForCausalLM weights)")
+    if hf.get("hidden_act", "silu") not in ("silu", "swish"):   # transformers maps both to SiLU
         unsupported.append(f"hidden_act = {hf['hidden_act']!r} (nanoflow's MLP uses silu)")
     for bias in ("attention_bias", "mlp_bias"):
         if hf.get(bias):
             unsupported.append(f"{bias} = true (nanoflow's projections have no bias)")
-    rope = hf.get("rope_parameters") if isinstance(hf.get("rope_parameters"), dict) else {}
-    if hf.get("rope_scaling") or rope.get("rope_type", "default") != "default":
-        unsupported.append(f"rope scaling {hf.get('rope_scaling') or rope!r} (nanoflow uses plain RoPE)")
+    if hf.get("attention_dropout") not in (None, 0, 0.0):
+        unsupported.append(f"attention_dropout = {hf['attention_dropout']!r} (nanoflow trains without attention "
+                           "dropout; set it to 0.0 in config.json to train without it)")
+    if hf.get("pretraining_tp") not in (None, 1):
+        unsupported.append(f"pretraining_tp = {hf['pretraining_tp']!r} (nanoflow computes each projection whole; "
+                           "set it to 1 in config.json)")
     heads = hf.get("num_attention_heads")
     if hf.get("head_dim") is not None and heads and hf.get("hidden_size") and hf["head_dim"] != hf["hidden_size"] // heads:
         unsupported.append(f"head_dim = {hf['head_dim']} != hidden_size / num_attention_heads")
+    if hf.get("use_sliding_window") or (hf.get("sliding_window") is not None and hf.get("use_sliding_window") is not False):
+        unsupported.append(f"sliding_window = {hf.get('sliding_window')!r} (nanoflow attends to every earlier position)")
+    layer_types = hf.get("layer_types")
+    if isinstance(layer_types, list) and set(layer_types) - {"full_attention"}:
+        unsupported.append(f"layer_types = {sorted(set(layer_types))!r} (nanoflow's layers all use full attention)")
+    if hf.get("quantization_config"):
+        unsupported.append("quantization_config (nanoflow trains unquantized weights)")
     problems += [f"{source}: {u}: not supported" for u in unsupported]
     return problems
 

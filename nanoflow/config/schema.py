@@ -36,6 +36,25 @@ class GeneralArgs:
     seed: int = 42
 
 
+ROPE_TYPES = ("default", "linear", "llama3")   # the RoPE variants nanoflow implements, by HF's rope_type names
+
+
+@frozen
+class RopeScalingArgs:
+    """[model.rope_scaling]: HF's rope_scaling (rope_parameters), for the RoPE types nanoflow implements.
+
+    "linear" divides every frequency by `factor`; "llama3" (Llama 3.1+) divides the low frequencies by
+    `factor`, keeps the high ones and blends in between. Which keys each type needs is checked in
+    nanoflow.config.checks.rope_scaling_problems.
+    """
+
+    rope_type: str = "default"
+    factor: Union[float, None] = field(default=None, validator=optional(positive_float))
+    low_freq_factor: Union[float, None] = field(default=None, validator=optional(positive_float))
+    high_freq_factor: Union[float, None] = field(default=None, validator=optional(positive_float))
+    original_max_position_embeddings: Union[int, None] = field(default=None, validator=optional(positive))
+
+
 @frozen
 class ModelArgs:
     """A Llama decoder, in HF LlamaConfig names, plus how to train it."""
@@ -50,6 +69,7 @@ class ModelArgs:
     max_position_embeddings: int = field(default=2048, validator=positive)
     rms_norm_eps: float = field(default=1e-5, validator=positive_float)
     rope_theta: float = field(default=10000.0, validator=positive_float)
+    rope_scaling: Union[RopeScalingArgs, None] = None   # None: plain RoPE, as {rope_type = "default"}
     tie_word_embeddings: bool = False
     initializer_range: float = field(default=0.02, validator=positive_float)
     dtype: Literal["float32", "bfloat16"] = "float32"   # autocast dtype; master weights stay float32
@@ -321,7 +341,23 @@ def _structure_dataset(value, _cls):
     return converter.structure(value, DatasetArgs)
 
 
+def _structure_rope_scaling(value, _cls):
+    """[model.rope_scaling]; HF's legacy key `type` is read as rope_type, as transformers reads it."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise TypeError(f"expected a table of rope_type, factor, ..., got {value!r}")
+    value = dict(value)
+    if "type" in value:
+        legacy = value.pop("type")
+        if value.setdefault("rope_type", legacy) != legacy:
+            raise ValueError(f"type = {legacy!r} and rope_type = {value['rope_type']!r} disagree; "
+                             "write rope_type only (type is its legacy name)")
+    return converter.structure(value, RopeScalingArgs)
+
+
 converter.register_structure_hook(Union[str, list[str]], _structure_names)
+converter.register_structure_hook(Union[RopeScalingArgs, None], _structure_rope_scaling)
 converter.register_structure_hook(Union[str, dict[str, float]], _structure_datasets)
 converter.register_structure_hook(Union[list[float], None], _structure_weights)
 converter.register_structure_hook(Union[DatasetArgs, NanosetDatasetsArgs], _structure_dataset)
