@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import io
+import re
 import json
 import subprocess
 import sys
@@ -48,8 +49,12 @@ def test_export_gives_transformers_the_same_logits(trained, tmp_path):
     summary = export_hf(str(run), str(tmp_path / "hf"))
     assert summary["step"] == 3 and summary["dtype"] == "float32"
     names = sorted(p.name for p in (tmp_path / "hf").iterdir())
-    assert names == ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"]
+    assert names == ["config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
+                     "tokenizer_config.json"]
+    generation = transformers.GenerationConfig.from_pretrained(tmp_path / "hf")
+    assert (generation.bos_token_id, generation.eos_token_id, generation.pad_token_id) == (None, 256, None)
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert config["rope_scaling"] is None and config["rope_parameters"]["rope_type"] == "default"
     assert config["architectures"] == ["LlamaForCausalLM"] and config["model_type"] == "llama"
     assert config["torch_dtype"] == "float32" and config["eos_token_id"] == 256 and config["tie_word_embeddings"]
     for key in MODEL_KEYS:
@@ -122,6 +127,8 @@ def test_tokenizer_json_run_exports_its_tokenizer(tmp_path):
     assert summary["tokenizer"].endswith("tokenizer.json")
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
     assert (config["bos_token_id"], config["eos_token_id"]) == (0, 1)
+    generation = json.loads((tmp_path / "hf" / "generation_config.json").read_text())
+    assert generation == {"_from_model_config": True, "bos_token_id": 0, "eos_token_id": 1}
     loaded = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
     text = "def g(y): return y + 2"
     assert loaded(text)["input_ids"] == tok.encode(text, add_special_tokens=False).ids
@@ -274,3 +281,177 @@ def test_cli_export_and_mismatch_exit_status(trained, tmp_path):
     result = subprocess.run([sys.executable, "bin/export", str(tmp_path / "nothing"), str(tmp_path / "x")],
                             cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert result.returncode == 2 and "holds no" in result.stderr, result.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# RoPE scaling through init_from → train → export, and what an HF config.json may not say
+
+LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+          "original_max_position_embeddings": 32}
+LINEAR = {"rope_type": "linear", "factor": 4.0}
+# hidden 64 / 4 heads: head_dim 16, theta 10000: wavelengths 6.3, 20, 63, ... positions, so with L = 32
+# llama3 keeps the first frequency (< L/4), blends the second and divides the rest (> L/1).
+SCALED_MODEL = ("model.hidden_size=64", "model.max_position_embeddings=128", "tokens.sequence_length=64")
+
+
+def toml_table(table: dict) -> str:
+    return "{" + ", ".join(f"{k} = {json.dumps(v)}" for k, v in table.items()) + "}"
+
+
+def scaled_hf_folder(path: Path, rope_scaling: dict) -> transformers.LlamaForCausalLM:
+    """A random transformers Llama with `rope_scaling`, shaped like tiny.toml with SCALED_MODEL, saved to `path`."""
+    config = transformers.LlamaConfig(vocab_size=288, hidden_size=64, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                                      rms_norm_eps=1e-5, rope_theta=10000.0, rope_scaling=dict(rope_scaling),
+                                      initializer_range=0.1, tie_word_embeddings=True)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).float().eval()
+    model.save_pretrained(path)
+    return model
+
+
+@pytest.mark.parametrize("rope_scaling", [LLAMA3, LINEAR], ids=["llama3", "linear"])
+def test_rope_scaled_hf_folder_trains_and_exports_with_its_scaling(tmp_path, rope_scaling):
+    source = scaled_hf_folder(tmp_path / "hf_in", rope_scaling)
+    init = f"model.init_from={json.dumps(str(tmp_path / 'hf_in'))}"
+    with pytest.raises(ConfigError, match=r"model.rope_scaling.rope_type = 'default' \(unset: plain RoPE\), but "
+                                          rf".*config.json has rope_parameters.rope_type = '{rope_scaling['rope_type']}'"):
+        tiny(tmp_path, init, *SCALED_MODEL)
+    config = tiny(tmp_path, init, *SCALED_MODEL, "tokens.train_steps=3",
+                  f"model.rope_scaling={toml_table(rope_scaling)}")
+    ids = torch.randint(0, 288, (2, 100), generator=torch.Generator().manual_seed(0))   # past L = 32
+    with torch.no_grad():
+        assert (nanoflow.init_state(config).model(ids) - source(ids).logits).abs().max().item() <= 1e-5
+
+    state = train(config, out=io.StringIO())
+    assert state.step == 3 and state.config.model.rope_scaling.rope_type == rope_scaling["rope_type"]
+    export_hf(str(tmp_path / "run"), str(tmp_path / "hf_out"))
+    exported = json.loads((tmp_path / "hf_out" / "config.json").read_text())
+    assert exported["rope_scaling"] == rope_scaling
+    assert exported["rope_parameters"] == {**rope_scaling, "rope_theta": 10000.0}
+    reloaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf_out", dtype=torch.float32).eval()
+    assert reloaded.config.rope_parameters["rope_type"] == rope_scaling["rope_type"]
+    with torch.no_grad():
+        ours, theirs = state.model(ids), reloaded(ids).logits
+        assert (ours - source(ids).logits).abs().max().item() > 1e-3   # it trained
+    assert ours.abs().max() > 1.0
+    assert (ours - theirs).abs().max().item() <= 1e-5
+    # The exported folder is itself a valid init_from for the same [model].
+    tiny(tmp_path, f"model.init_from={json.dumps(str(tmp_path / 'hf_out'))}", *SCALED_MODEL,
+         f"model.rope_scaling={toml_table(rope_scaling)}")
+
+
+def test_published_llama3_config_json_is_read_as_transformers_reads_it(tmp_path):
+    """Llama 3.1/3.2 publish rope_scaling + a top-level rope_theta (transformers 4's layout)."""
+    scaled_hf_folder(tmp_path / "hf", LLAMA3)
+    path = tmp_path / "hf" / "config.json"
+    config = json.loads(path.read_text())
+    del config["rope_parameters"]
+    path.write_text(json.dumps({**config, "rope_scaling": LLAMA3, "rope_theta": 10000.0}))
+    init = f"model.init_from={json.dumps(str(tmp_path / 'hf'))}"
+    tiny(tmp_path, init, *SCALED_MODEL, f"model.rope_scaling={toml_table(LLAMA3)}")   # accepted
+    with pytest.raises(ConfigError) as error:
+        tiny(tmp_path, init, *SCALED_MODEL, "model.rope_theta=500000.0",
+             f"model.rope_scaling={toml_table({**LLAMA3, 'factor': 32.0})}")
+    assert "model.rope_scaling.factor = 32.0, but" in str(error.value)
+    assert "config.json has rope_scaling.factor = 8.0" in str(error.value)
+    assert "model.rope_theta = 500000.0, but" in str(error.value) and "has rope_theta = 10000.0" in str(error.value)
+    # Without original_max_position_embeddings transformers uses max_position_embeddings (128), and so does the check.
+    path.write_text(json.dumps({**config, "rope_scaling": {k: v for k, v in LLAMA3.items()
+                                                           if k != "original_max_position_embeddings"}}))
+    with pytest.raises(ConfigError, match="original_max_position_embeddings = 32, but .* = 128"):
+        tiny(tmp_path, init, *SCALED_MODEL, f"model.rope_scaling={toml_table(LLAMA3)}")
+
+
+def test_legacy_type_key_and_default_rope_type(tmp_path):
+    hf_folder(tmp_path / "hf", tied=True)
+    path = tmp_path / "hf" / "config.json"
+    config = json.loads(path.read_text())
+    init = f"model.init_from={json.dumps(str(tmp_path / 'hf'))}"
+    path.write_text(json.dumps({**config, "rope_scaling": {"rope_type": "default"}}))
+    assert tiny(tmp_path, init).model.rope_scaling is None                        # plain RoPE, as HF reads it
+    assert tiny(tmp_path, init, 'model.rope_scaling={rope_type = "default"}').model.rope_scaling.rope_type == "default"
+    path.write_text(json.dumps({**config, "rope_scaling": {"type": "linear", "factor": 2.0}}))   # HF's legacy key
+    assert tiny(tmp_path, init, 'model.rope_scaling={type = "linear", factor = 2.0}').model.rope_scaling.factor == 2.0
+    with pytest.raises(ConfigError, match=r"model.rope_scaling.factor = 3.0, but .*has rope_scaling.factor = 2.0"):
+        tiny(tmp_path, init, 'model.rope_scaling={rope_type = "linear", factor = 3.0}')
+
+
+@pytest.mark.parametrize("table, message", [
+    ('{rope_type = "llama3", factor = 8.0}', 'model.rope_scaling.low_freq_factor: required with rope_type = "llama3"'),
+    ('{rope_type = "linear"}', 'model.rope_scaling.factor: required with rope_type = "linear"'),
+    ('{rope_type = "default", factor = 2.0}', 'model.rope_scaling.factor: not used by rope_type = "default"'),
+    ('{rope_type = "linear", factor = -2.0}', "factor"),
+    ('{rope_type = "llama3", factor = 8.0, low_freq_factor = 4.0, high_freq_factor = 1.0, '
+     'original_max_position_embeddings = 32}', "low_freq_factor = 4.0 must be below high_freq_factor = 1.0"),
+    ('{rope_type = "yarn", factor = 4.0}', "model.rope_scaling.rope_type = 'yarn': nanoflow implements"),
+    ('{rope_type = "lama3"}', 'did you mean "llama3"'),
+    ('{rope_type = "linear", factor = 2.0, beta_fast = 32}', "unknown key 'beta_fast'"),
+    ('{type = "linear", rope_type = "llama3", factor = 2.0}', "disagree"),
+])
+def test_bad_rope_scaling_is_named_at_load(tmp_path, table, message):
+    with pytest.raises(ConfigError) as error:
+        tiny(tmp_path, f"model.rope_scaling={table}")
+    assert message in str(error.value) and "tiny.toml" in str(error.value), str(error.value)
+
+
+REFUSED = [   # config.json key, value, what the message says
+    ("attention_dropout", 0.1, "attention_dropout = 0.1"),
+    ("attention_bias", True, "attention_bias = true"),
+    ("mlp_bias", True, "mlp_bias = true"),
+    ("head_dim", 16, "head_dim = 16 != hidden_size / num_attention_heads"),
+    ("hidden_act", "gelu", "hidden_act = 'gelu'"),
+    ("pretraining_tp", 2, "pretraining_tp = 2"),
+    ("rope_scaling", {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32},
+     "rope_scaling.rope_type = 'yarn'"),
+    ("rope_scaling", {"type": "dynamic", "factor": 2.0}, "rope_scaling.rope_type = 'dynamic'"),
+    ("rope_scaling", {"rope_type": "longrope", "short_factor": [1.0] * 4, "long_factor": [2.0] * 4},
+     "rope_scaling.rope_type = 'longrope'"),
+    ("partial_rotary_factor", 0.5, "partial_rotary_factor = 0.5"),
+    ("sliding_window", 16, "sliding_window = 16"),
+    ("layer_types", ["sliding_attention", "full_attention"], "layer_types = ['full_attention', 'sliding_attention']"),
+    ("quantization_config", {"quant_method": "bitsandbytes", "load_in_4bit": True}, "quantization_config"),
+    ("model_type", "mistral", "model_type = 'mistral'"),
+    ("architectures", ["LlamaForSequenceClassification"], "architectures = ['LlamaForSequenceClassification']"),
+]
+
+
+@pytest.mark.parametrize("key, value, message", REFUSED, ids=[f"{k}={v}"[:40] for k, v, _ in REFUSED])
+def test_config_json_key_that_changes_the_numbers_is_refused(tmp_path, capsys, key, value, message):
+    from nanoflow.cli import train_main
+
+    hf_folder(tmp_path / "hf", tied=True)
+    path = tmp_path / "hf" / "config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), key: value}))
+    status = train_main([str(TINY), "--set", f"checkpoints.checkpoints_path={json.dumps(str(tmp_path / 'run'))}",
+                         "--set", f"model.init_from={json.dumps(str(tmp_path / 'hf'))}"])
+    err = capsys.readouterr().err
+    assert status == 2, err
+    assert f"model.init_from: {path}: {message}" in err and "not supported" in err, err
+    assert "Traceback" not in err and not (tmp_path / "run").exists()
+    # The same check when the weights are read (an s3:// folder is checked there, not at load).
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        read_init_weights(str(tmp_path / "hf"), tiny(tmp_path, "model.tie_word_embeddings=true").model)
+
+
+@pytest.mark.parametrize("key, value", [("attention_dropout", 0.0), ("pretraining_tp", 1), ("sliding_window", None),
+                                        ("hidden_act", "swish"), ("partial_rotary_factor", 1.0)])
+def test_config_json_keys_that_change_nothing_are_accepted(tmp_path, key, value):
+    hf_folder(tmp_path / "hf", tied=True)
+    path = tmp_path / "hf" / "config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), key: value}))
+    tiny(tmp_path, f"model.init_from={json.dumps(str(tmp_path / 'hf'))}")
+
+
+@pytest.mark.slow
+def test_cli_refuses_attention_dropout_with_exit_2(tmp_path):
+    hf_folder(tmp_path / "hf", tied=True)
+    path = tmp_path / "hf" / "config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "attention_dropout": 0.1}))
+    result = subprocess.run([sys.executable, "bin/train", str(TINY), "--set",
+                             f"checkpoints.checkpoints_path={json.dumps(str(tmp_path / 'run'))}", "--set",
+                             f"model.init_from={json.dumps(str(tmp_path / 'hf'))}"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2, result.stderr
+    assert f"{path}: attention_dropout = 0.1" in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "run").exists()

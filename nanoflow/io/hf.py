@@ -3,6 +3,7 @@
 An HF Llama folder is what `LlamaForCausalLM.save_pretrained` writes and `from_pretrained` reads:
 
     config.json                        LlamaConfig fields, architectures = ["LlamaForCausalLM"]
+    generation_config.json             the BOS/EOS ids generate() uses, as transformers writes them
     model.safetensors                  every weight by HF name (nanoflow's names are HF's), or, above
     model-00001-of-0000N.safetensors   max_shard_size, shards listed in
     model.safetensors.index.json       {"metadata": {"total_size": …}, "weight_map": {name: file}}
@@ -33,6 +34,7 @@ from nanoflow.io.tensorfile import TensorFileError, header_length, parse, parse_
 CONFIG = "config.json"
 WEIGHTS = "model.safetensors"
 INDEX = "model.safetensors.index.json"
+GENERATION_CONFIG = "generation_config.json"
 DEFAULT_MAX_SHARD_SIZE = 5_000_000_000   # bytes; transformers' own default for save_pretrained was 5 GB
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -52,6 +54,7 @@ def hf_config(model: dict, *, dtype: str = "float32", bos_token_id: int | None =
     """config.json for the `[model]` section `model` (a dict of nanoflow's resolved config)."""
     head_dim = model["hidden_size"] // model["num_attention_heads"]
     rope_theta = float(model.get("rope_theta", 10000.0))
+    scaling = {k: v for k, v in (model.get("rope_scaling") or {"rope_type": "default"}).items() if v is not None}
     return {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
@@ -65,9 +68,12 @@ def hf_config(model: dict, *, dtype: str = "float32", bos_token_id: int | None =
         "hidden_act": "silu",
         "max_position_embeddings": model.get("max_position_embeddings", 2048),
         "rms_norm_eps": model.get("rms_norm_eps", 1e-5),
-        # transformers < 5 reads rope_theta; transformers 5 reads rope_parameters. Both say the same.
+        # transformers < 5 reads rope_theta and rope_scaling (null: plain RoPE); transformers 5 reads
+        # rope_parameters. Both say the same.
         "rope_theta": rope_theta,
-        "rope_parameters": {"rope_type": "default", "rope_theta": rope_theta},
+        "rope_scaling": scaling if scaling["rope_type"] != "default" else None,
+        "rope_parameters": {**scaling, "rope_theta": rope_theta},
+        "pretraining_tp": 1,
         "attention_bias": False,
         "attention_dropout": 0.0,
         "mlp_bias": False,
@@ -81,6 +87,13 @@ def hf_config(model: dict, *, dtype: str = "float32", bos_token_id: int | None =
     }
 
 
+def generation_config(bos_token_id: int | None, eos_token_id: int | None,
+                      pad_token_id: int | None = None) -> dict:
+    """generation_config.json as transformers derives it from config.json: the special-token ids it has."""
+    ids = {"bos_token_id": bos_token_id, "eos_token_id": eos_token_id, "pad_token_id": pad_token_id}
+    return {"_from_model_config": True, **{key: value for key, value in ids.items() if value is not None}}
+
+
 def export_hf(checkpoint_path: str, out_dir: str, *, max_shard_size: int = DEFAULT_MAX_SHARD_SIZE,
               dtype: str | None = None) -> dict:
     """Write checkpoint `checkpoint_path` (a run folder or step folder, local or s3://) as an HF Llama folder.
@@ -89,7 +102,8 @@ def export_hf(checkpoint_path: str, out_dir: str, *, max_shard_size: int = DEFAU
     when they exceed `max_shard_size` bytes. `dtype` ("float32", "bfloat16", "float16") casts the
     weights; default: as saved (float32 master weights). The run's tokenizer is written alongside
     (tokenizer.json + tokenizer_config.json; the built-in byte tokenizer as an equivalent
-    byte-level tokenizer.json). Returns a summary: {"step", "path", "files", "dtype", "tokenizer"}.
+    byte-level tokenizer.json), and generation_config.json with the tokenizer's BOS/EOS ids. Returns a
+    summary: {"step", "path", "files", "dtype", "tokenizer"}.
     """
     if dtype is not None and dtype not in DTYPES:
         raise ValueError(f"dtype {dtype!r}: expected one of {', '.join(DTYPES)}")
@@ -109,10 +123,11 @@ def export_hf(checkpoint_path: str, out_dir: str, *, max_shard_size: int = DEFAU
     files = _write_weights(store, tensors, max_shard_size)
     tokenizer_name = meta["config"].get("tokenizer", {}).get("tokenizer_name_or_path", "bytes")
     bos, eos, tokenizer_files = _write_tokenizer(store, tokenizer_name, model.get("max_position_embeddings", 2048))
+    store.write(GENERATION_CONFIG, (json.dumps(generation_config(bos, eos), indent=2) + "\n").encode())
     config = hf_config(model, dtype=out_dtype, bos_token_id=bos, eos_token_id=eos)
     config["nanoflow"] = {"checkpoint": checkpoint.path, "step": meta["step"]}
     store.write(CONFIG, (json.dumps(config, indent=2) + "\n").encode())   # last: a folder with config.json is whole
-    return {"step": meta["step"], "path": store.root, "files": files + tokenizer_files + [CONFIG],
+    return {"step": meta["step"], "path": store.root, "files": files + tokenizer_files + [GENERATION_CONFIG, CONFIG],
             "dtype": out_dtype, "tokenizer": tokenizer_name if tokenizer_files else None}
 
 
