@@ -431,7 +431,7 @@ def test_config_json_key_that_changes_the_numbers_is_refused(tmp_path, capsys, k
     assert "Traceback" not in err and not (tmp_path / "run").exists()
     # The same check when the weights are read (an s3:// folder is checked there, not at load).
     with pytest.raises(ConfigError, match=re.escape(message)):
-        read_init_weights(str(tmp_path / "hf"), tiny(tmp_path, "model.tie_word_embeddings=true").model)
+        read_init_weights(str(tmp_path / "hf"), tiny(tmp_path).model)
 
 
 @pytest.mark.parametrize("key, value", [("attention_dropout", 0.0), ("pretraining_tp", 1), ("sliding_window", None),

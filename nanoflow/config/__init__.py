@@ -6,7 +6,7 @@ and resolves paths relative to the TOML file; `checks` finds everything that can
 before any expensive work, naming the file, the stage and the key of each problem.
 """
 
-from nanoflow.config.checks import hf_config_mismatches, hf_rope, unreached_stages, validate
+from nanoflow.config.checks import hf_config_mismatches, unreached_stages, validate
 from nanoflow.config.load import apply_override, load_config
 from nanoflow.config.schema import (
     BUILDERS,
@@ -34,5 +34,5 @@ __all__ = [
     "BUILDERS", "CheckpointsArgs", "Config", "ConfigError", "DataArgs", "DatasetArgs", "DatasetStageArgs",
     "GeneralArgs", "LRSchedulerArgs", "LoggingArgs", "ModelArgs", "NanosetDatasetsArgs", "OptimizerArgs",
     "OptimizerFactoryArgs", "ParallelismArgs", "RopeScalingArgs", "TokenizerArgs", "TokensArgs", "apply_override", "converter",
-    "hf_config_mismatches", "hf_rope", "load_config", "unreached_stages", "validate",
+    "hf_config_mismatches", "load_config", "unreached_stages", "validate",
 ]

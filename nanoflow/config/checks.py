@@ -7,8 +7,6 @@ import glob
 import math
 import os
 
-import attrs
-
 from nanoflow.config.schema import (
     BUILDERS,
     Config,
@@ -116,35 +114,38 @@ def rope_scaling_problems(scaling: RopeScalingArgs | None) -> list[str]:
                 + ", ".join(f'"{t}"' for t in ROPE_KEYS) + (f' (did you mean "{near[0]}"?)' if near else "")]
     needed = ROPE_KEYS[scaling.rope_type]
     problems = []
-    for f in attrs.fields(RopeScalingArgs)[1:]:
-        given = getattr(scaling, f.name) is not None
-        if f.name in needed and not given:
-            problems.append(f'{where}.{f.name}: required with rope_type = "{scaling.rope_type}"')
-        elif f.name not in needed and given:
-            problems.append(f'{where}.{f.name}: not used by rope_type = "{scaling.rope_type}"; remove it')
+    for key in ROPE_KEYS["llama3"]:   # every number any type takes
+        given = getattr(scaling, key) is not None
+        if key in needed and not given:
+            problems.append(f'{where}.{key}: required with rope_type = "{scaling.rope_type}"')
+        elif key not in needed and given:
+            problems.append(f'{where}.{key}: not used by rope_type = "{scaling.rope_type}"; remove it')
     if scaling.rope_type == "llama3" and not problems and scaling.low_freq_factor >= scaling.high_freq_factor:
         problems.append(f"{where}: low_freq_factor = {scaling.low_freq_factor} must be below "
                         f"high_freq_factor = {scaling.high_freq_factor}")
     return problems
 
 
-def hf_rope(hf: dict) -> tuple[str, dict, float]:
-    """(where, rope_scaling dict, rope_theta) of an HF config.json as transformers reads it.
+def hf_rope(hf: dict) -> tuple[str, dict, str]:
+    """(the key of config.json's RoPE table, that table as transformers reads it, where its rope_theta came from).
 
     transformers < 5 writes `rope_scaling` and a top-level `rope_theta`; transformers 5 writes
     `rope_parameters` with rope_theta inside. A non-empty rope_scaling wins, and a rope_theta inside the
-    dict wins over the top-level one; `type` is the legacy name of rope_type; llama3's
+    table wins over the top-level one; `type` is the legacy name of rope_type; llama3's
     original_max_position_embeddings defaults to max_position_embeddings.
     """
     where = "rope_scaling" if hf.get("rope_scaling") else "rope_parameters"
-    rope = hf.get(where)
-    rope = dict(rope) if isinstance(rope, dict) else {}
-    theta = rope.pop("rope_theta", hf.get("rope_theta", 10000.0))
-    rope.setdefault("rope_type", rope.get("type", "default"))
-    rope.pop("type", None)
+    rope = dict(hf[where]) if isinstance(hf.get(where), dict) else {}
+    if "rope_theta" in rope:
+        theta_where = f"{where}.rope_theta"
+    elif "rope_theta" in hf:
+        theta_where, rope["rope_theta"] = "rope_theta", hf["rope_theta"]
+    else:
+        theta_where, rope["rope_theta"] = "rope_theta (absent: transformers' default)", 10000.0
+    rope.setdefault("rope_type", rope.pop("type", "default"))
     if rope["rope_type"] == "llama3":
         rope.setdefault("original_max_position_embeddings", hf.get("max_position_embeddings", 2048))
-    return where, rope, theta
+    return where, rope, theta_where
 
 
 def _rope_mismatches(model: ModelArgs, hf: dict, source: str) -> tuple[list[str], list[str]]:
@@ -203,15 +204,13 @@ def hf_config_mismatches(model: ModelArgs, hf: dict, source: str = "config.json"
             value = hf[hf_key]
         else:
             value = hf.get("num_attention_heads", 32) if default is None else default
-            where = f"{hf_key} (absent: transformers' default)"
+            where = f"{hf_key} (absent or null: transformers' default)"
         ours = getattr(model, key)
         if value != ours or isinstance(value, bool) != isinstance(ours, bool):
             problems.append(f"model.{key} = {ours!r}, but {source} has {where} = {value!r}")
-    rope_where, _, theta = hf_rope(hf)
-    if theta != model.rope_theta:
-        where = f"{rope_where}.rope_theta" if isinstance(hf.get(rope_where), dict) and "rope_theta" in hf[rope_where] \
-            else "rope_theta" if "rope_theta" in hf else "rope_theta (absent: transformers' default)"
-        problems.append(f"model.rope_theta = {model.rope_theta!r}, but {source} has {where} = {theta!r}")
+    _, rope, theta_where = hf_rope(hf)
+    if rope["rope_theta"] != model.rope_theta:
+        problems.append(f"model.rope_theta = {model.rope_theta!r}, but {source} has {theta_where} = {rope['rope_theta']!r}")
     rope_problems, unsupported = _rope_mismatches(model, hf, source)
     problems += rope_problems
     if hf.get("model_type", "llama") != "llama":
