@@ -27,9 +27,13 @@ class RMSNorm(nn.Module):
         return self.weight * h.to(x.dtype)
 
 
-def rope_inv_freq(head_dim: int, theta: float, scaling, device: torch.device) -> torch.Tensor:
-    """RoPE's inverse frequencies [head_dim / 2], float32, after `scaling` (HF's rope_scaling; None: plain RoPE)."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim))
+def rope_inv_freq(head_dim: int, theta: float, scaling) -> torch.Tensor:
+    """RoPE's inverse frequencies [head_dim / 2], float32 on the CPU, after `scaling` (HF's rope_scaling; None: plain RoPE).
+
+    On the CPU whatever the model's device, as transformers computes them: an accelerator's pow may round
+    differently, and a last-bit difference in a frequency grows with the position it multiplies.
+    """
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
     kind = "default" if scaling is None else scaling.rope_type
     if kind == "default":
         return inv_freq
@@ -58,7 +62,7 @@ def rope_cos_sin(seq_len: int, head_dim: int, theta: float, device: torch.device
     correct after `model.to(bfloat16)` (which would round cached tables) and after meta-device init
     (which would leave cached tables empty).
     """
-    inv_freq = rope_inv_freq(head_dim, theta, scaling, device)
+    inv_freq = rope_inv_freq(head_dim, theta, scaling).to(device)
     freqs = torch.arange(seq_len, dtype=torch.float32, device=device)[:, None] * inv_freq[None, :]
     emb = torch.cat((freqs, freqs), dim=-1)  # HF's layout: pairs are (i, i + head_dim/2), not (2i, 2i+1)
     return emb.cos(), emb.sin()

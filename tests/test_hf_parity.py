@@ -120,7 +120,10 @@ def test_llama3_test_frequencies_cover_the_three_bands():
 @pytest.mark.parametrize("attn_implementation", ["eager", "sdpa"])
 @pytest.mark.parametrize("rope_scaling", [LLAMA3, LINEAR], ids=["llama3", "linear"])
 def test_rope_scaling_logits_match_hf(rope_scaling, attn_implementation):
+    from nanoflow.model import rope_inv_freq
+
     hf, ours = make_scaled_pair(rope_scaling, attn_implementation)
+    assert torch.equal(rope_inv_freq(16, 10000.0, ours.model.rope_scaling), hf.model.rotary_emb.inv_freq)
     ids = torch.randint(0, 96, (2, 3 * ORIGINAL), generator=torch.Generator().manual_seed(0))   # past ORIGINAL
     a, b = logits(hf, ids), logits(ours, ids)
     assert a.abs().max() > 1.0
@@ -134,8 +137,8 @@ def test_rope_default_type_is_plain_rope():
     from nanoflow.config import RopeScalingArgs
     from nanoflow.model import rope_inv_freq
 
-    plain = rope_inv_freq(16, 10000.0, None, torch.device("cpu"))
-    assert torch.equal(rope_inv_freq(16, 10000.0, RopeScalingArgs("default"), torch.device("cpu")), plain)
+    plain = rope_inv_freq(16, 10000.0, None)
+    assert torch.equal(rope_inv_freq(16, 10000.0, RopeScalingArgs("default")), plain)
     hf_cfg = transformers.LlamaConfig(hidden_size=64, num_attention_heads=4, rope_scaling={"rope_type": "default"})
     inv_freq = transformers.models.llama.modeling_llama.LlamaRotaryEmbedding(hf_cfg).inv_freq
     assert torch.equal(inv_freq, plain)
