@@ -36,16 +36,13 @@ class GeneralArgs:
     seed: int = 42
 
 
-ROPE_TYPES = ("default", "linear", "llama3")   # the RoPE variants nanoflow implements, by HF's rope_type names
-
-
 @frozen
 class RopeScalingArgs:
     """[model.rope_scaling]: HF's rope_scaling (rope_parameters), for the RoPE types nanoflow implements.
 
     "linear" divides every frequency by `factor`; "llama3" (Llama 3.1+) divides the low frequencies by
-    `factor`, keeps the high ones and blends in between. Which keys each type needs is checked in
-    nanoflow.config.checks.rope_scaling_problems.
+    `factor`, keeps the high ones and blends in between. The types and the keys each needs are
+    nanoflow.config.checks.ROPE_KEYS.
     """
 
     rope_type: str = "default"
