@@ -37,7 +37,21 @@ REASONS = {
     "model.make_vocab_size_divisible_by": "set model.vocab_size to the padded size",
     "model.ddp_bucket_cap_mb": "FSDP2 does its own bucketing",
     "model.model_config.hidden_act": "nanoflow's MLP is always silu",
-    "model.model_config.rope_scaling": "plain RoPE only",
+    "model.model_config.attention_bias": "nanoflow's projections have no bias",
+    "model.model_config._attn_implementation": "nanoflow uses PyTorch's scaled_dot_product_attention",
+    "model.model_config.z_loss_enabled": "no z-loss: the loss is plain cross-entropy",
+    "model.model_config.z_loss_coefficient": "no z-loss: the loss is plain cross-entropy",
+    "model.model_config.is_qwen2_config": "nanoflow's model is nanotron's Llama/Qwen2 decoder without its extras",
+    "model.model_config.sliding_window_size": "no sliding-window attention",
+    "model.model_config.flex_attention_mask": "causal attention over the whole sequence only",
+    "model.model_config.no_rope_layer": "RoPE in every layer",
+    "model.model_config.moe_config": "no mixture of experts",
+    "model.model_config._use_doc_masking": "no document masking: attention spans the whole packed sequence",
+    "model.model_config._fused_rotary_emb": "a kernel choice", "model.model_config._fused_rms_norm": "a kernel choice",
+    "model.model_config._use_qkv_packed": "a kernel choice", "model.model_config.log_attn_probs": "a logging switch",
+    "model.model_config.ring_attn_heads_k_stride": "no context parallelism",
+    "model.init_method.scaling_method": "nanotron draws o_proj and down_proj with std / sqrt(2 × num_hidden_layers) "
+                                        "(NUM_LAYERS, its default); nanoflow draws every weight with initializer_range",
     "model.model_config.rope_interleaved": "nanoflow uses HF's non-interleaved RoPE",
     "model.model_config.bos_token_id": "special tokens come from the tokenizer",
     "model.model_config.eos_token_id": "special tokens come from the tokenizer",
@@ -69,6 +83,16 @@ REASONS = {
     "data_stages.data.dataset.dataset_max_tokens": "not supported",
     "data_stages.data.dataset.return_positions": "not supported",
     "data_stages.data.dataset.pad_samples_to_global_batch_size": "not supported",
+    "data_stages.data.dataset.dataset_read_path": "nanoflow reads dataset_folder itself",
+    "data_stages.data.dataset.tokenizer_name": "read from each folder's metadata",
+    "data_stages.data.dataset.vocab_size": "read from each folder's metadata",
+    "data_stages.data.dataset.token_size_in_bytes": "read from each folder's metadata",
+    "data_stages.data.dataset.skip_in_stream": "not supported",
+    "data_stages.data.dataset.shuffle_files": "nanoflow's sample order is its own (a pure function of the seed)",
+    "data_stages.data.dataset.use_old_brrr_dataloader": "not supported",
+    "data_stages.data.dataset.sft_dataloader": "nanotron's chat SFT loader: nanoflow's SFT stages name "
+                                              "prompt_column_name and completion_column_name",
+    "data_stages.data.dataset.debug_max_samples": "not supported",
     "lighteval": "no evaluation hook; run lighteval on an exported model (bin/export)",
     "profiler": "no profiler hook",
     "s3_upload": "set checkpoints.checkpoints_path = \"s3://bucket/prefix\" to write checkpoints to S3 directly",
@@ -92,6 +116,18 @@ NEUTRAL = {
     "checkpoints.checkpoints_path_is_shared_file_system": None,
     "logging.log_level": None, "logging.log_level_replica": None,
     "tokenizer.tokenizer_revision": None, "tokenizer.tokenizer_max_length": None,
+    "model.model_config.attention_bias": False, "model.model_config._attn_implementation": None,
+    "model.model_config.z_loss_enabled": False, "model.model_config.z_loss_coefficient": None,
+    "model.model_config.is_qwen2_config": True, "model.model_config._use_doc_masking": False,
+    "model.model_config._fused_rotary_emb": None, "model.model_config._fused_rms_norm": None,
+    "model.model_config._use_qkv_packed": None, "model.model_config.log_attn_probs": None,
+    "model.model_config.ring_attn_heads_k_stride": None, "model.init_method.scaling_method": "NONE",
+    "data_stages.data.dataset.tokenizer_name": None, "data_stages.data.dataset.vocab_size": None,
+    "data_stages.data.dataset.token_size_in_bytes": None, "data_stages.data.dataset.return_positions": True,
+    "data_stages.data.dataset.skip_in_stream": False, "data_stages.data.dataset.shuffle_files": False,
+    "data_stages.data.dataset.use_old_brrr_dataloader": False,
+    "data_stages.data.dataset.pad_samples_to_global_batch_size": False,
+    "optimizer.weight_decay_exclude_named_params": [],
 }
 
 SECTIONS = ("general", "model", "tokenizer", "parallelism", "tokens", "optimizer", "checkpoints", "logging")
@@ -231,7 +267,8 @@ def _fits(value, hint) -> bool:
 def convert(nanotron: dict) -> tuple[str, Report]:
     """A nanotron config (the YAML, parsed) as nanoflow TOML text, and what could not be carried over.
 
-    The TOML starts with a comment naming what was not carried over, so the file itself keeps the record.
+    A key the YAML leaves unset gets nanotron's meaning, written out. The TOML starts with a comment
+    naming what was not carried over, so the file itself keeps the record.
     """
     if not isinstance(nanotron, dict):
         raise ValueError("a nanotron config is a YAML mapping at the top level")
@@ -244,7 +281,9 @@ def convert(nanotron: dict) -> tuple[str, Report]:
         if section == "model":
             out["model"] = _model(walk, nanotron["model"])
         elif section == "optimizer":
-            out["optimizer"] = _optimizer(walk, nanotron["optimizer"])
+            out["optimizer"] = _optimizer(walk, nanotron["optimizer"], nanotron.get("tokens"))
+        elif section == "parallelism":
+            out["parallelism"] = walk.table(_upper_tp_mode(nanotron["parallelism"]), hints[section], section)
         else:
             out[section] = walk.table(nanotron[section], hints[section], section)
     stages = nanotron.get("data_stages")
@@ -254,17 +293,50 @@ def convert(nanotron: dict) -> tuple[str, Report]:
     elif nanotron.get("data") is not None:
         walk.drop("data", nanotron["data"], "data_stages is set, and nanotron uses it instead")
     if isinstance(stages, list):
-        out["data_stages"] = [walk.table(stage, schema.DatasetStageArgs, f"data_stages[{i}]")
-                              for i, stage in enumerate(stages)]
+        out["data_stages"] = [_stage(walk, stage, i) for i, stage in enumerate(stages)]
     elif stages is not None:
         walk.drop("data_stages", stages, "expected a list of stages")
     for key, value in nanotron.items():
         if key not in (*SECTIONS, "data_stages", "data"):
             walk.drop(str(key), value)
+    _fit_positions(walk, out)
     _path_notes(walk, out)
     report = Report(tuple(walk.dropped), tuple(walk.notes))
     header = "".join(f"# {line}\n" for line in report.lines() if not line.startswith("ignored:"))
-    return "# Converted from a nanotron config by bin/convert-nanotron-config.\n" + header + "\n" + to_toml(out), report
+    return ("# Converted from a nanotron config by bin/convert-nanotron-config.\n" + LR_SHIFT + header + "\n"
+            + to_toml(out)), report
+
+
+# The one deliberate difference, stated atop every converted file (docs/nanotron.md says more).
+LR_SHIFT = ("# LR: nanoflow's step s trains at the LR nanotron's scheduler gives for index s. nanotron trains\n"
+            "# its step s at index s - 1 (step 1 at index 0: LR 0 under a linear warmup), so this run is one\n"
+            "# scheduler index ahead of the nanotron run at every step.\n")
+
+# ---------------------------------------------------------------------------------------------
+# nanotron's meaning of a key the YAML leaves unset (or null), from its source (docs/nanotron.md
+# names the commit). Written out in the TOML wherever it differs from nanoflow's default, or
+# nanoflow has none.
+
+# LlamaConfig / Qwen2Config defaults (config/models_config.py), for the keys nanoflow's [model] has.
+MODEL_DEFAULTS = {
+    "vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
+    "num_attention_heads": 32, "max_position_embeddings": 2048, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+    "tie_word_embeddings": False,
+}
+NANOTRON_DATA_SEED = 42   # DataArgs.seed unset: DEFAULT_SEED, not general.seed
+NANOTRON_DTYPE = "bfloat16"   # ModelArgs.dtype unset
+# rope_scaling keys nanoflow's [model.rope_scaling] takes (HF's names), and the RoPE types it implements.
+ROPE_SCALING_KEYS = ("rope_type", "factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+ROPE_TYPES = ("default", "linear", "llama3")
+
+
+def _unset(raw, key: str) -> bool:
+    return not isinstance(raw, dict) or raw.get(key) is None
+
+
+def _fill(walk: _Walk, out: dict, where: str, key: str, value, why: str) -> None:
+    out[key] = value
+    walk.notes.append(f"{where}.{key} unset: written as {_show(value)} ({why})")
 
 
 def _model(walk: _Walk, model) -> dict:
@@ -279,7 +351,14 @@ def _model(walk: _Walk, model) -> dict:
         del model_config["hidden_act"]
     if model_config.get("rope_interleaved") is False:
         del model_config["rope_interleaved"]
+    rope = _rope_scaling(walk, model_config.pop("rope_scaling", None),
+                         model_config.pop("rope_seq_len_interpolation_factor", None))
     out = walk.table(model_config, schema.ModelArgs, "model.model_config")
+    for key, default in MODEL_DEFAULTS.items():
+        if _unset(model_config, key):
+            _fill(walk, out, "model.model_config", key, default, "nanotron's LlamaConfig default")
+    if _unset(model_config, "num_key_value_heads") and "num_attention_heads" in out:
+        out["num_key_value_heads"] = out["num_attention_heads"]   # nanotron's default and nanoflow's: no note
     for key, value in model.items():
         if key == "model_config" or value is None:
             continue
@@ -290,16 +369,78 @@ def _model(walk: _Walk, model) -> dict:
                 walk.drop("model.dtype", value, "nanoflow trains in float32 or with bfloat16 autocast")
             else:
                 out["dtype"] = dtype
-        elif key == "init_method" and isinstance(value, dict) and set(value) == {"std"} and _fits(value["std"], float):
+        elif key == "init_method" and isinstance(value, dict) and "std" in value and _fits(value["std"], float) \
+                and set(value) <= {"std", "scaling_method"}:
             out["initializer_range"] = float(value["std"])
             walk.notes.append(f"model.init_method.std = {value['std']} → model.initializer_range "
                               "(the std nanotron draws the weights with)")
+            # nanotron's default scaling is NUM_LAYERS: the row-parallel projections get a smaller std.
+            walk.drop("model.init_method.scaling_method", str(value.get("scaling_method") or "NUM_LAYERS").upper())
         else:
             walk.drop(f"model.{key}", value)
+    if _unset(model, "dtype"):
+        _fill(walk, out, "model", "dtype", NANOTRON_DTYPE, "nanotron's ModelArgs default; nanoflow's is float32")
+    out = _in_order(out, schema.ModelArgs)
+    if rope is not None:
+        out["rope_scaling"] = rope
     return out
 
 
-def _optimizer(walk: _Walk, optimizer) -> dict:
+def _in_order(table: dict, cls) -> dict:
+    """`table` in the order of `cls`'s fields, as nanoflow's docs list them; other keys last."""
+    names = [f.name for f in attrs.fields(cls)]
+    return {**{name: table[name] for name in names if name in table}, **table}
+
+
+def _rope_scaling(walk: _Walk, rope, interpolation) -> dict | None:
+    """nanotron's rope_scaling (HF's dict) or Qwen2's rope_seq_len_interpolation_factor as [model.rope_scaling]."""
+    where = "model.model_config.rope_scaling"
+    if rope is None and interpolation is not None:
+        if not _fits(interpolation, float):
+            walk.drop("model.model_config.rope_seq_len_interpolation_factor", interpolation, "expected a number")
+            return None
+        walk.notes.append(f"model.model_config.rope_seq_len_interpolation_factor = {interpolation} → "
+                          "[model.rope_scaling] rope_type = \"linear\" (nanotron divides the positions by it, as "
+                          "HF's linear RoPE scaling does)")
+        return {"rope_type": "linear", "factor": float(interpolation)}
+    if interpolation is not None:
+        walk.drop("model.model_config.rope_seq_len_interpolation_factor", interpolation,
+                  "rope_scaling is set too; nanoflow applies one RoPE scaling")
+    if rope is None:
+        return None
+    if not isinstance(rope, dict):
+        walk.drop(where, rope, "expected a mapping with HF's rope_scaling keys")
+        return None
+    rope = dict(rope)
+    if "type" in rope and "rope_type" not in rope:   # HF's older name
+        rope["rope_type"] = rope.pop("type")
+    if rope.get("rope_type") not in ROPE_TYPES:
+        walk.drop(where, rope, f"nanoflow implements rope_type {', '.join(map(repr, ROPE_TYPES))}")
+        return None
+    out = {}
+    for key, value in rope.items():
+        if key not in ROPE_SCALING_KEYS:
+            walk.drop(f"{where}.{key}", value, "not an HF rope_scaling key nanoflow reads")
+        elif key == "rope_type" or key == "original_max_position_embeddings":
+            out[key] = value
+        elif _fits(value, float):
+            out[key] = float(value)
+        else:
+            walk.drop(f"{where}.{key}", value, "expected a number")
+    walk.notes.append(f"{where} → [model.rope_scaling]: nanotron's training code does not read rope_scaling (it "
+                      "trains with plain RoPE); nanoflow applies it, as transformers does for the exported model. "
+                      "Delete [model.rope_scaling] to reproduce nanotron's numbers")
+    return {key: out[key] for key in ROPE_SCALING_KEYS if key in out}
+
+
+def _upper_tp_mode(parallelism):
+    """nanotron accepts tp_mode in any case (TensorParallelLinearMode[x.upper()])."""
+    if isinstance(parallelism, dict) and isinstance(parallelism.get("tp_mode"), str):
+        return {**parallelism, "tp_mode": parallelism["tp_mode"].upper()}
+    return parallelism
+
+
+def _optimizer(walk: _Walk, optimizer, tokens) -> dict:
     if not isinstance(optimizer, dict):
         walk.drop("optimizer", optimizer, "expected a mapping")
         return {}
@@ -314,7 +455,95 @@ def _optimizer(walk: _Walk, optimizer) -> dict:
             factory.setdefault(key, value)
         optimizer["optimizer_factory"] = factory
         walk.notes.append(f"optimizer.{{{', '.join(legacy)}}} → optimizer.optimizer_factory")
-    return walk.table(optimizer, schema.OptimizerArgs, "optimizer")
+    out = walk.table(optimizer, schema.OptimizerArgs, "optimizer")
+    if _unset(optimizer, "clip_grad"):   # the trainer clips only `if clip_grad is not None`
+        out["clip_grad"] = False
+        walk.notes.append("optimizer.clip_grad unset (null): nanotron does not clip; written as clip_grad = false "
+                          "(nanoflow's default is 1.0)")
+    decay = optimizer.get("weight_decay")
+    if _fits(decay, float) and decay > 0 and not optimizer.get("weight_decay_exclude_named_params"):
+        walk.notes.append(f"optimizer.weight_decay = {decay}: nanotron decays every parameter, the norms' weights "
+                          "too; nanoflow never decays 1-D parameters (the norms)")
+    schedule = optimizer.get("learning_rate_scheduler")
+    if isinstance(schedule, dict) and isinstance(out.get("learning_rate_scheduler"), dict):
+        train_steps = tokens.get("train_steps") if isinstance(tokens, dict) else None
+        _schedule_defaults(walk, schedule, out["learning_rate_scheduler"], train_steps)
+        out["learning_rate_scheduler"] = _in_order(out["learning_rate_scheduler"], schema.LRSchedulerArgs)
+    return out
+
+
+def _schedule_defaults(walk: _Walk, raw: dict, out: dict, train_steps) -> None:
+    """LRSchedulerArgs.__post_init__ and Config.__post_init__ (config.py), as nanotron resolves them."""
+    where = "optimizer.learning_rate_scheduler"
+    if _unset(raw, "lr_warmup_steps"):
+        out["lr_warmup_steps"] = 0
+    if _unset(raw, "lr_warmup_style"):
+        _fill(walk, out, where, "lr_warmup_style", "linear", "nanotron refuses an unset lr_warmup_style: its check "
+              "runs before its default, which is linear")
+    if _unset(raw, "lr_decay_style"):
+        _fill(walk, out, where, "lr_decay_style", "linear", "nanotron's default; nanoflow's is cosine")
+    if _unset(raw, "min_decay_lr") and "learning_rate" in out:
+        _fill(walk, out, where, "min_decay_lr", out["learning_rate"], "nanotron's default: = learning_rate, no decay")
+    if raw.get("lr_decay_steps") == 0 and "lr_decay_steps" in out:
+        del out["lr_decay_steps"]
+        walk.drop(f"{where}.lr_decay_steps", 0, "nanoflow's lr_decay_steps is positive; nanotron jumps to min_decay_lr "
+                  "at lr_decay_starting_step (and with lr_warmup_steps = 0 trains at learning_rate²)")
+    warmup = out.get("lr_warmup_steps")
+    if _unset(raw, "lr_decay_steps") and isinstance(train_steps, int) and isinstance(warmup, int):
+        length = train_steps - warmup   # nanotron's Config sets this whatever lr_decay_starting_step is
+        if length > 0:
+            wsd = " even with lr_decay_starting_step set, so the decay need not end by the last step" \
+                if raw.get("lr_decay_starting_step") is not None else ""
+            _fill(walk, out, where, "lr_decay_steps", length, f"nanotron's default: train_steps - lr_warmup_steps{wsd}")
+
+
+def _stage(walk: _Walk, stage, index: int) -> dict:
+    where = f"data_stages[{index}]"
+    label = where + (f' (stage "{stage["name"]}")' if isinstance(stage, dict) and stage.get("name") else "")
+    data = stage.get("data") if isinstance(stage, dict) else None
+    if isinstance(data, dict):
+        dataset = data.get("dataset")
+        if isinstance(dataset, dict) and isinstance(dataset.get("dataset_folder"), dict):
+            dataset = _folder_weights(walk, dataset, f"{where}.data.dataset")
+        stage = {**stage, "data": {**data, "dataset": dataset}}
+    out = walk.table(stage, schema.DatasetStageArgs, where)
+    if isinstance(data, dict):
+        out_data = out.setdefault("data", {})
+        if data.get("dataset") is None:
+            walk.notes.append(f"{label}.data.dataset is null: nanotron trains this stage on random tokens (its dummy "
+                              "data generator); nanoflow has no dummy data: give the stage a dataset")
+        if data.get("seed") is None:
+            out_data["seed"] = NANOTRON_DATA_SEED
+            out["data"] = _in_order(out_data, schema.DataArgs)
+    return out
+
+
+def _folder_weights(walk: _Walk, dataset: dict, where: str) -> dict:
+    """Older nanotron's `dataset_folder: {folder: weight}` is dataset_folder + dataset_weights."""
+    folders = dataset["dataset_folder"]
+    if dataset.get("dataset_weights") is not None:
+        walk.drop(f"{where}.dataset_weights", dataset["dataset_weights"], "dataset_folder's mapping gives the weights")
+    walk.notes.append(f"{where}.dataset_folder: the {{folder: weight}} mapping → dataset_folder + dataset_weights")
+    return {**{k: v for k, v in dataset.items() if k != "dataset_weights"},
+            "dataset_folder": [str(k) for k in folders], "dataset_weights": list(folders.values())}
+
+
+def _fit_positions(walk: _Walk, out: dict) -> None:
+    """nanotron's RoPE grows past max_position_embeddings; nanoflow refuses a longer sequence: raise it."""
+    model, tokens = out.get("model"), out.get("tokens", {})
+    if not isinstance(model, dict) or not isinstance(model.get("max_position_embeddings"), int):
+        return
+    lengths = {"tokens.sequence_length": tokens.get("sequence_length")}
+    for i, stage in enumerate(out.get("data_stages", [])):
+        lengths[f'data_stages[{i}] (stage "{stage.get("name")}").sequence_length'] = stage.get("sequence_length")
+    lengths = {k: v for k, v in lengths.items() if isinstance(v, int)}
+    if not lengths or max(lengths.values()) <= model["max_position_embeddings"]:
+        return
+    where, longest = max(lengths.items(), key=lambda kv: kv[1])
+    walk.notes.append(f"model.max_position_embeddings raised from {model['max_position_embeddings']} to {longest} "
+                      f"for {where}: nanotron trains past max_position_embeddings (its RoPE table grows), nanoflow "
+                      "refuses to; plain, linear and llama3 RoPE do not depend on it")
+    model["max_position_embeddings"] = longest
 
 
 def _path_notes(walk: _Walk, out: dict) -> None:
@@ -342,12 +571,12 @@ def _path_notes(walk: _Walk, out: dict) -> None:
 # ---------------------------------------------------------------------------------------------
 # A TOML emitter for the values a config holds: tables, arrays of tables, scalars and arrays of scalars.
 
-_BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
+_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")   # fullmatch: `$` would also match before a final newline
 _ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\t": "\\t", "\n": "\\n", "\f": "\\f", "\r": "\\r"}
 
 
 def _key(key: str) -> str:
-    return key if _BARE_KEY.match(key) else _string(key)
+    return key if _BARE_KEY.fullmatch(key) else _string(key)
 
 
 def _string(text: str) -> str:

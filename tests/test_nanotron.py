@@ -192,7 +192,7 @@ def test_converted_config_loads_and_keeps_every_value(tmp_path, monkeypatch):
 def test_unsupported_values_are_named(tmp_path):
     raw = yaml.safe_load(NANOTRON_YAML)
     raw["model"]["model_config"]["hidden_act"] = "gelu"
-    raw["model"]["model_config"]["rope_scaling"] = {"type": "linear", "factor": 2.0}
+    raw["model"]["model_config"]["rope_scaling"] = {"type": "dynamic", "factor": 2.0}
     raw["optimizer"]["optimizer_factory"]["name"] = "sgd"
     raw["data_stages"][1]["data"]["dataset"]["hf_dataset_or_datasets"] = ["a", "b"]
     text, report = convert(raw)
