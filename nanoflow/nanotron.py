@@ -50,8 +50,9 @@ REASONS = {
     "model.model_config._fused_rotary_emb": "a kernel choice", "model.model_config._fused_rms_norm": "a kernel choice",
     "model.model_config._use_qkv_packed": "a kernel choice", "model.model_config.log_attn_probs": "a logging switch",
     "model.model_config.ring_attn_heads_k_stride": "no context parallelism",
-    "model.init_method.scaling_method": "nanotron draws o_proj and down_proj with std / sqrt(2 × num_hidden_layers) "
-                                        "(NUM_LAYERS, its default); nanoflow draws every weight with initializer_range",
+    "model.init_method.scaling_method": "under NUM_LAYERS, nanotron's default, o_proj and down_proj are drawn with "
+                                        "std / sqrt(2 × num_hidden_layers); nanoflow draws every weight with "
+                                        "initializer_range",
     "model.model_config.rope_interleaved": "nanoflow uses HF's non-interleaved RoPE",
     "model.model_config.bos_token_id": "special tokens come from the tokenizer",
     "model.model_config.eos_token_id": "special tokens come from the tokenizer",

@@ -659,8 +659,8 @@ def test_keys_of_current_nanotron_that_change_the_run_are_named():
                  "not carried over: model.model_config.sliding_window_size = 64",
                  "ignored: model.model_config._attn_implementation",
                  'not carried over: optimizer.weight_decay_exclude_named_params = [".*norm.*"]',
-                 'not carried over: model.init_method.scaling_method = "NUM_LAYERS" (nanotron draws o_proj and '
-                 "down_proj with std / sqrt(2 × num_hidden_layers)"):
+                 'not carried over: model.init_method.scaling_method = "NUM_LAYERS" (under NUM_LAYERS, nanotron\'s '
+                 "default, o_proj and down_proj are drawn with std / sqrt(2 × num_hidden_layers)"):
         assert any(l.startswith(line) for l in lines), line
     notes = convert(yaml.safe_load(GOLDEN["tiny_llama"]))[1].notes
     assert any(n.startswith("optimizer.weight_decay = 0.01: nanotron decays every parameter") for n in notes)
