@@ -30,8 +30,7 @@ from nanoflow.nanotron_keys import (
     NANOTRON_DTYPE,
     NEUTRAL,
     REASONS,
-    ROPE_SCALING_KEYS,
-    ROPE_TYPES,
+    ROPE_KEYS,
 )
 from nanoflow.toml_writer import to_toml
 
@@ -301,23 +300,26 @@ def _rope_scaling(walk: _Walk, rope, interpolation) -> dict | None:
     rope = dict(rope)
     if "type" in rope and "rope_type" not in rope:   # HF's older name
         rope["rope_type"] = rope.pop("type")
-    if rope.get("rope_type") not in ROPE_TYPES:
-        walk.drop(where, rope, f"nanoflow implements rope_type {', '.join(map(repr, ROPE_TYPES))}")
+    kind = rope.get("rope_type")
+    if kind not in ROPE_KEYS:
+        walk.drop(where, rope, f"nanoflow implements rope_type {', '.join(map(repr, ROPE_KEYS))}")
         return None
-    out = {}
+    out = {"rope_type": kind}
     for key, value in rope.items():
-        if key not in ROPE_SCALING_KEYS:
-            walk.drop(f"{where}.{key}", value, "not an HF rope_scaling key nanoflow reads")
-        elif key == "rope_type" or key == "original_max_position_embeddings":
+        if key == "rope_type":
+            continue
+        if key not in ROPE_KEYS[kind]:
+            walk.drop(f"{where}.{key}", value, f'not a key rope_type = "{kind}" takes in nanoflow')
+        elif key == "original_max_position_embeddings" and _fits(value, int):
             out[key] = value
-        elif _fits(value, float):
+        elif key != "original_max_position_embeddings" and _fits(value, float):
             out[key] = float(value)
         else:
             walk.drop(f"{where}.{key}", value, "expected a number")
     walk.notes.append(f"{where} → [model.rope_scaling]: nanotron's training code does not read rope_scaling (it "
                       "trains with plain RoPE); nanoflow applies it, as transformers does for the exported model. "
                       "Delete [model.rope_scaling] to reproduce nanotron's numbers")
-    return {key: out[key] for key in ROPE_SCALING_KEYS if key in out}
+    return {key: out[key] for key in ("rope_type", *ROPE_KEYS[kind]) if key in out}
 
 
 def _upper_tp_mode(parallelism):

@@ -127,6 +127,9 @@ MODEL_DEFAULTS = {
 }
 NANOTRON_DATA_SEED = 42   # DataArgs.seed unset: DEFAULT_SEED, not general.seed
 NANOTRON_DTYPE = "bfloat16"   # ModelArgs.dtype unset
-# rope_scaling keys nanoflow's [model.rope_scaling] takes (HF's names), and the RoPE types it implements.
-ROPE_SCALING_KEYS = ("rope_type", "factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
-ROPE_TYPES = ("default", "linear", "llama3")
+# The RoPE types [model.rope_scaling] implements and the HF keys each takes (besides rope_type).
+ROPE_KEYS = {
+    "default": (),
+    "linear": ("factor",),
+    "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
+}

@@ -631,10 +631,13 @@ def test_rope_scaling_goes_to_an_hf_table():
         "original_max_position_embeddings": 8192}
     assert any("does not read rope_scaling" in note for note in report.notes)
 
-    raw["model"]["model_config"]["rope_scaling"] = {"type": "linear", "factor": 2.0, "beta_fast": 32}
+    raw["model"]["model_config"]["rope_scaling"] = {"type": "linear", "factor": 2.0, "beta_fast": 32,
+                                                    "low_freq_factor": 1.0}
     text, report = convert(raw)
     assert tomllib.loads(text)["model"]["rope_scaling"] == {"rope_type": "linear", "factor": 2.0}
-    assert "not carried over: model.model_config.rope_scaling.beta_fast = 32" in "\n".join(report.lines())
+    lines = "\n".join(report.lines())
+    assert "not carried over: model.model_config.rope_scaling.beta_fast = 32" in lines
+    assert 'model.model_config.rope_scaling.low_freq_factor = 1.0 (not a key rope_type = "linear" takes' in lines
 
     del raw["model"]["model_config"]["rope_scaling"]   # Qwen2Config: positions divided by the factor
     raw["model"]["model_config"]["rope_seq_len_interpolation_factor"] = 4
