@@ -69,7 +69,7 @@ class Bare:
 
     def __init__(self, config, weights: dict):
         self.micro = config.stage_tokens(0).micro_batch_size
-        self.clip = config.optimizer.clip_grad
+        self.clip = config.optimizer.max_grad_norm  # None: no clipping
         model = Llama(config.model)
         model.load_state_dict(weights)  # the same initial weights as nanoflow's side
         params = list(model.parameters())  # a tied weight appears once
@@ -92,7 +92,8 @@ class Bare:
             loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX,
                                    reduction="sum") / target_tokens
             loss.backward()
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip)
+        if self.clip is not None:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
 

@@ -17,82 +17,24 @@ relative to the TOML file, so place the TOML accordingly or make them absolute.
 from __future__ import annotations
 
 import json
-import math
 import re
 import typing
 
 import attrs
 
 from nanoflow import config as schema
+from nanoflow.config.checks import ROPE_KEYS
+from nanoflow.nanotron_keys import (
+    LR_SHIFT,
+    MODEL_DEFAULTS,
+    NANOTRON_DATA_SEED,
+    NANOTRON_DTYPE,
+    NEUTRAL,
+    REASONS,
+)
+from nanoflow.toml_writer import to_toml
 
-# Keys that have no nanoflow equivalent, with the reason shown in the report.
-# data_stages[i] is written data_stages here.
-REASONS = {
-    "general.step": "the step comes from the checkpoint",
-    "general.consumed_train_samples": "consumed samples come from the checkpoint",
-    "general.benchmark_csv_path": "no benchmark CSV",
-    "general.ignore_sanity_checks": "nanoflow always validates",
-    "general.entity": "no experiment tracker",
-    "model.init_method": "weights are drawn with model.initializer_range; for existing weights set model.init_from",
-    "model.make_vocab_size_divisible_by": "set model.vocab_size to the padded size",
-    "model.ddp_bucket_cap_mb": "FSDP2 does its own bucketing",
-    "model.model_config.hidden_act": "nanoflow's MLP is always silu",
-    "model.model_config.rope_scaling": "plain RoPE only",
-    "model.model_config.rope_interleaved": "nanoflow uses HF's non-interleaved RoPE",
-    "model.model_config.bos_token_id": "special tokens come from the tokenizer",
-    "model.model_config.eos_token_id": "special tokens come from the tokenizer",
-    "model.model_config.pad_token_id": "special tokens come from the tokenizer",
-    "model.model_config.pretraining_tp": "an HF inference setting",
-    "model.model_config.use_cache": "an HF inference setting",
-    "model.model_config.is_llama_config": "every nanoflow model is a Llama",
-    "tokenizer.tokenizer_revision": "tokenizers are local tokenizer.json files",
-    "tokenizer.tokenizer_max_length": "sequence lengths come from [tokens] and the stages",
-    "parallelism.pp": "nanoflow has no pipeline parallelism: dp and tp only",
-    "parallelism.pp_engine": "no pipeline parallelism",
-    "parallelism.expert_parallel_size": "no mixture of experts",
-    "parallelism.context_parallel_size": "no context parallelism",
-    "parallelism.recompute_layer": "no activation recomputation",
-    "parallelism.tp_linear_async_communication": "PyTorch's DTensor tensor parallelism has no such switch",
-    "parallelism.tp_recompute_allgather": "PyTorch's DTensor tensor parallelism has no such switch",
-    "tokens.val_check_interval": "no validation loop",
-    "tokens.limit_val_batches": "no validation loop",
-    "tokens.limit_test_batches": "no validation loop",
-    "optimizer.zero_stage": "FSDP2 shards parameters, gradients and optimizer state over dp",
-    "optimizer.accumulate_grad_in_fp32": "master weights and gradients are float32",
-    "optimizer.weight_decay_exclude_named_params": "1-D parameters (norms) are never decayed",
-    "checkpoints.save_initial_state": "not supported",
-    "checkpoints.save_final_state": "the last step is always saved",
-    "checkpoints.checkpoints_path_is_shared_file_system": "not needed: every rank writes its own files",
-    "logging.log_level": "nanoflow logs progress lines, not levels",
-    "logging.log_level_replica": "nanoflow logs progress lines, not levels",
-    "data_stages.data.dataset.hf_dataset_or_datasets": "a dataset name, or a {name = weight} table to blend",
-    "data_stages.data.dataset.dataset_max_tokens": "not supported",
-    "data_stages.data.dataset.return_positions": "not supported",
-    "data_stages.data.dataset.pad_samples_to_global_batch_size": "not supported",
-    "lighteval": "no evaluation hook; run lighteval on an exported model (bin/export)",
-    "profiler": "no profiler hook",
-    "s3_upload": "set checkpoints.checkpoints_path = \"s3://bucket/prefix\" to write checkpoints to S3 directly",
-    "kill_switch_path": "send SIGTERM or SIGUSR1 to stop cleanly",
-    "metrics_logging": "metrics go to metrics.jsonl and TensorBoard",
-}
-
-# Values of dropped keys that change nothing in nanoflow (None: any value is harmless).
-NEUTRAL = {
-    "general.ignore_sanity_checks": None, "general.benchmark_csv_path": None, "general.entity": None,
-    "model.ddp_bucket_cap_mb": None, "model.make_vocab_size_divisible_by": 1,
-    "model.model_config.bos_token_id": None, "model.model_config.eos_token_id": None,
-    "model.model_config.pad_token_id": None, "model.model_config.pretraining_tp": 1,
-    "model.model_config.use_cache": None, "model.model_config.is_llama_config": True,
-    "parallelism.pp": 1, "parallelism.pp_engine": None, "parallelism.expert_parallel_size": 1,
-    "parallelism.context_parallel_size": 1, "parallelism.recompute_layer": False,
-    "parallelism.tp_linear_async_communication": None, "parallelism.tp_recompute_allgather": None,
-    "tokens.val_check_interval": -1, "tokens.limit_val_batches": 0, "tokens.limit_test_batches": 0,
-    "optimizer.zero_stage": 0, "optimizer.accumulate_grad_in_fp32": True,
-    "checkpoints.save_initial_state": False, "checkpoints.save_final_state": None,
-    "checkpoints.checkpoints_path_is_shared_file_system": None,
-    "logging.log_level": None, "logging.log_level_replica": None,
-    "tokenizer.tokenizer_revision": None, "tokenizer.tokenizer_max_length": None,
-}
+__all__ = ["Report", "convert", "to_toml"]
 
 SECTIONS = ("general", "model", "tokenizer", "parallelism", "tokens", "optimizer", "checkpoints", "logging")
 
@@ -231,7 +173,8 @@ def _fits(value, hint) -> bool:
 def convert(nanotron: dict) -> tuple[str, Report]:
     """A nanotron config (the YAML, parsed) as nanoflow TOML text, and what could not be carried over.
 
-    The TOML starts with a comment naming what was not carried over, so the file itself keeps the record.
+    A key the YAML leaves unset gets nanotron's meaning, written out. The TOML starts with a comment
+    naming what was not carried over, so the file itself keeps the record.
     """
     if not isinstance(nanotron, dict):
         raise ValueError("a nanotron config is a YAML mapping at the top level")
@@ -244,7 +187,9 @@ def convert(nanotron: dict) -> tuple[str, Report]:
         if section == "model":
             out["model"] = _model(walk, nanotron["model"])
         elif section == "optimizer":
-            out["optimizer"] = _optimizer(walk, nanotron["optimizer"])
+            out["optimizer"] = _optimizer(walk, nanotron["optimizer"], nanotron.get("tokens"))
+        elif section == "parallelism":
+            out["parallelism"] = walk.table(_upper_tp_mode(nanotron["parallelism"]), hints[section], section)
         else:
             out[section] = walk.table(nanotron[section], hints[section], section)
     stages = nanotron.get("data_stages")
@@ -254,17 +199,30 @@ def convert(nanotron: dict) -> tuple[str, Report]:
     elif nanotron.get("data") is not None:
         walk.drop("data", nanotron["data"], "data_stages is set, and nanotron uses it instead")
     if isinstance(stages, list):
-        out["data_stages"] = [walk.table(stage, schema.DatasetStageArgs, f"data_stages[{i}]")
-                              for i, stage in enumerate(stages)]
+        out["data_stages"] = [_stage(walk, stage, i) for i, stage in enumerate(stages)]
     elif stages is not None:
         walk.drop("data_stages", stages, "expected a list of stages")
     for key, value in nanotron.items():
         if key not in (*SECTIONS, "data_stages", "data"):
             walk.drop(str(key), value)
+    _fit_positions(walk, out)
     _path_notes(walk, out)
     report = Report(tuple(walk.dropped), tuple(walk.notes))
     header = "".join(f"# {line}\n" for line in report.lines() if not line.startswith("ignored:"))
-    return "# Converted from a nanotron config by bin/convert-nanotron-config.\n" + header + "\n" + to_toml(out), report
+    return ("# Converted from a nanotron config by bin/convert-nanotron-config.\n" + LR_SHIFT + header + "\n"
+            + to_toml(out)), report
+
+
+# ---------------------------------------------------------------------------------------------
+# nanotron's meaning of a key the YAML leaves unset (or null): written out (nanotron_keys has the values)
+
+def _unset(raw, key: str) -> bool:
+    return not isinstance(raw, dict) or raw.get(key) is None
+
+
+def _fill(walk: _Walk, out: dict, where: str, key: str, value, why: str) -> None:
+    out[key] = value
+    walk.notes.append(f"{where}.{key} unset: written as {_show(value)} ({why})")
 
 
 def _model(walk: _Walk, model) -> dict:
@@ -279,7 +237,14 @@ def _model(walk: _Walk, model) -> dict:
         del model_config["hidden_act"]
     if model_config.get("rope_interleaved") is False:
         del model_config["rope_interleaved"]
+    rope = _rope_scaling(walk, model_config.pop("rope_scaling", None),
+                         model_config.pop("rope_seq_len_interpolation_factor", None))
     out = walk.table(model_config, schema.ModelArgs, "model.model_config")
+    for key, default in MODEL_DEFAULTS.items():
+        if _unset(model_config, key):
+            _fill(walk, out, "model.model_config", key, default, "nanotron's LlamaConfig default")
+    if _unset(model_config, "num_key_value_heads") and "num_attention_heads" in out:
+        out["num_key_value_heads"] = out["num_attention_heads"]   # nanotron's default and nanoflow's: no note
     for key, value in model.items():
         if key == "model_config" or value is None:
             continue
@@ -290,16 +255,81 @@ def _model(walk: _Walk, model) -> dict:
                 walk.drop("model.dtype", value, "nanoflow trains in float32 or with bfloat16 autocast")
             else:
                 out["dtype"] = dtype
-        elif key == "init_method" and isinstance(value, dict) and set(value) == {"std"} and _fits(value["std"], float):
+        elif key == "init_method" and isinstance(value, dict) and "std" in value and _fits(value["std"], float) \
+                and set(value) <= {"std", "scaling_method"}:
             out["initializer_range"] = float(value["std"])
             walk.notes.append(f"model.init_method.std = {value['std']} → model.initializer_range "
                               "(the std nanotron draws the weights with)")
+            # nanotron's default scaling is NUM_LAYERS: the row-parallel projections get a smaller std.
+            walk.drop("model.init_method.scaling_method", str(value.get("scaling_method") or "NUM_LAYERS").upper())
         else:
             walk.drop(f"model.{key}", value)
+    if _unset(model, "dtype"):
+        _fill(walk, out, "model", "dtype", NANOTRON_DTYPE, "nanotron's ModelArgs default; nanoflow's is float32")
+    out = _in_order(out, schema.ModelArgs)
+    if rope is not None:
+        out["rope_scaling"] = rope
     return out
 
 
-def _optimizer(walk: _Walk, optimizer) -> dict:
+def _in_order(table: dict, cls) -> dict:
+    """`table` in the order of `cls`'s fields, as nanoflow's docs list them; other keys last."""
+    names = [f.name for f in attrs.fields(cls)]
+    return {**{name: table[name] for name in names if name in table}, **table}
+
+
+def _rope_scaling(walk: _Walk, rope, interpolation) -> dict | None:
+    """nanotron's rope_scaling (HF's dict) or Qwen2's rope_seq_len_interpolation_factor as [model.rope_scaling]."""
+    where = "model.model_config.rope_scaling"
+    if rope is None and interpolation is not None:
+        if not _fits(interpolation, float):
+            walk.drop("model.model_config.rope_seq_len_interpolation_factor", interpolation, "expected a number")
+            return None
+        walk.notes.append(f"model.model_config.rope_seq_len_interpolation_factor = {interpolation} → "
+                          "[model.rope_scaling] rope_type = \"linear\" (nanotron divides the positions by it, as "
+                          "HF's linear RoPE scaling does)")
+        return {"rope_type": "linear", "factor": float(interpolation)}
+    if interpolation is not None:
+        walk.drop("model.model_config.rope_seq_len_interpolation_factor", interpolation,
+                  "rope_scaling is set too; nanoflow applies one RoPE scaling")
+    if rope is None:
+        return None
+    if not isinstance(rope, dict):
+        walk.drop(where, rope, "expected a mapping with HF's rope_scaling keys")
+        return None
+    rope = dict(rope)
+    if "type" in rope and "rope_type" not in rope:   # HF's older name
+        rope["rope_type"] = rope.pop("type")
+    kind = rope.get("rope_type")
+    if kind not in ROPE_KEYS:
+        walk.drop(where, rope, f"nanoflow implements rope_type {', '.join(map(repr, ROPE_KEYS))}")
+        return None
+    out = {"rope_type": kind}
+    for key, value in rope.items():
+        if key == "rope_type":
+            continue
+        if key not in ROPE_KEYS[kind]:
+            walk.drop(f"{where}.{key}", value, f'not a key rope_type = "{kind}" takes in nanoflow')
+        elif key == "original_max_position_embeddings" and _fits(value, int):
+            out[key] = value
+        elif key != "original_max_position_embeddings" and _fits(value, float):
+            out[key] = float(value)
+        else:
+            walk.drop(f"{where}.{key}", value, "expected a number")
+    walk.notes.append(f"{where} → [model.rope_scaling]: nanotron's training code does not read rope_scaling (it "
+                      "trains with plain RoPE); nanoflow applies it, as transformers does for the exported model. "
+                      "Delete [model.rope_scaling] to reproduce nanotron's numbers")
+    return {key: out[key] for key in ("rope_type", *ROPE_KEYS[kind]) if key in out}
+
+
+def _upper_tp_mode(parallelism):
+    """nanotron accepts tp_mode in any case (TensorParallelLinearMode[x.upper()])."""
+    if isinstance(parallelism, dict) and isinstance(parallelism.get("tp_mode"), str):
+        return {**parallelism, "tp_mode": parallelism["tp_mode"].upper()}
+    return parallelism
+
+
+def _optimizer(walk: _Walk, optimizer, tokens) -> dict:
     if not isinstance(optimizer, dict):
         walk.drop("optimizer", optimizer, "expected a mapping")
         return {}
@@ -314,7 +344,95 @@ def _optimizer(walk: _Walk, optimizer) -> dict:
             factory.setdefault(key, value)
         optimizer["optimizer_factory"] = factory
         walk.notes.append(f"optimizer.{{{', '.join(legacy)}}} → optimizer.optimizer_factory")
-    return walk.table(optimizer, schema.OptimizerArgs, "optimizer")
+    out = walk.table(optimizer, schema.OptimizerArgs, "optimizer")
+    if _unset(optimizer, "clip_grad"):   # the trainer clips only `if clip_grad is not None`
+        out["clip_grad"] = False
+        walk.notes.append("optimizer.clip_grad unset (null): nanotron does not clip; written as clip_grad = false "
+                          "(nanoflow's default is 1.0)")
+    decay = optimizer.get("weight_decay")
+    if _fits(decay, float) and decay > 0 and not optimizer.get("weight_decay_exclude_named_params"):
+        walk.notes.append(f"optimizer.weight_decay = {decay}: nanotron decays every parameter, the norms' weights "
+                          "too; nanoflow never decays 1-D parameters (the norms)")
+    schedule = optimizer.get("learning_rate_scheduler")
+    if isinstance(schedule, dict) and isinstance(out.get("learning_rate_scheduler"), dict):
+        train_steps = tokens.get("train_steps") if isinstance(tokens, dict) else None
+        _schedule_defaults(walk, schedule, out["learning_rate_scheduler"], train_steps)
+        out["learning_rate_scheduler"] = _in_order(out["learning_rate_scheduler"], schema.LRSchedulerArgs)
+    return out
+
+
+def _schedule_defaults(walk: _Walk, raw: dict, out: dict, train_steps) -> None:
+    """LRSchedulerArgs.__post_init__ and Config.__post_init__ (config.py), as nanotron resolves them."""
+    where = "optimizer.learning_rate_scheduler"
+    if _unset(raw, "lr_warmup_steps"):
+        out["lr_warmup_steps"] = 0
+    if _unset(raw, "lr_warmup_style"):
+        _fill(walk, out, where, "lr_warmup_style", "linear", "nanotron refuses an unset lr_warmup_style: its check "
+              "runs before its default, which is linear")
+    if _unset(raw, "lr_decay_style"):
+        _fill(walk, out, where, "lr_decay_style", "linear", "nanotron's default; nanoflow's is cosine")
+    if _unset(raw, "min_decay_lr") and "learning_rate" in out:
+        _fill(walk, out, where, "min_decay_lr", out["learning_rate"], "nanotron's default: = learning_rate, no decay")
+    if raw.get("lr_decay_steps") == 0 and "lr_decay_steps" in out:
+        del out["lr_decay_steps"]
+        walk.drop(f"{where}.lr_decay_steps", 0, "nanoflow's lr_decay_steps is positive; nanotron jumps to min_decay_lr "
+                  "at lr_decay_starting_step (and with lr_warmup_steps = 0 trains at learning_rate²)")
+    warmup = out.get("lr_warmup_steps")
+    if _unset(raw, "lr_decay_steps") and isinstance(train_steps, int) and isinstance(warmup, int):
+        length = train_steps - warmup   # nanotron's Config sets this whatever lr_decay_starting_step is
+        if length > 0:
+            wsd = " even with lr_decay_starting_step set, so the decay need not end by the last step" \
+                if raw.get("lr_decay_starting_step") is not None else ""
+            _fill(walk, out, where, "lr_decay_steps", length, f"nanotron's default: train_steps - lr_warmup_steps{wsd}")
+
+
+def _stage(walk: _Walk, stage, index: int) -> dict:
+    where = f"data_stages[{index}]"
+    label = where + (f' (stage "{stage["name"]}")' if isinstance(stage, dict) and stage.get("name") else "")
+    data = stage.get("data") if isinstance(stage, dict) else None
+    if isinstance(data, dict):
+        dataset = data.get("dataset")
+        if isinstance(dataset, dict) and isinstance(dataset.get("dataset_folder"), dict):
+            dataset = _folder_weights(walk, dataset, f"{where}.data.dataset")
+        stage = {**stage, "data": {**data, "dataset": dataset}}
+    out = walk.table(stage, schema.DatasetStageArgs, where)
+    if isinstance(data, dict):
+        out_data = out.setdefault("data", {})
+        if data.get("dataset") is None:
+            walk.notes.append(f"{label}.data.dataset is null: nanotron trains this stage on random tokens (its dummy "
+                              "data generator); nanoflow has no dummy data: give the stage a dataset")
+        if data.get("seed") is None:
+            out_data["seed"] = NANOTRON_DATA_SEED
+            out["data"] = _in_order(out_data, schema.DataArgs)
+    return out
+
+
+def _folder_weights(walk: _Walk, dataset: dict, where: str) -> dict:
+    """Older nanotron's `dataset_folder: {folder: weight}` is dataset_folder + dataset_weights."""
+    folders = dataset["dataset_folder"]
+    if dataset.get("dataset_weights") is not None:
+        walk.drop(f"{where}.dataset_weights", dataset["dataset_weights"], "dataset_folder's mapping gives the weights")
+    walk.notes.append(f"{where}.dataset_folder: the {{folder: weight}} mapping → dataset_folder + dataset_weights")
+    return {**{k: v for k, v in dataset.items() if k != "dataset_weights"},
+            "dataset_folder": [str(k) for k in folders], "dataset_weights": list(folders.values())}
+
+
+def _fit_positions(walk: _Walk, out: dict) -> None:
+    """nanotron's RoPE grows past max_position_embeddings; nanoflow refuses a longer sequence: raise it."""
+    model, tokens = out.get("model"), out.get("tokens", {})
+    if not isinstance(model, dict) or not isinstance(model.get("max_position_embeddings"), int):
+        return
+    lengths = {"tokens.sequence_length": tokens.get("sequence_length")}
+    for i, stage in enumerate(out.get("data_stages", [])):
+        lengths[f'data_stages[{i}] (stage "{stage.get("name")}").sequence_length'] = stage.get("sequence_length")
+    lengths = {k: v for k, v in lengths.items() if isinstance(v, int)}
+    if not lengths or max(lengths.values()) <= model["max_position_embeddings"]:
+        return
+    where, longest = max(lengths.items(), key=lambda kv: kv[1])
+    walk.notes.append(f"model.max_position_embeddings raised from {model['max_position_embeddings']} to {longest} "
+                      f"for {where}: nanotron trains past max_position_embeddings (its RoPE table grows), nanoflow "
+                      "refuses to; plain, linear and llama3 RoPE do not depend on it")
+    model["max_position_embeddings"] = longest
 
 
 def _path_notes(walk: _Walk, out: dict) -> None:
@@ -337,78 +455,3 @@ def _path_notes(walk: _Walk, out: dict) -> None:
     if isinstance(name, str) and name != "bytes" and not name.endswith(".json"):
         walk.notes.append(f"tokenizer.tokenizer_name_or_path = {name!r}: nanoflow loads a local tokenizer.json "
                           '(or a folder holding one), not a Hub name; download it and point there, or use "bytes"')
-
-
-# ---------------------------------------------------------------------------------------------
-# A TOML emitter for the values a config holds: tables, arrays of tables, scalars and arrays of scalars.
-
-_BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
-_ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\t": "\\t", "\n": "\\n", "\f": "\\f", "\r": "\\r"}
-
-
-def _key(key: str) -> str:
-    return key if _BARE_KEY.match(key) else _string(key)
-
-
-def _string(text: str) -> str:
-    """A TOML basic string: quotes, backslashes and control characters (DEL too) escaped, the rest literal."""
-    return '"' + "".join(_ESCAPES.get(c) or (f"\\u{ord(c):04X}" if ord(c) < 0x20 or ord(c) == 0x7F else c)
-                         for c in text) + '"'
-
-
-def _scalar(value) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        if math.isnan(value):
-            return "nan"
-        if math.isinf(value):
-            return "inf" if value > 0 else "-inf"
-        text = repr(value)
-        return text if any(c in text for c in ".en") else text + ".0"
-    if isinstance(value, str):
-        return _string(value)
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_scalar(v) for v in value) + "]"
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{_key(k)} = {_scalar(v)}" for k, v in value.items() if v is not None) + "}"
-    raise TypeError(f"cannot write {type(value).__name__} {value!r} as TOML")
-
-
-def _is_table_array(value) -> bool:
-    return isinstance(value, (list, tuple)) and bool(value) and all(isinstance(v, dict) for v in value)
-
-
-def _is_table(key: str, value) -> bool:
-    return isinstance(value, dict) and not _inline(key, value)
-
-
-def _inline(key: str, value) -> bool:
-    """A {name = weight} blend is written inline: it is a value, not a section."""
-    return key == "hf_dataset_or_datasets"
-
-
-def to_toml(data: dict) -> str:
-    """`data` as TOML text: a table's scalars first, then its [tables] and [[arrays of tables]], in the order given."""
-    lines: list[str] = []
-    _emit(data, [], lines)
-    return "\n".join(lines).strip("\n") + "\n"
-
-
-def _emit(table: dict, path: list[str], lines: list[str], header: str | None = None) -> None:
-    if header is not None:
-        lines += ["", header]
-    for key, value in table.items():
-        if value is not None and not _is_table(key, value) and not _is_table_array(value):
-            lines.append(f"{_key(key)} = {_scalar(value)}")
-    for key, value in table.items():
-        dotted = path + [_key(key)]
-        if _is_table(key, value):
-            has_values = any(v is not None and not _is_table(k, v) and not _is_table_array(v) for k, v in value.items())
-            # A table holding only sub-tables needs no header of its own (theirs define it).
-            _emit(value, dotted, lines, f"[{'.'.join(dotted)}]" if has_values or not value else None)
-        elif _is_table_array(value):
-            for item in value:
-                _emit(item, dotted, lines, f"[[{'.'.join(dotted)}]]")

@@ -60,7 +60,7 @@ def train_step(state: TrainState, batch) -> tuple[TrainState, dict]:
         loss_sum += loss.detach()
 
     total_norm = grad_norm(model.parameters())
-    clip = config.optimizer.clip_grad
+    clip = config.optimizer.max_grad_norm
     if clip is not None:
         scale = float(torch.clamp(clip / (total_norm + 1e-6), max=1.0))
         for p in model.parameters():

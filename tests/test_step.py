@@ -135,3 +135,12 @@ def test_no_weight_decay_on_norms():
 
 def test_top_level_api():
     assert nanoflow.train_step is train_step and nanoflow.init_state is init_state
+
+
+@pytest.mark.parametrize("clip", ["false", "1e-3", "1e6"])
+def test_clip_grad_false_leaves_gradients_unclipped(clip):
+    state, metrics = train_step(init_state(tiny(f"optimizer.clip_grad={clip}")), random_batch(4, 32))
+    norm = float(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in state.model.parameters()])))
+    assert metrics["grad_norm"] > 1e-2   # so that clipping to 1e-3 shows
+    expected = 1e-3 if clip == "1e-3" else metrics["grad_norm"]
+    assert norm == pytest.approx(expected, rel=1e-4)

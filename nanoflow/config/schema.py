@@ -118,12 +118,26 @@ class OptimizerFactoryArgs:
     torch_adam_is_fused: bool = False
 
 
+def _clip_grad_valid(_instance, _attribute, value) -> None:
+    if value is not False and (isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0):
+        raise ValueError(CLIP_GRAD_EXPECTED + f", got {value!r}")
+
+
+CLIP_GRAD_EXPECTED = "expected the max gradient norm (a number > 0) or false for no clipping"
+
+
 @frozen
 class OptimizerArgs:
     learning_rate_scheduler: LRSchedulerArgs
     optimizer_factory: OptimizerFactoryArgs = Factory(OptimizerFactoryArgs)
     weight_decay: float = field(default=0.0, validator=[instance_of((int, float)), ge(0)])
-    clip_grad: Union[float, None] = field(default=1.0, validator=optional(positive_float))
+    # The max global gradient norm, or False for no clipping (nanotron's `clip_grad: null`; TOML has no null).
+    clip_grad: Union[float, Literal[False]] = field(default=1.0, validator=_clip_grad_valid)
+
+    @property
+    def max_grad_norm(self) -> Union[float, None]:
+        """The norm gradients are clipped to, or None when they are not clipped."""
+        return None if self.clip_grad is False else self.clip_grad
 
 
 @frozen
@@ -353,8 +367,19 @@ def _structure_rope_scaling(value, _cls):
     return converter.structure(value, RopeScalingArgs)
 
 
+def _structure_clip_grad(value, _cls):
+    if value is True:
+        raise TypeError("true is not a max norm: give the max gradient norm (e.g. 1.0), or false for no clipping")
+    if value is False:
+        return False
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(CLIP_GRAD_EXPECTED + f", got {value!r}")
+    return float(value)
+
+
 converter.register_structure_hook(Union[str, list[str]], _structure_names)
 converter.register_structure_hook(Union[RopeScalingArgs, None], _structure_rope_scaling)
+converter.register_structure_hook(Union[float, Literal[False]], _structure_clip_grad)
 converter.register_structure_hook(Union[str, dict[str, float]], _structure_datasets)
 converter.register_structure_hook(Union[list[float], None], _structure_weights)
 converter.register_structure_hook(Union[DatasetArgs, NanosetDatasetsArgs], _structure_dataset)
