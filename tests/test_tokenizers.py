@@ -15,30 +15,14 @@ import numpy as np
 import pytest
 import transformers
 
-from data_helpers import stage, write_config
+from data_helpers import EOT_TEXTS, eot_tokenizer, stage, write_config
 from nanoflow.config import load_config
 from nanoflow.data import TokenFolder, TokenizerError, load_run_tokenizer, load_tokenizer, open_stage
 from nanoflow.io import export_hf
 from nanoflow.loop import train
 
 ROOT = Path(__file__).resolve().parent.parent
-TEXTS = ["def f(x): return x + 1", "1+2=3 and 4+5=9", "the quick brown fox jumps over the lazy dog"]
-
-
-def eot_tokenizer(path: Path) -> Path:
-    """A byte-level BPE tokenizer.json, trained here, whose specials are <BOT> (id 0) and <EOT> (id 1): no
-    spelling nanoflow knows."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=280, special_tokens=["<BOT>", "<EOT>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(TEXTS * 20, trainer)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tok.save(str(path))
-    return path
+TEXTS = EOT_TEXTS
 
 
 @pytest.fixture

@@ -187,6 +187,8 @@ def check_folder_tokenizer(tokens: TokenFolder, tokenizer: Tokenizer, where: str
     not by how it was named; a name that cannot be resolved here passes only when listed in accepted_names."""
     recorded = recorded_tokenizer(tokens)
     shown = f'"{tokens.tokenizer_name}"'
+    again = f"bin/prepare --tokenizer {tokenizer.name}" + (
+        f' --eos-token "{tokenizer.eos_token}"' if tokenizer.args.eos_token is not None else "")
     if recorded is None:
         if tokens.tokenizer_name in accepted_names:
             message = (f"{where}: tokenized with {shown}, which cannot be resolved here; taken as this run's "
@@ -197,13 +199,15 @@ def check_folder_tokenizer(tokens: TokenFolder, tokenizer: Tokenizer, where: str
             f"{where}: tokenized with {shown}, a name that cannot be resolved on this machine (no such file or "
             f"folder, not in the local HF cache), so nanoflow cannot check that it is this run's tokenizer "
             f"({tokenizer.name}). If it is, add it to [tokenizer] accept_recorded_names = [{shown}]; if not, "
-            f"tokenize the data again with bin/prepare --tokenizer {tokenizer.name}")
+            f"tokenize the data again with {again}")
     if recorded["fingerprint"] != tokenizer.fingerprint:
+        what = ("the built-in byte tokenizer" if recorded["fingerprint"] == "bytes"
+                else f"{recorded['how']}: content {recorded['fingerprint'][:19]}")
+        ours = "" if tokenizer.fingerprint == "bytes" else f" (content {tokenizer.fingerprint[:19]})"
         raise TokenFolderError(
-            f"{where}: tokenized with {shown} ({recorded['how']}: content {recorded['fingerprint'][:19]}), which is "
-            f"not this run's tokenizer {tokenizer.name} (content {tokenizer.fingerprint[:19]}); set "
-            f"tokenizer.tokenizer_name_or_path to the tokenizer the folder was written with, or tokenize the data "
-            f"again with bin/prepare --tokenizer {tokenizer.name}")
+            f"{where}: tokenized with {shown} ({what}), which is not this run's tokenizer {tokenizer.name}{ours}; "
+            f"set tokenizer.tokenizer_name_or_path to the tokenizer the folder was written with, or tokenize the "
+            f"data again with {again}")
     if recorded["eos_id"] is not None and recorded["eos_id"] != tokenizer.eos_id:
         raise TokenFolderError(
             f"{where}: its documents end with token id {recorded['eos_id']} ({MANIFEST}), but this run's end-of-text "
