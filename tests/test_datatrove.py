@@ -89,9 +89,9 @@ def test_datatrove_reads_bin_prepare_output_token_for_token(tmp_path):
     texts = documents(50, seed=1)
     docs = tmp_path / "docs.jsonl"
     docs.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
-    result = subprocess.run([sys.executable, str(ROOT / "bin" / "prepare"), str(docs), "--output", str(tmp_path / "out"),
-                             "--tokenizer", str(tokenizer), "--eos-token", "<EOT>", "--docs-per-shard", "20",
-                             "--num-proc", "2"], capture_output=True, text=True, timeout=300)
+    result = subprocess.run([sys.executable, str(ROOT / "bin" / "prepare"), str(docs),
+                             "--output", str(tmp_path / "out"), "--tokenizer", str(tokenizer), "--eos-token", "<EOT>",
+                             "--docs-per-shard", "20", "--num-proc", "2"], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
 
     seq = 8

@@ -113,7 +113,8 @@ def test_bin_prepare_with_a_non_standard_eos(tmp_path, eot_json):
 
 
 def eot_config(tmp_path: Path, tokenizer: Path, *extra: str, stages=None, name="run.toml"):
-    stages = stages or [stage("pretrain", 1, {"hf_dataset_or_datasets": "text", "hf_data_files": str(ROOT / "README.md")})]
+    readme = {"hf_dataset_or_datasets": "text", "hf_data_files": str(ROOT / "README.md")}
+    stages = stages or [stage("pretrain", 1, readme)]
     path = write_config(tmp_path, stages, tokenizer=str(tokenizer), train_steps=2, name=name)
     path.write_text(path.read_text().replace("[tokenizer]\n", "[tokenizer]\n" + "".join(f"{e}\n" for e in extra)))
     return path
