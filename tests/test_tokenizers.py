@@ -173,3 +173,14 @@ def test_export_declares_the_real_special_tokens(tmp_path, eot_json):
     loaded = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf-bare")
     assert (loaded.eos_token, loaded.eos_token_id) == ("<EOT>", 1)
     assert json.loads((tmp_path / "hf-bare" / "config.json").read_text())["eos_token_id"] == 1
+
+
+def test_accept_recorded_names_is_a_list_of_names(tmp_path, eot_json):
+    from nanoflow.config import ConfigError
+
+    path = eot_config(tmp_path, eot_json, 'eos_token = "<EOT>"', 'accept_recorded_names = "gpt2"')
+    with pytest.raises(ConfigError, match=r'tokenizer.accept_recorded_names: expected a list of names, got \'gpt2\' '
+                                          r'\(write \["gpt2"\]\)'):
+        load_config(path)
+    listed = eot_config(tmp_path, eot_json, 'eos_token = "<EOT>"', 'accept_recorded_names = ["gpt2"]', name="ok.toml")
+    assert load_config(listed).tokenizer.accept_recorded_names == ["gpt2"]

@@ -293,6 +293,16 @@ def _structure_paths(value, _cls):
 converter.register_structure_hook(Union[str, list[str], None], _structure_paths)
 
 
+def _structure_name_list(value, _cls):
+    if value is None or (isinstance(value, list) and all(isinstance(v, str) for v in value)):
+        return value
+    raise TypeError(f"expected a list of names, got {value!r}" + (f' (write ["{value}"])' if isinstance(value, str)
+                                                                    else ""))
+
+
+converter.register_structure_hook(Union[list[str], None], _structure_name_list)
+
+
 def _structure_names(value, _cls):
     if isinstance(value, str) or (isinstance(value, list) and value and all(isinstance(v, str) for v in value)):
         return value
