@@ -93,7 +93,7 @@ def eot_tokenizer(path: Path, vocab_size: int = 280) -> Path:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<BOT>", "<EOT>"],
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<BOT>", "<EOT>"], show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator(EOT_TEXTS * 20, trainer)
     path.parent.mkdir(parents=True, exist_ok=True)
