@@ -36,8 +36,9 @@ def train_main(argv: list[str] | None = None) -> int:
     try:
         config = load_config(args.config, args.overrides)
         if args.plan:
+            from nanoflow.data.tokenizer import load_run_tokenizer
             from nanoflow.plan import render_plan
-            print(render_plan(config))
+            print(render_plan(config, load_run_tokenizer(config)))
             return 0
         # The training machinery, once the config is known to be good.
         from nanoflow.io import CheckpointError
@@ -106,18 +107,25 @@ def prepare_main(argv: list[str] | None = None) -> int:
                         help="text files (one document each), jsonl/json/csv/parquet/arrow files (one per row), a "
                              "folder saved with Dataset.save_to_disk, or a hub dataset name; read in this order")
     parser.add_argument("--output", required=True, metavar="FOLDER", help="the token folder to write")
-    parser.add_argument("--tokenizer", default="bytes", help='"bytes" (default) or a tokenizer.json')
+    parser.add_argument("--tokenizer", default="bytes",
+                        help='"bytes" (default), a tokenizer.json, or an HF model or tokenizer folder holding one')
+    parser.add_argument("--eos-token", metavar="TOKEN",
+                        help="the end-of-text token each document ends with (default: the folder's "
+                             "tokenizer_config.json, else a special token such as <|endoftext|> or </s>)")
     parser.add_argument("--text-column", default="text", help='the column of jsonl/parquet/... inputs (default "text")')
     parser.add_argument("--num-proc", type=int, default=None, help="tokenizing processes (default: one per CPU)")
     parser.add_argument("--docs-per-shard", type=int, default=None, help="documents per .ds file (default 50000)")
     args = parser.parse_args(argv)
 
-    from nanoflow.data.prepare import DOCS_PER_SHARD, PrepareError, prepare
-    from nanoflow.data.tokens import TokenFolderError
+    from nanoflow.data.prepare import DOCS_PER_SHARD, prepare
     try:
-        summary = prepare(args.inputs, args.output, tokenizer=args.tokenizer, text_column=args.text_column,
-                          num_proc=args.num_proc, docs_per_shard=args.docs_per_shard or DOCS_PER_SHARD)
-    except (PrepareError, TokenFolderError, FileNotFoundError) as e:
+        summary = prepare(args.inputs, args.output, tokenizer=args.tokenizer, eos_token=args.eos_token,
+                          text_column=args.text_column, num_proc=args.num_proc,
+                          docs_per_shard=args.docs_per_shard or DOCS_PER_SHARD)
+    except NanoflowError as e:      # a bad input, a tokenizer problem, a folder of another preparation
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_status
+    except FileNotFoundError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
     resumed = f" ({summary['resumed']} already done by an earlier run)" if summary["resumed"] else ""

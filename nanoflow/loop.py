@@ -19,8 +19,8 @@ from typing import TextIO
 import torch
 
 from nanoflow import io
-from nanoflow.config import Config, ConfigError, unreached_stages
-from nanoflow.data import load_tokenizer, open_stage
+from nanoflow.config import Config, unreached_stages
+from nanoflow.data import check_stages, load_run_tokenizer, open_stage
 from nanoflow.parallel import SINGLE, Topology, broadcast_object, device, init_topology
 from nanoflow.schedule import TrainingMetadata, active_stage, resume_point, stage_steps
 from nanoflow.snapshot import checkpoint_blocks, read_on_every_rank, restore_state
@@ -48,10 +48,7 @@ def train(config: Config, *, fresh: bool = False, until_step: int | None = None,
     topology = init_topology(config) if topology is None else topology
     if not topology.is_main:
         out = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the process
-    tokenizer = load_tokenizer(config.tokenizer.tokenizer_name_or_path)
-    if tokenizer.vocab_size > config.model.vocab_size:
-        raise ConfigError(f"model.vocab_size = {config.model.vocab_size} is smaller than the tokenizer's "
-                          f"vocabulary ({tokenizer.vocab_size}, {config.tokenizer.tokenizer_name_or_path})")
+    tokenizer = load_run_tokenizer(config)
     for name in unreached_stages(config):
         print(f'warning: stage "{name}" starts after train_steps = {config.tokens.train_steps}: not reached',
               file=out)
@@ -64,7 +61,7 @@ def train(config: Config, *, fresh: bool = False, until_step: int | None = None,
     directory = run_dir(config)
     if topology.is_main:
         directory.mkdir(parents=True, exist_ok=True)
-    _check_stages_ahead(config, schedule, state.step, tokenizer)
+    _check_stages_ahead(config, schedule, state.step, tokenizer, out)
     report = Progress(schedule.train_steps, state.step, out, progress, config.logging.iteration_step_info_interval)
     stop = StopRequest(topology)
     loader, loader_index = None, None
@@ -101,13 +98,13 @@ def train(config: Config, *, fresh: bool = False, until_step: int | None = None,
     return state
 
 
-def _check_stages_ahead(config: Config, schedule, completed: int, tokenizer) -> None:
-    """Open, and close again, the data of every later stage this run reaches: a missing column, a short
-    or truncated file or a wrong tokenizer there stops the run before its next step, not at the stage
-    switch hours in. (The current stage's data opens right after, for the step itself.)"""
-    for index in range(active_stage(schedule, completed + 1) + 1, len(schedule.stages)):
-        if stage_steps(schedule, index):
-            open_stage(config, index, tokenizer, schedule).close()
+def _check_stages_ahead(config: Config, schedule, completed: int, tokenizer, out: TextIO) -> None:
+    """Open, and close again, the data of the current stage and of every later one this run reaches: a missing
+    column, a short or truncated file or a wrong tokenizer there stops the run before its next step, not at the
+    stage switch hours in, and the problems of all of them come in one error."""
+    stages = [index for index in range(active_stage(schedule, completed + 1), len(schedule.stages))
+              if stage_steps(schedule, index)]
+    check_stages(config, stages, tokenizer, schedule, log=lambda message: print(message, file=out))
 
 
 def save(state: TrainState) -> str:

@@ -9,7 +9,8 @@ from nanoflow.lr import lr_at
 from nanoflow.schedule import Schedule, consumed_samples, consumed_tokens, stage_steps
 
 
-def render_plan(config: Config) -> str:
+def render_plan(config: Config, tokenizer=None) -> str:
+    """The plan; with the run's loaded `tokenizer`, a line naming it and its special tokens."""
     schedule = Schedule.from_config(config)
     samples = consumed_samples(schedule, schedule.train_steps)
     tokens = consumed_tokens(schedule, schedule.train_steps)
@@ -38,6 +39,7 @@ def render_plan(config: Config) -> str:
         + (" (sequence parallel)" if config.parallelism.tp_mode == "REDUCE_SCATTER" else ""),
         f"model: {model.num_hidden_layers} layers × {model.hidden_size} hidden, {model.num_attention_heads} heads "
         f"({model.num_key_value_heads} kv), vocab {model.vocab_size}, {model.dtype}",
+        *([_tokenizer_line(tokenizer)] if tokenizer is not None else []),
         "",
         line(header),
         line(["─" * w for w in widths]),
@@ -55,3 +57,9 @@ def _shown_path(path: str) -> str:
         return path
     relative = os.path.relpath(path)
     return relative if len(relative) < len(path) else path
+
+
+def _tokenizer_line(tokenizer) -> str:
+    bos = f", bos {tokenizer.bos_token} = {tokenizer.bos_id}" if tokenizer.bos_token is not None else ""
+    return f"tokenizer: {_shown_path(tokenizer.name)}, {tokenizer.vocab_size:,} ids, eos {tokenizer.eos_token} = " \
+           f"{tokenizer.eos_id}{bos}"

@@ -80,3 +80,22 @@ def write_config(tmp_path: Path, stages: list[dict], *, sequence_length: int = 1
 
 def load(tmp_path: Path, stages: list[dict], overrides=(), **kwargs):
     return load_config(write_config(tmp_path, stages, **kwargs), list(overrides))
+
+
+EOT_TEXTS = ["def f(x): return x + 1", "1+2=3 and 4+5=9", "the quick brown fox jumps over the lazy dog"]
+
+
+def eot_tokenizer(path: Path, vocab_size: int = 280) -> Path:
+    """A byte-level BPE tokenizer.json, trained here with `tokenizers`, whose specials are <BOT> (id 0) and <EOT>
+    (id 1): spellings nanoflow does not know."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<BOT>", "<EOT>"], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(EOT_TEXTS * 20, trainer)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tok.save(str(path))
+    return path

@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 
 from nanoflow.config import load_config
 from nanoflow.data import (
-    IGNORE_INDEX, ByteTokenizer, HFTokenizer, PackedText, SFTExamples, expand_data_files, load_tokenizer,
-    open_stage, sample_order,
+    IGNORE_INDEX, ByteTokenizer, HFTokenizer, PackedText, SFTExamples, TokenizerError, expand_data_files,
+    load_tokenizer, open_stage, sample_order,
 )
 from nanoflow.schedule import Schedule
 
@@ -63,13 +63,13 @@ def test_hf_tokenizer_finds_eos_and_round_trips(tmp_path):
 
 def test_hf_tokenizer_without_eos_names_the_file(tmp_path):
     path = write_word_level_tokenizer(tmp_path / "no_eos.json", ["<pad>"])
-    with pytest.raises(ValueError, match="no_eos.json.*end-of-text"):
+    with pytest.raises(TokenizerError, match=r"no_eos.json.*end-of-text.*tokenizer\] eos_token"):
         HFTokenizer(path)
 
 
 def test_load_tokenizer_bytes_and_missing_path(tmp_path):
     assert isinstance(load_tokenizer("bytes"), ByteTokenizer)
-    with pytest.raises(FileNotFoundError, match="nowhere.json"):
+    with pytest.raises(TokenizerError, match="nowhere.json"):     # a ConfigError: exit status 2, no traceback
         load_tokenizer(tmp_path / "nowhere.json")
 
 

@@ -10,7 +10,6 @@ import pytest
 from data_helpers import BYTES, EOS, documents, load, stage, write_folder
 from nanoflow.config import ConfigError
 from nanoflow.data import DataError, PackedText, TokenFolder, TokenFolderError, open_stage, write_token_file
-from nanoflow.data.tokens import same_tokenizer, tokenizer_id
 
 
 def test_writer_follows_the_documented_layout(tmp_path):
@@ -60,14 +59,6 @@ def test_reads_a_datatrove_folder_written_from_the_format(tmp_path, first_line, 
     assert "00001_unshuffled.ds at token 0" in windows.locate(1) or "00000_unshuffled.ds" in windows.locate(1)
 
 
-def test_tokenizer_names_match_by_id_or_hub_name(tmp_path):
-    (tmp_path / "gpt2").mkdir()
-    hf = type("Tok", (), {"name": str(tmp_path / "gpt2" / "tokenizer.json")})()
-    assert tokenizer_id(hf) == "gpt2" and tokenizer_id(BYTES) == "bytes"
-    assert same_tokenizer("gpt2", hf) and same_tokenizer("openai-community/gpt2", hf)
-    assert not same_tokenizer("llama", hf) and not same_tokenizer("gpt2", BYTES)
-
-
 # ---------------------------------------------------------------------------------------------
 # Checks against the run, at load time
 
@@ -85,7 +76,7 @@ def test_a_folder_of_another_tokenizer_is_refused_before_step_1(tmp_path):
     write_folder(tmp_path / "gpt2", documents(np.random.default_rng(0), 20, 0, 200), tokenizer_name="gpt2")
     config = load(tmp_path, [folder_stage(tmp_path / "gpt2")])
     with pytest.raises(TokenFolderError, match=r'stage "pretrain" \(dataset_folder .*gpt2\): tokenized with "gpt2", '
-                                               r'but this run\'s tokenizer is "bytes"'):
+                                               r'.*this run\'s tokenizer \(?bytes'):
         open_stage(config, 0, BYTES)
 
 

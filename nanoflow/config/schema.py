@@ -76,7 +76,15 @@ class ModelArgs:
 
 @frozen
 class TokenizerArgs:
-    tokenizer_name_or_path: str = "bytes"   # the built-in byte tokenizer, or a tokenizer.json
+    # "bytes" (the built-in byte tokenizer), a tokenizer.json, or an HF model / tokenizer folder holding one
+    tokenizer_name_or_path: str = "bytes"
+    # The end-of-text token every document ends with, and the BOS an export declares; unset: the folder's
+    # tokenizer_config.json, else a special token with a common spelling (<|endoftext|>, </s>, ...).
+    eos_token: Union[str, None] = None
+    bos_token: Union[str, None] = None
+    # Tokenizer names recorded in token folders (.ds.metadata) that cannot be resolved here (a hub name, a path
+    # on another machine) and are to be taken as this tokenizer; each acceptance is logged.
+    accept_recorded_names: Union[list[str], None] = None
 
 
 @frozen
@@ -314,6 +322,16 @@ def _structure_paths(value, _cls):
 
 
 converter.register_structure_hook(Union[str, list[str], None], _structure_paths)
+
+
+def _structure_name_list(value, _cls):
+    if value is None or (isinstance(value, list) and all(isinstance(v, str) for v in value)):
+        return value
+    raise TypeError(f"expected a list of names, got {value!r}" + (f' (write ["{value}"])' if isinstance(value, str)
+                                                                    else ""))
+
+
+converter.register_structure_hook(Union[list[str], None], _structure_name_list)
 
 
 def _structure_names(value, _cls):

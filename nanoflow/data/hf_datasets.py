@@ -207,11 +207,11 @@ def _sft_table(rows, prompt_column: str, completion_column: str, tokenizer: Toke
     return table
 
 
-def _tokenize_shard(rows, kind: str, columns: tuple[str, ...], tokenizer_name: str, sequence_length: int,
+def _tokenize_shard(rows, kind: str, columns: tuple[str, ...], tokenizer_args, sequence_length: int,
                     where: str) -> np.ndarray:
-    """Runs in a worker process: the tokenizer travels by name, the rows as `datasets` pickles them
+    """Runs in a worker process: the tokenizer travels as its [tokenizer] section, the rows as `datasets` pickles them
     (a reference to its memory-mapped Arrow files)."""
-    tokenizer = load_tokenizer(tokenizer_name)
+    tokenizer = load_tokenizer(tokenizer_args)
     if kind == "packed":
         return _packed_tokens(rows, columns[0], tokenizer, where)
     return _sft_table(rows, *columns, tokenizer, sequence_length, where)
@@ -230,7 +230,7 @@ def tokenize_rows(rows, kind: str, columns: tuple[str, ...], tokenizer: Tokenize
     shards = [rows.shard(num_shards=num_proc, index=i, contiguous=True) for i in range(num_proc)]
     with ProcessPoolExecutor(num_proc, mp_context=multiprocessing.get_context("spawn")) as pool:
         parts = list(pool.map(_tokenize_shard, shards, [kind] * num_proc, [columns] * num_proc,
-                              [tokenizer.name] * num_proc, [sequence_length] * num_proc, [where] * num_proc))
+                              [tokenizer.args] * num_proc, [sequence_length] * num_proc, [where] * num_proc))
     return np.concatenate(parts)
 
 
@@ -245,10 +245,7 @@ def _tokenize_shard_local(rows, kind, columns, tokenizer, sequence_length, where
 
 def tokenizer_fingerprint(tokenizer: Tokenizer) -> str:
     """"bytes", or a hash of the tokenizer.json's content (a tokenizer edited in place is a new tokenizer)."""
-    if tokenizer.name == "bytes":
-        return "bytes"
-    with open(tokenizer.name, "rb") as f:
-        return "sha256:" + hashlib.sha256(f.read()).hexdigest()
+    return tokenizer.fingerprint
 
 
 def _file_stats(paths) -> list:

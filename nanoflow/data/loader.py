@@ -23,7 +23,7 @@ raised by `batch_at` in the caller, naming the stage, the sample, the source and
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import attrs
@@ -133,7 +133,7 @@ class StageLoader:
         data = config.data_stages[index].data
         self.workers = data.num_loading_workers
         named = open_sources(data.dataset, self.stage.name, tokenizer, self.stage.sequence_length, cache_dir,
-                             self.vocab_size)
+                             self.vocab_size, config.tokenizer.accept_recorded_names or (), log)
         try:
             weights = [len(n.source) if n.weight is None else n.weight for n in named]
             self.blend = Blend(weights)
@@ -300,3 +300,20 @@ def open_stage(config, index: int, tokenizer: Tokenizer, schedule: Schedule | No
                *, cache_dir: str | None = None, log: Callable[[str], None] | None = None) -> StageLoader:
     """The loader of stage `index`; `log` receives the once-per-source epoch messages."""
     return StageLoader(config, index, tokenizer, schedule, cache_dir=cache_dir, log=log)
+
+
+def check_stages(config, indices: Iterable[int], tokenizer: Tokenizer, schedule: Schedule | None = None,
+                 *, cache_dir: str | None = None, log: Callable[[str], None] | None = None) -> None:
+    """Open, and close again, the data of each of these stages; the problems of all of them (a missing column, a
+    short or truncated file, a folder of another tokenizer) are raised together, as one DataInputError."""
+    problems = []
+    for index in indices:
+        try:
+            open_stage(config, index, tokenizer, schedule, cache_dir=cache_dir, log=log).close()
+        except DataInputError as e:
+            problems.append(e)
+    if len(problems) == 1:
+        raise problems[0]
+    if problems:
+        raise DataInputError(f"{len(problems)} stages cannot train on their data:\n  - "
+                             + "\n  - ".join(str(e) for e in problems))

@@ -30,19 +30,20 @@ from nanoflow.data.hf_datasets import (
     builder_for,
     tokenizer_fingerprint,
 )
+from nanoflow.config import TokenizerArgs
 from nanoflow.data.tokenizer import Tokenizer, load_tokenizer
 from nanoflow.data.tokens import (
+    MANIFEST,
     SUFFIX,
     TokenFolder,
     file_digest,
+    recorded_name,
     token_size_for,
-    tokenizer_id,
     write_atomically,
     write_token_file,
 )
 from nanoflow.errors import NanoflowError
 
-MANIFEST = "prepare.json"
 FORMAT = "nanoflow-prepare-1"
 DOCS_PER_SHARD = 50_000
 _SAVED_DATASET_MARKERS = ("dataset_info.json", "state.json", "dataset_dict.json")
@@ -124,9 +125,10 @@ def load_inputs(inputs: list[str], text_column: str = "text", cache_dir: str | N
     return groups[0] if len(groups) == 1 else datasets.concatenate_datasets(groups)
 
 
-def _prepare_shard(rows, start: int, stop: int, tokenizer_name: str, output: str, shard: str) -> tuple[str, dict]:
+def _prepare_shard(rows, start: int, stop: int, tokenizer_args: TokenizerArgs, output: str,
+                   shard: str) -> tuple[str, dict]:
     """Runs in a worker process: tokenize rows start..stop - 1 and write them as SHARD.ds (all or nothing)."""
-    tokenizer = load_tokenizer(tokenizer_name)
+    tokenizer = load_tokenizer(tokenizer_args)
     eos = [tokenizer.eos_id]
 
     def documents():
@@ -140,7 +142,7 @@ def _prepare_shard(rows, start: int, stop: int, tokenizer_name: str, output: str
             for ids in tokenizer.encode_batch(texts):
                 yield np.concatenate([ids, eos])
 
-    stats = write_token_file(output, shard, documents(), tokenizer_name=tokenizer_id(tokenizer),
+    stats = write_token_file(output, shard, documents(), tokenizer_name=recorded_name(tokenizer),
                              token_size=token_size_for(tokenizer.vocab_size))
     return shard, stats
 
@@ -149,12 +151,18 @@ def _write_manifest(output: str, manifest: dict) -> None:
     write_atomically(os.path.join(output, MANIFEST), (json.dumps(manifest, indent=1) + "\n").encode())
 
 
-def prepare(inputs: list[str], output: str, *, tokenizer: str | Tokenizer = "bytes", text_column: str = "text",
-            num_proc: int | None = None, docs_per_shard: int = DOCS_PER_SHARD, progress: bool | None = None,
-            out: TextIO = sys.stderr, cache_dir: str | None = None) -> dict:
-    """Tokenize `inputs` into the token folder `output`; returns the summary (documents, tokens, files, ...)."""
+def prepare(inputs: list[str], output: str, *, tokenizer: str | TokenizerArgs | Tokenizer = "bytes",
+            eos_token: str | None = None, text_column: str = "text", num_proc: int | None = None,
+            docs_per_shard: int = DOCS_PER_SHARD, progress: bool | None = None, out: TextIO = sys.stderr,
+            cache_dir: str | None = None) -> dict:
+    """Tokenize `inputs` into the token folder `output`; returns the summary (documents, tokens, files, ...).
+    `tokenizer`: a name or path (with `eos_token`, the end-of-text token to name), a [tokenizer] section, or a
+    loaded tokenizer."""
     started = time.perf_counter()
-    tokenizer = load_tokenizer(tokenizer) if isinstance(tokenizer, (str, os.PathLike)) else tokenizer
+    if isinstance(tokenizer, (str, os.PathLike)):
+        tokenizer = load_tokenizer(tokenizer, eos_token=eos_token)
+    elif isinstance(tokenizer, TokenizerArgs):
+        tokenizer = load_tokenizer(tokenizer)
     if docs_per_shard < 1:
         raise PrepareError(f"docs_per_shard must be at least 1, got {docs_per_shard}")
     rows = load_inputs(list(inputs), text_column, cache_dir)
@@ -164,8 +172,9 @@ def prepare(inputs: list[str], output: str, *, tokenizer: str | Tokenizer = "byt
         "format": FORMAT,
         "inputs": [_input_identity(name) for name in inputs],
         "text_column": text_column,
-        "tokenizer": tokenizer_id(tokenizer),
+        "tokenizer": recorded_name(tokenizer),
         "tokenizer_fingerprint": tokenizer_fingerprint(tokenizer),
+        "eos_id": tokenizer.eos_id,
         "token_size": token_size_for(tokenizer.vocab_size),
         "documents": len(rows),
         "docs_per_shard": docs_per_shard,
@@ -209,13 +218,13 @@ def prepare(inputs: list[str], output: str, *, tokenizer: str | Tokenizer = "byt
     try:
         if workers == 1:
             for shard, start, stop in todo:
-                name, stats = _prepare_shard(rows, start, stop, tokenizer.name, output, shard)
+                name, stats = _prepare_shard(rows, start, stop, tokenizer.args, output, shard)
                 done[name] = stats
                 _write_manifest(output, manifest)
                 bar.update(stats["documents"])
         else:
             with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-                running = {pool.submit(_prepare_shard, rows, start, stop, tokenizer.name, output, shard)
+                running = {pool.submit(_prepare_shard, rows, start, stop, tokenizer.args, output, shard)
                            for shard, start, stop in todo}
                 while running:
                     finished, running = wait(running, return_when=FIRST_COMPLETED)

@@ -11,6 +11,8 @@ run, or the next run over the same data, maps them in without tokenizing again. 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 import attrs
 import numpy as np
 
@@ -28,9 +30,9 @@ from nanoflow.data.tokens import (
     DataInputError,
     TokenFolder,
     TokenFolderError,
-    same_tokenizer,
+    MANIFEST,
+    recorded_tokenizer,
     token_size_for,
-    tokenizer_id,
 )
 
 IGNORE_INDEX = -100     # the label PyTorch's cross-entropy skips
@@ -179,24 +181,55 @@ def open_hf_source(spec: HFSpec, stage_name: str, tokenizer: Tokenizer, sequence
                       sequence_length, where)
 
 
+def check_folder_tokenizer(tokens: TokenFolder, tokenizer: Tokenizer, where: str, accepted_names: Sequence[str] = (),
+                           log: Callable[[str], None] | None = None) -> None:
+    """Whether `tokens` was written with `tokenizer`, decided by what the recorded tokenizer is (its content hash),
+    not by how it was named; a name that cannot be resolved here passes only when listed in accepted_names."""
+    recorded = recorded_tokenizer(tokens)
+    shown = f'"{tokens.tokenizer_name}"'
+    again = f"bin/prepare --tokenizer {tokenizer.name}" + (
+        f' --eos-token "{tokenizer.eos_token}"' if tokenizer.args.eos_token is not None else "")
+    if recorded is None:
+        if tokens.tokenizer_name in accepted_names:
+            message = (f"{where}: tokenized with {shown}, which cannot be resolved here; taken as this run's "
+                       f"tokenizer {tokenizer.name} because tokenizer.accept_recorded_names lists it")
+            (log or print)(f"note: {message}")
+            return
+        raise TokenFolderError(
+            f"{where}: tokenized with {shown}, a name that cannot be resolved on this machine (no such file or "
+            f"folder, not in the local HF cache), so nanoflow cannot check that it is this run's tokenizer "
+            f"({tokenizer.name}). If it is, add it to [tokenizer] accept_recorded_names = [{shown}]; if not, "
+            f"tokenize the data again with {again}")
+    if recorded["fingerprint"] != tokenizer.fingerprint:
+        what = ("the built-in byte tokenizer" if recorded["fingerprint"] == "bytes"
+                else f"{recorded['how']}: content {recorded['fingerprint'][:19]}")
+        ours = "" if tokenizer.fingerprint == "bytes" else f" (content {tokenizer.fingerprint[:19]})"
+        raise TokenFolderError(
+            f"{where}: tokenized with {shown} ({what}), which is not this run's tokenizer {tokenizer.name}{ours}; "
+            f"set tokenizer.tokenizer_name_or_path to the tokenizer the folder was written with, or tokenize the "
+            f"data again with {again}")
+    if recorded["eos_id"] is not None and recorded["eos_id"] != tokenizer.eos_id:
+        raise TokenFolderError(
+            f"{where}: its documents end with token id {recorded['eos_id']} ({MANIFEST}), but this run's end-of-text "
+            f'token "{tokenizer.eos_token}" is id {tokenizer.eos_id}; set tokenizer.eos_token to match, or tokenize '
+            "the data again")
+
+
 # A token folder's first tokens are checked against the model's vocabulary when it is opened (so a
 # folder from another tokenizer fails before step 1); every batch is checked again as it is read.
 _CHECKED_AT_OPEN = 1 << 16
 
 
 def open_token_folder(folder: str, stage_name: str, tokenizer: Tokenizer, sequence_length: int,
-                      vocab_size: int | None = None) -> PackedText:
+                      vocab_size: int | None = None, accepted_names: Sequence[str] = (),
+                      log: Callable[[str], None] | None = None) -> PackedText:
     """A token folder as packed windows, after checking that it was written for this run's tokenizer and model."""
     where = f'stage "{stage_name}" (dataset_folder {folder})'
     try:
         tokens = TokenFolder(folder, where)
     except TokenFolderError as e:
         raise TokenFolderError(str(e)) from None
-    if not same_tokenizer(tokens.tokenizer_name, tokenizer):
-        raise TokenFolderError(
-            f'{where}: tokenized with "{tokens.tokenizer_name}", but this run\'s tokenizer is "{tokenizer_id(tokenizer)}" '
-            f"({tokenizer.name}); set tokenizer.tokenizer_name_or_path to match, or tokenize the data again with "
-            f"bin/prepare --tokenizer {tokenizer.name}")
+    check_folder_tokenizer(tokens, tokenizer, where, accepted_names, log)
     expected = token_size_for(tokenizer.vocab_size)
     if tokens.token_size != expected:
         raise TokenFolderError(f"{where}: stores {tokens.token_size}-byte tokens, but the tokenizer's vocabulary of "
@@ -212,13 +245,15 @@ def open_token_folder(folder: str, stage_name: str, tokenizer: Tokenizer, sequen
 
 
 def open_sources(dataset: DatasetArgs | NanosetDatasetsArgs, stage_name: str, tokenizer: Tokenizer,
-                 sequence_length: int, cache_dir: str | None = None, vocab_size: int | None = None) -> list[NamedSource]:
+                 sequence_length: int, cache_dir: str | None = None, vocab_size: int | None = None,
+                 accepted_names: Sequence[str] = (), log: Callable[[str], None] | None = None) -> list[NamedSource]:
     """Every source of one stage, opened (HF ones tokenized or taken from the cache), in config order.
-    Sources of weight 0 are left out: they would never be read."""
+    Sources of weight 0 are left out: they would never be read. `accepted_names`: tokenizer.accept_recorded_names."""
     if isinstance(dataset, NanosetDatasetsArgs):
         weights = dataset.dataset_weights or [None] * len(dataset.folders)
         return [NamedSource(f"dataset_folder {folder}", dataset.source_key(folder), weight,
-                            open_token_folder(folder, stage_name, tokenizer, sequence_length, vocab_size))
+                            open_token_folder(folder, stage_name, tokenizer, sequence_length, vocab_size,
+                                              accepted_names, log))
                 for folder, weight in zip(dataset.folders, weights) if weight != 0]
     try:
         specs = hf_specs(dataset)

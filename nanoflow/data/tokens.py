@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import glob
 import hashlib
+import json
 import os
 import uuid
 from bisect import bisect_right
@@ -33,6 +34,7 @@ import numpy as np
 from nanoflow.config import ConfigError
 
 SUFFIX = ".ds"
+MANIFEST = "prepare.json"   # what bin/prepare records beside the token files it writes (data/prepare.py)
 
 
 class DataInputError(ConfigError):
@@ -56,23 +58,56 @@ def token_dtype(token_size: int) -> np.dtype:
     return np.dtype("<u2" if token_size == 2 else "<u4")
 
 
-def tokenizer_id(tokenizer) -> str:
-    """The name a token folder records for `tokenizer`: "bytes", or the name of the tokenizer.json's folder
-    (".../gpt2/tokenizer.json" -> "gpt2", as datatrove records the hub name), or the file's own stem."""
-    name = getattr(tokenizer, "name", str(tokenizer))
+def recorded_name(tokenizer) -> str:
+    """The tokenizer name bin/prepare records in .ds.metadata: "bytes", or the tokenizer's absolute path (its
+    tokenizer.json or its folder), as datatrove records the name or path it was given."""
+    return "bytes" if tokenizer.name == "bytes" else os.path.abspath(tokenizer.name)
+
+
+def _content_hash(path: str) -> str:
+    with open(path, "rb") as f:
+        return "sha256:" + hashlib.sha256(f.read()).hexdigest()
+
+
+def _hub_cached_tokenizer(name: str) -> str | None:
+    """The tokenizer.json of hub repository `name` in the local HF cache, if it is there (no network)."""
+    if name.startswith((".", "/", "~")) or name.count("/") > 1:
+        return None
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        found = try_to_load_from_cache(name, "tokenizer.json")
+    except Exception:  # noqa: BLE001 - not a valid repository name, or no huggingface_hub: not resolvable
+        return None
+    return found if isinstance(found, str) and os.path.isfile(found) else None
+
+
+def recorded_tokenizer(folder: TokenFolder) -> dict | None:
+    """What the tokenizer a folder was written with is, when this machine can tell: {"fingerprint", "how",
+    "eos_id" (or None)}. From the folder's prepare.json (bin/prepare records the tokenizer's content hash),
+    else from the recorded name: "bytes", a local tokenizer.json or a folder holding one, or a hub name whose
+    tokenizer.json is in the local HF cache. None: the name cannot be resolved here."""
+    manifest_path = os.path.join(folder.folder, MANIFEST)
+    if os.path.isfile(manifest_path):
+        try:
+            with open(manifest_path) as f:
+                manifest = json.load(f)
+        except (OSError, ValueError):
+            manifest = {}
+        if isinstance(manifest, dict) and isinstance(manifest.get("tokenizer_fingerprint"), str):
+            return {"fingerprint": manifest["tokenizer_fingerprint"], "how": MANIFEST, "eos_id": manifest.get("eos_id")}
+    name = folder.tokenizer_name
     if name == "bytes":
-        return name
-    base = os.path.basename(name)
-    if base == "tokenizer.json":
-        return os.path.basename(os.path.dirname(os.path.abspath(name))) or base
-    return base.removesuffix(".json")
-
-
-def same_tokenizer(recorded: str, tokenizer) -> bool:
-    """Whether a folder's recorded tokenizer name means `tokenizer`: the same id, or a hub name
-    ("openai-community/gpt2") whose last part is the id ("gpt2")."""
-    ours = tokenizer_id(tokenizer)
-    return recorded in (ours, getattr(tokenizer, "name", None)) or recorded.rsplit("/", 1)[-1] == ours
+        return {"fingerprint": "bytes", "how": "the built-in name", "eos_id": None}
+    path = os.path.join(name, "tokenizer.json") if os.path.isdir(name) else name
+    if not os.path.isfile(path):
+        path = _hub_cached_tokenizer(name)
+    if path is None:
+        return None
+    try:
+        return {"fingerprint": _content_hash(path), "how": path, "eos_id": None}
+    except OSError:
+        return None
 
 
 def _humanize(count: int) -> str:

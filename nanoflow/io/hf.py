@@ -26,6 +26,7 @@ import torch
 from safetensors.torch import save as save_safetensors  # for the {"format": "pt"} header transformers wants
 
 from nanoflow.config import ConfigError, hf_config_mismatches
+from nanoflow.errors import NanoflowError
 from nanoflow.io.checkpoint import CheckpointError
 from nanoflow.io.reader import CheckpointReader, open_checkpoint, read_checkpoint
 from nanoflow.io.store import Store, StoreError
@@ -37,10 +38,6 @@ INDEX = "model.safetensors.index.json"
 GENERATION_CONFIG = "generation_config.json"
 DEFAULT_MAX_SHARD_SIZE = 5_000_000_000   # bytes; transformers' own default for save_pretrained was 5 GB
 DTYPES = ("float32", "bfloat16", "float16")
-
-# Special-token spellings: the end-of-text ones nanoflow's tokenizers look for, and common BOS ones.
-BOS_TOKENS = ("<|begin_of_text|>", "<s>", "<bos>", "<|startoftext|>")
-
 
 class HFFormatError(CheckpointError):
     """A folder that is not a readable HF Llama folder."""
@@ -121,8 +118,9 @@ def export_hf(checkpoint_path: str, out_dir: str, *, max_shard_size: int = DEFAU
 
     store = Store(out_dir)
     files = _write_weights(store, tensors, max_shard_size)
-    tokenizer_name = meta["config"].get("tokenizer", {}).get("tokenizer_name_or_path", "bytes")
-    bos, eos, tokenizer_files = _write_tokenizer(store, tokenizer_name, model.get("max_position_embeddings", 2048))
+    tokenizer_section = meta["config"].get("tokenizer", {})
+    tokenizer_name = tokenizer_section.get("tokenizer_name_or_path", "bytes")
+    bos, eos, tokenizer_files = _write_tokenizer(store, tokenizer_section, model.get("max_position_embeddings", 2048))
     store.write(GENERATION_CONFIG, (json.dumps(generation_config(bos, eos), indent=2) + "\n").encode())
     config = hf_config(model, dtype=out_dtype, bos_token_id=bos, eos_token_id=eos)
     config["nanoflow"] = {"checkpoint": checkpoint.path, "step": meta["step"]}
@@ -158,41 +156,46 @@ def _write_weights(store: Store, tensors: dict[str, torch.Tensor], max_shard_siz
     return names + [INDEX]
 
 
-def _write_tokenizer(store: Store, name: str, max_length: int) -> tuple[int | None, int | None, list[str]]:
-    """Write tokenizer.json + tokenizer_config.json; returns (bos id, eos id, files written)."""
-    if name == "bytes":
-        text, bos, eos_token, eos = byte_tokenizer_json(), None, "<|endoftext|>", 256
-    else:
-        path = os.path.join(name, "tokenizer.json") if os.path.isdir(name) else name
-        try:
-            with open(path, "rb") as f:
-                raw = f.read()
-        except OSError as e:
-            import warnings
-            warnings.warn(f"the run's tokenizer {name} cannot be read ({e}); exporting without a tokenizer",
-                          stacklevel=3)
-            return None, None, []
-        text = raw.decode()
-        specials = {t["content"]: t["id"] for t in json.loads(text).get("added_tokens", []) if t.get("special")}
-        from nanoflow.data.tokenizer import EOS_TOKENS
-        eos_token = next((t for t in EOS_TOKENS if t in specials), None)
-        eos = specials.get(eos_token)
-        bos_token = next((t for t in BOS_TOKENS if t in specials), None)
-        bos = specials.get(bos_token)
+def _write_tokenizer(store: Store, tokenizer: dict | str, max_length: int) -> tuple[int | None, int | None, list[str]]:
+    """Write the run's tokenizer (its [tokenizer] section, or just its name) as tokenizer.json +
+    tokenizer_config.json naming its real end-of-text and BOS tokens; returns (bos id, eos id, files written).
+
+    A folder's own tokenizer_config.json is carried over (chat template, added tokens, ...) with the run's
+    special tokens and the model's length written over it."""
+    from nanoflow.data.tokenizer import TOKENIZER_CONFIG, load_tokenizer
+
+    section = {"tokenizer_name_or_path": tokenizer} if isinstance(tokenizer, str) else tokenizer
+    name = section.get("tokenizer_name_or_path", "bytes")
+    try:
+        loaded = load_tokenizer(name, eos_token=section.get("eos_token"), bos_token=section.get("bos_token"))
+        if loaded.path is None:
+            text, tokenizer_config = byte_tokenizer_json().encode(), {}
+        else:
+            with open(loaded.path, "rb") as f:
+                text = f.read()
+            own = os.path.join(name, TOKENIZER_CONFIG)
+            tokenizer_config = {}
+            if os.path.isdir(name) and os.path.isfile(own):
+                with open(own) as f:
+                    tokenizer_config = json.load(f)
+    except (NanoflowError, OSError, ValueError) as e:
+        import warnings
+        warnings.warn(f"the run's tokenizer {name} cannot be read ({e}); exporting without a tokenizer", stacklevel=3)
+        return None, None, []
     tokenizer_config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
-        "model_max_length": max_length,
         "clean_up_tokenization_spaces": False,
         "add_bos_token": False,
         "add_eos_token": False,
+        **tokenizer_config,
+        "model_max_length": max_length,
+        "eos_token": loaded.eos_token,
     }
-    if eos is not None:
-        tokenizer_config["eos_token"] = eos_token
-    if bos is not None:
-        tokenizer_config["bos_token"] = bos_token
-    store.write("tokenizer.json", text.encode())
-    store.write("tokenizer_config.json", (json.dumps(tokenizer_config, indent=2) + "\n").encode())
-    return bos, eos, ["tokenizer.json", "tokenizer_config.json"]
+    if loaded.bos_token is not None:
+        tokenizer_config["bos_token"] = loaded.bos_token
+    store.write("tokenizer.json", text)
+    store.write("tokenizer_config.json", (json.dumps(tokenizer_config, indent=2, ensure_ascii=False) + "\n").encode())
+    return loaded.bos_id, loaded.eos_id, ["tokenizer.json", "tokenizer_config.json"]
 
 
 def _bytes_to_unicode() -> dict[int, str]:
