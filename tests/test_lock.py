@@ -191,3 +191,108 @@ def test_a_bad_lease_setting_is_an_error(tmp_path, monkeypatch, value):
     monkeypatch.setenv(LEASE_ENV, value)
     with pytest.raises(CheckpointError, match=f"{LEASE_ENV} = '{value}'"):
         RunLock.acquire(str(tmp_path / "run"), run="x")
+
+
+# ---------------------------------------------------------------------------------------------
+# bin/train: the lock around a real run
+
+def train_command(tiny_toml: Path, url: str, *extra: str) -> list[str]:
+    return [sys.executable, str(ROOT / "bin" / "train"), str(tiny_toml), "--set",
+            f"checkpoints.checkpoints_path={json.dumps(url)}", "--set", "checkpoints.checkpoint_interval=2", *extra]
+
+
+def start_holder(tiny_toml: Path, url: str, cwd: Path, endpoint=None) -> subprocess.Popen:
+    """bin/train on `url`, returned once it holds the lock (its record names its pid)."""
+    process = subprocess.Popen(train_command(tiny_toml, url), cwd=cwd, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and process.poll() is None:
+        try:
+            if (read_lock(url, endpoint) or {}).get("pid") == process.pid:
+                return process
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.1)
+    process.kill()
+    raise AssertionError(f"bin/train never took the lock: {process.communicate()}")
+
+
+def metrics_steps(folder: Path) -> list[int]:
+    return [json.loads(line)["step"] for line in (folder / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.slow
+def test_two_launches_on_one_run_folder(root, tiny_toml, reference, tmp_path):
+    url, endpoint = root
+    first = start_holder(tiny_toml, url, tmp_path, endpoint)
+    os.kill(first.pid, signal.SIGSTOP)  # busy mid-run, whatever the machine's load
+    try:
+        # A double submit, with another config: refused at once, naming the holder, writing nothing.
+        second = subprocess.run(train_command(tiny_toml, url, "--set", "general.seed=3"), cwd=tmp_path,
+                                capture_output=True, text=True, timeout=120)
+    finally:
+        os.kill(first.pid, signal.SIGCONT)
+    assert second.returncode == 2, second.stdout + second.stderr
+    for part in (f"{url}/{LOCK}", f"pid {first.pid} on host {HOST}", "run 'tiny'"):
+        assert part in second.stderr, (part, second.stderr)
+    assert "Traceback" not in second.stderr and "step" not in second.stdout
+    out, err = first.communicate(timeout=120)
+    assert first.returncode == 0, out + err
+    assert f"done: {TRAIN_STEPS} steps" in out
+    # The first run's results are whole: one metrics line per step, in order, and the straight run's state.
+    assert metrics_steps(Path(url) if endpoint is None else tmp_path / "runs" / "tiny") == \
+        list(range(1, TRAIN_STEPS + 1))
+    assert_same(read_checkpoint(url).groups, reference)
+    assert read_lock(url, endpoint) is None  # released at the end
+
+
+@pytest.mark.slow
+def test_a_killed_run_does_not_block_the_next_launch(root, tiny_toml, reference, tmp_path):
+    url, endpoint = root
+    first = start_holder(tiny_toml, url, tmp_path, endpoint)
+    first.kill()  # SIGKILL: no clean-up at all
+    first.communicate()
+    assert read_lock(url, endpoint)["pid"] == first.pid
+    again = subprocess.run(train_command(tiny_toml, url), cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert f"warning: taking over {url}/{LOCK} from run 'tiny', pid {first.pid} on host {HOST}" in again.stdout
+    assert "its process is gone" in again.stdout
+    assert_same(read_checkpoint(url).groups, reference)
+    assert read_lock(url, endpoint) is None
+
+
+@pytest.mark.slow
+def test_plan_takes_no_lock_and_a_resume_only_reads_the_run_it_starts_from(tiny_toml, tmp_path):
+    source = tmp_path / "source"
+    done = subprocess.run(train_command(tiny_toml, str(source), "--set", "tokens.train_steps=2"), cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    lock = RunLock.acquire(str(source), run="busy")  # the source run is being written by someone else
+    try:
+        plan = subprocess.run(train_command(tiny_toml, str(source), "--plan"), capture_output=True, text=True,
+                              timeout=60)
+        assert plan.returncode == 0 and "pretrain" in plan.stdout, plan.stdout + plan.stderr
+        branch = subprocess.run(train_command(tiny_toml, str(tmp_path / "branch"), "--set", "tokens.train_steps=4",
+                                              "--set", f"checkpoints.resume_checkpoint_path={json.dumps(str(source))}"),
+                                cwd=tmp_path, capture_output=True, text=True, timeout=120)
+        assert branch.returncode == 0, branch.stdout + branch.stderr
+        assert f"resuming from {source}/2" in branch.stdout
+        assert read_lock(str(source))["run"] == "busy"  # untouched
+    finally:
+        lock.release()
+
+
+@pytest.mark.slow
+def test_under_torchrun_every_rank_fails_with_the_holders_name(tmp_path):
+    from test_parallel import run as torchrun
+
+    url = tmp_path / "run"
+    lock = RunLock.acquire(str(url), run="holder")
+    try:
+        result = torchrun("dp2", url, timeout=180)
+    finally:
+        lock.release()
+    assert result.returncode != 0
+    assert result.stderr.count(f"{url}/{LOCK} is held by run 'holder', pid {os.getpid()}") == 2, result.stderr
+    assert "]: Traceback" not in result.stderr
+    assert not (url / "metrics.jsonl").exists() and not [p for p in url.iterdir() if p.name != LOCK]
