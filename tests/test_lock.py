@@ -296,3 +296,20 @@ def test_under_torchrun_every_rank_fails_with_the_holders_name(tmp_path):
     assert result.stderr.count(f"{url}/{LOCK} is held by run 'holder', pid {os.getpid()}") == 2, result.stderr
     assert "]: Traceback" not in result.stderr
     assert not (url / "metrics.jsonl").exists() and not [p for p in url.iterdir() if p.name != LOCK]
+
+
+@pytest.mark.slow
+def test_a_run_stopped_by_sigterm_releases_the_lock(tiny_toml, tmp_path):
+    url = tmp_path / "run"
+    first = start_holder(tiny_toml, str(url), tmp_path)
+    deadline = time.monotonic() + 90
+    while not (url / "metrics.jsonl").exists() or not (url / "metrics.jsonl").read_text():  # in the loop
+        assert time.monotonic() < deadline and first.poll() is None
+        time.sleep(0.1)
+    first.send_signal(signal.SIGTERM)
+    out, err = first.communicate(timeout=120)
+    assert "stopped by SIGTERM" in out, out + err
+    assert read_lock(str(url)) is None
+    again = subprocess.run(train_command(tiny_toml, str(url)), cwd=tmp_path, capture_output=True, text=True,
+                           timeout=120)
+    assert again.returncode == 0 and "taking over" not in again.stdout, again.stdout + again.stderr

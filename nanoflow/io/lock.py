@@ -94,6 +94,8 @@ class RunLock:
 
     def release(self) -> str | None:
         """Give the lock up: the record goes only if it is still ours. Returns why it was not ours, if it was not."""
+        if self._stopped.is_set():  # released already
+            return self._lost
         self._stopped.set()
         self._heartbeat.join()
         _HELD.pop(self.store.root, None)
