@@ -7,6 +7,7 @@ one JSON line in metrics.jsonl.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -21,6 +22,7 @@ import torch
 from nanoflow import io
 from nanoflow.config import Config, unreached_stages
 from nanoflow.data import check_stages, load_run_tokenizer, open_stage
+from nanoflow.errors import NanoflowError
 from nanoflow.parallel import SINGLE, Topology, broadcast_object, device, init_topology
 from nanoflow.schedule import TrainingMetadata, active_stage, resume_point, stage_steps
 from nanoflow.snapshot import checkpoint_blocks, read_on_every_rank, restore_state
@@ -43,9 +45,44 @@ def train(config: Config, *, fresh: bool = False, until_step: int | None = None,
 
     Saves every checkpoint_interval steps, at the end, when a stop signal arrives, and after
     `until_step` (stop there, as a planned interruption, without changing the schedule). Under
-    torchrun every rank runs this; only rank 0 prints and writes metrics.jsonl.
+    torchrun every rank runs this; only rank 0 prints and writes metrics.jsonl. The run folder's
+    lock (io/lock.py) is held from before anything is read until the end, or the error.
     """
     topology = init_topology(config) if topology is None else topology
+    with run_lock(config, topology, out):
+        return _train(config, fresh=fresh, until_step=until_step, out=out, progress=progress, topology=topology)
+
+
+@contextlib.contextmanager
+def run_lock(config: Config, topology: Topology, out: TextIO):
+    """Rank 0 holds checkpoints_path's lock for the run; every rank fails together if it cannot."""
+    path, held = config.checkpoints.checkpoints_path, []
+    _on_main(topology, lambda: held.append(io.RunLock.acquire(path, run=config.general.run,
+                                                              say=lambda text: print(text, file=out, flush=True))))
+    try:
+        yield
+    finally:
+        for lock in held:
+            problem = lock.release()
+            if problem:
+                print(f"warning: {problem}", file=out)
+
+
+def _on_main(topology: Topology, action) -> None:
+    """Run `action` on rank 0; a NanoflowError it raises is raised on every rank (never a rank left waiting)."""
+    failure = None
+    if topology.is_main:
+        try:
+            action()
+        except NanoflowError as e:
+            failure = e
+    failure = broadcast_object(failure, topology)
+    if failure is not None:
+        raise failure
+
+
+def _train(config: Config, *, fresh: bool, until_step: int | None, out: TextIO, progress: bool | None,
+           topology: Topology) -> TrainState:
     if not topology.is_main:
         out = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the process
     tokenizer = load_run_tokenizer(config)
@@ -110,6 +147,7 @@ def _check_stages_ahead(config: Config, schedule, completed: int, tokenizer, out
 def save(state: TrainState) -> str:
     groups, info = checkpoint_blocks(state)
     checkpoints = state.config.checkpoints
+    _on_main(state.topology, lambda: io.confirm_held(checkpoints.checkpoints_path))  # still ours: renewed now
     return io.save_checkpoint(checkpoints.checkpoints_path, state.step, groups, info, keep=checkpoints.keep,
                               topology=state.topology)
 

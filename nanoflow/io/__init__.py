@@ -1,10 +1,10 @@
 """Checkpoint IO: the only package that reads or writes checkpoint bytes, on a local disk or on S3.
 
 `checkpoint` holds the layout, the commit protocol and how committed checkpoints are found;
-`reader` reads any box of a saved tensor by byte ranges, checking every shard it uses; `store`
-reaches a local folder or an s3:// prefix through smart_open; `tensorfile` writes and parses
-safetensors files without copies; `hf` exports checkpoints as transformers Llama folders and reads
-such folders back (for `[model] init_from`).
+`lock` keeps a run folder to one writer; `reader` reads any box of a saved tensor by byte ranges,
+checking every shard it uses; `store` reaches a local folder or an s3:// prefix through
+smart_open; `tensorfile` writes and parses safetensors files without copies; `hf` exports
+checkpoints as transformers Llama folders and reads such folders back (for `[model] init_from`).
 """
 
 from nanoflow.io.checkpoint import (
@@ -18,8 +18,9 @@ from nanoflow.io.checkpoint import (
     save_checkpoint,
 )
 from nanoflow.io.hf import export_hf, read_hf, read_init_weights
+from nanoflow.io.lock import LockLostError, RunLock, RunLockedError, confirm_held
 from nanoflow.io.reader import Checkpoint, CheckpointReader, open_checkpoint, read_checkpoint, read_model
 
 __all__ = ["Block", "Checkpoint", "CheckpointError", "CheckpointReader", "CheckpointWarning", "DamagedCheckpointError",
-           "checkpoints_to_try", "latest", "open_checkpoint", "read_checkpoint", "read_metadata", "read_model",
+           "LockLostError", "RunLock", "RunLockedError", "checkpoints_to_try", "confirm_held", "latest", "open_checkpoint", "read_checkpoint", "read_metadata", "read_model",
            "save_checkpoint", "export_hf", "read_hf", "read_init_weights"]

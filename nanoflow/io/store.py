@@ -7,7 +7,9 @@ from the standard AWS environment (AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID …).
 
 from __future__ import annotations
 
+import email.utils
 import os
+import threading
 
 import numpy
 import torch
@@ -192,6 +194,43 @@ class Store:
                 except OSError:
                     pass
 
+    # S3's conditional writes (for io/lock.py): S3 itself decides which of two racing requests wins.
+
+    def put_conditional(self, relative: str, data: bytes, *, etag: str | None) -> str | None:
+        """S3: write the object only if there is none (`etag` None: If-None-Match *) or it is still the
+        version `etag` (If-Match). Returns the new ETag, or None when the condition failed."""
+        condition = {"IfNoneMatch": "*"} if etag is None else {"IfMatch": etag}
+        return self._conditional("write", relative, lambda client, bucket, key: client.put_object(
+            Bucket=bucket, Key=key, Body=data, **condition)["ETag"])
+
+    def read_tagged(self, relative: str) -> tuple[bytes, str, float] | None:
+        """S3: (bytes, ETag, seconds since it was last written by the server's clock), or None when absent."""
+        def get(client, bucket, key):
+            response = client.get_object(Bucket=bucket, Key=key)
+            now = email.utils.parsedate_to_datetime(response["ResponseMetadata"]["HTTPHeaders"]["date"])
+            return response["Body"].read(), response["ETag"], (now - response["LastModified"]).total_seconds()
+        return self._conditional("read", relative, get)
+
+    def delete_conditional(self, relative: str, etag: str) -> bool:
+        """S3: delete the object only if it is still the version `etag`; False when it is not (or is gone)."""
+        return self._conditional("delete", relative, lambda client, bucket, key: client.delete_object(
+            Bucket=bucket, Key=key, IfMatch=etag)) is not None
+
+    def _conditional(self, what: str, relative: str, call):
+        from botocore.exceptions import ClientError
+
+        bucket, key = self._bucket_key(relative)
+        try:
+            return call(_conditional_client(), bucket, key)
+        except ClientError as e:
+            # 412: the condition failed; 409: a racing conditional request on the same key won; 404: absent.
+            if e.response.get("Error", {}).get("Code") in ("PreconditionFailed", "ConditionalRequestConflict",
+                                                           "NoSuchKey", "404"):
+                return None
+            raise StoreError(f"cannot {what} {self.url(relative)}: {e}") from e
+        except Exception as e:  # botocore's connection errors
+            raise StoreError(f"cannot {what} {self.url(relative)}: {e}") from e
+
     def _bucket_key(self, relative: str) -> tuple[str, str]:
         bucket, _, prefix = self.root[len("s3://"):].partition("/")
         key = "/".join(p for p in (prefix, relative) if p)
@@ -208,6 +247,22 @@ def _s3_client():
     import boto3  # smart_open[s3] brings it; it reads AWS_ENDPOINT_URL and credentials from the environment
 
     return boto3.client("s3")
+
+
+_conditional_clients: dict = {}
+_conditional_guard = threading.Lock()
+
+
+def _conditional_client():
+    """One client from its own boto3 Session: the lock's heartbeat thread uses it beside the main thread
+    (boto3's default session, which _s3_client builds clients from, is not thread-safe)."""
+    endpoint = os.environ.get("AWS_ENDPOINT_URL")
+    with _conditional_guard:
+        if endpoint not in _conditional_clients:
+            import boto3
+
+            _conditional_clients[endpoint] = boto3.session.Session().client("s3")
+        return _conditional_clients[endpoint]
 
 
 _CHUNK = 64 << 20
