@@ -2,7 +2,8 @@
 
 `checkpoint` holds the layout, the commit protocol and how committed checkpoints are found;
 `reader` reads any box of a saved tensor by byte ranges, checking every shard it uses; `store`
-reaches a local folder or an s3:// prefix through smart_open; `tensorfile` writes and parses
+reaches a local folder or an s3:// prefix (boto3, with bounded retries); `marker` seals and checks
+the commit marker; `tensorfile` writes and parses
 safetensors files without copies; `hf` exports checkpoints as transformers Llama folders and reads
 such folders back (for `[model] init_from`).
 """
