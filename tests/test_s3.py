@@ -288,7 +288,7 @@ def test_endpoint_stopped_mid_save_then_resume(s3_endpoint, s3_bucket, tiny_toml
     url = s3_bucket
     # The server dies as the trainer starts uploading step 4's optimizer file: step 2 is committed,
     # step 4's model file has landed, its optimizer file and metadata never will.
-    s3_endpoint.stop_when(lambda method, path: method == "POST" and path.endswith("/4/optimizer/rank00000.safetensors"))
+    s3_endpoint.stop_when(lambda method, path: method == "PUT" and path.endswith("/4/optimizer/rank00000.safetensors"))
     started = time.monotonic()
     result = bin_train(tiny_toml, url, tmp_path, fail_fast=True)
     assert result.returncode != 0, result.stdout + result.stderr
