@@ -15,6 +15,7 @@ import io
 import os
 import random
 import re
+import threading
 import time
 
 import attrs
@@ -191,26 +192,6 @@ class Store:
         stat = os.stat(self.url(relative))
         return f"{stat.st_size}:{stat.st_mtime_ns}:{stat.st_ino}"
 
-    def folders(self) -> list[str]:
-        """Names of the immediate sub-folders of the root."""
-        if not self.is_s3:
-            try:
-                return [e.name for e in os.scandir(self.root) if e.is_dir()]
-            except FileNotFoundError:
-                return []
-            except OSError as e:
-                raise StoreError(f"cannot list {self.root}: {e}") from e
-        return [relative.rstrip("/") for relative, o in self._listing("", delimiter=True) if o is None]
-
-    def files(self, folder: str) -> list[str]:
-        """Every object under `folder`, as paths relative to the root."""
-        if not self.is_s3:
-            found = []
-            for directory, _, names in os.walk(self.url(folder)):
-                found += [os.path.relpath(os.path.join(directory, n), self.root).replace(os.sep, "/") for n in names]
-            return found
-        return [relative for relative, _ in self._listing(folder + "/")]
-
     def delete(self, relatives: list[str]) -> None:
         """Delete these objects (one that is already gone is no error); on S3 in batches of 1,000 a request."""
         if not self.is_s3:
@@ -271,18 +252,13 @@ class Store:
         key = "/".join(p for p in (prefix, relative) if p)
         return bucket, key
 
-    def _listing(self, under: str, *, delimiter: bool = False):
-        """(path relative to the root, object) of each object whose relative path starts with `under`; with
-        `delimiter`, only those directly under the root, and (folder + "/", None) for each folder."""
+    def _listing(self, under: str):
+        """(path relative to the root, object) of each object whose relative path starts with `under`."""
         bucket, prefix = self._bucket_key("")
         start = len(prefix) + 1 if prefix else 0
         asked = {"Bucket": bucket, "Prefix": (prefix + "/" if prefix else "") + under}
-        if delimiter:
-            asked["Delimiter"] = "/"
         while True:
             page = self._s3(f"list {self.url(under)}", lambda c: c.list_objects_v2(**asked))  # noqa: B023
-            for folder in page.get("CommonPrefixes", []):
-                yield folder["Prefix"][start:], None
             for obj in page.get("Contents", []):
                 yield obj["Key"][start:], obj
             if not page.get("IsTruncated"):
@@ -373,18 +349,23 @@ def _explain(error: Exception, store: Store, client) -> str:
 
 
 _CLIENT: dict = {}
+_CLIENT_LOCK = threading.Lock()   # boto3's default session, which builds clients, is not thread-safe
 
 
 def _s3_client():
     """One boto3 client per process and AWS environment; it does not retry (Store._s3 does, within `retries()`)."""
     key = (os.getpid(), tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("AWS_"))))
-    if _CLIENT.get("key") != key:
-        import boto3  # reads AWS_ENDPOINT_URL and the credentials from the environment
-        from botocore.config import Config
+    with _CLIENT_LOCK:
+        return _CLIENT["client"] if _CLIENT.get("key") == key else _new_client(key)
 
-        config = Config(retries={"total_max_attempts": 1, "mode": "standard"}, connect_timeout=CONNECT_TIMEOUT,
-                        read_timeout=READ_TIMEOUT, max_pool_connections=32)
-        _CLIENT.update(key=key, client=boto3.client("s3", config=config))
+
+def _new_client(key):
+    import boto3  # reads AWS_ENDPOINT_URL and the credentials from the environment
+    from botocore.config import Config
+
+    config = Config(retries={"total_max_attempts": 1, "mode": "standard"}, connect_timeout=CONNECT_TIMEOUT,
+                    read_timeout=READ_TIMEOUT, max_pool_connections=32)
+    _CLIENT.update(key=key, client=boto3.client("s3", config=config))
     return _CLIENT["client"]
 
 
