@@ -1,7 +1,7 @@
 """A real S3 endpoint on loopback for the S3 tests: moto in server mode, in this process.
 
 `s3_endpoint` (session) starts moto's ThreadedMotoServer on 127.0.0.1 and a free port and points the
-standard AWS environment at it (AWS_ENDPOINT_URL, dummy credentials, region), so boto3 and smart_open —
+standard AWS environment at it (AWS_ENDPOINT_URL, dummy credentials, region), so boto3 —
 in this process and in any bin/train subprocess, which inherits the environment — talk to it and to
 nothing else. Everything is restored when the session ends. `s3_bucket` (function) creates a fresh
 bucket and yields an s3:// prefix inside it.
@@ -29,8 +29,8 @@ AWS_ENVIRONMENT = {
     "AWS_CONFIG_FILE": os.devnull,
     "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
     "AWS_EC2_METADATA_DISABLED": "true",
-    # A dead endpoint fails at once instead of being retried with back-off (boto3 clients built from the
-    # environment, i.e. io.py's own listing/deleting client; smart_open passes its own retry config).
+    # boto3 clients built from the environment do not retry; nanoflow's own client never does (its store
+    # retries each request itself, within a bound), so this concerns only the tests' other clients.
     "AWS_MAX_ATTEMPTS": "1",
     "AWS_RETRY_MODE": "standard",
 }
@@ -56,6 +56,8 @@ class S3Endpoint:
         self._stop_when = None
         self.stopped_by: str | None = None   # "METHOD PATH" of the request that stopped the server
         self.requests: list[tuple[str, str, str | None]] = []   # (method, path, Range header) of each request
+        self._faults: list[list] = []   # [predicate(method, path, query), answers left, status, S3 error code]
+        self.faulted = 0                # requests answered with an injected error so far
 
     @property
     def running(self) -> bool:
@@ -86,6 +88,20 @@ class S3Endpoint:
         self._stop_when = predicate
         self.stopped_by = None
 
+    def fail(self, times: int, predicate=lambda method, path, query: True, status: int = 503,
+             code: str = "SlowDown") -> None:
+        """Answer the next `times` requests with predicate(method, path, query) with an S3 error (by default
+        503 SlowDown, S3's throttling), as a real endpoint under load does; then serve normally again."""
+        self._faults.append([predicate, times, status, code])
+
+    def _fault(self, method: str, path: str, query: str):
+        for fault in self._faults:
+            if fault[1] > 0 and fault[0](method, path, query):
+                fault[1] -= 1
+                self.faulted += 1
+                return fault[2], fault[3]
+        return None
+
     def _middleware(self, app):
         endpoint = self
 
@@ -103,6 +119,15 @@ class S3Endpoint:
                 connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
                 connection.shutdown(socket.SHUT_RDWR)
                 raise ConnectionAbortedError("S3 test endpoint stopped")
+            fault = endpoint._fault(method, path, environ.get("QUERY_STRING", ""))
+            if fault is not None:
+                status, code = fault
+                body = (f'<?xml version="1.0" encoding="UTF-8"?><Error><Code>{code}</Code><Message>injected by '
+                        f'the test</Message><RequestId>0</RequestId></Error>').encode()
+                environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0))  # the request whole, then answer
+                start_response(f"{status} {code}", [("Content-Type", "application/xml"),
+                                                    ("Content-Length", str(len(body)))])
+                return [body]
             return app(environ, start_response)
 
         return wrapped
@@ -150,7 +175,9 @@ def s3_bucket(s3_endpoint):
     if not s3_endpoint.running:
         s3_endpoint.start()
     s3_endpoint.stop_when(None)
+    s3_endpoint._faults.clear()
     yield s3_endpoint.make_bucket()
     s3_endpoint.stop_when(None)
+    s3_endpoint._faults.clear()
     if not s3_endpoint.running:
         s3_endpoint.start()

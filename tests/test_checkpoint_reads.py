@@ -8,12 +8,17 @@ import re
 import pytest
 import torch
 
-from nanoflow.io import CheckpointReader, DamagedCheckpointError, read_checkpoint, save_checkpoint
+from nanoflow.io import checkpoint
+from nanoflow.io import CheckpointReader, CheckpointWarning, DamagedCheckpointError, read_checkpoint, save_checkpoint
 from nanoflow.io.reader import _HEAD_GUESS
 from nanoflow.io.store import Store, StoreError
 from nanoflow.io.tensorfile import header_length, parse_header
 
 MODEL = "model/rank00000.safetensors"
+
+
+def info(step: int) -> dict:
+    return {"training": {"completed": step}}
 
 
 def tensors() -> dict[str, torch.Tensor]:
@@ -30,7 +35,7 @@ def where(request, tmp_path):
     else:
         endpoint = request.getfixturevalue("s3_endpoint")
         root = request.getfixturevalue("s3_bucket")
-    save_checkpoint(root, 1, {"model": tensors()}, {})
+    save_checkpoint(root, 1, {"model": tensors()}, info(1))
     return root, endpoint
 
 
@@ -105,7 +110,7 @@ def test_damage_is_found_in_the_shard_that_holds_it(where):
 
 def test_a_header_changed_after_the_save_is_refused(tmp_path):
     root = str(tmp_path / "run")
-    save_checkpoint(root, 1, {"model": tensors()}, {})
+    save_checkpoint(root, 1, {"model": tensors()}, info(1))
     path = tmp_path / "run" / "1" / MODEL
     data = path.read_bytes()
     assert data.count(b'"shape":[3]') == 1
@@ -116,7 +121,7 @@ def test_a_header_changed_after_the_save_is_refused(tmp_path):
 
 def test_a_header_longer_than_the_first_read_is_read_whole(tmp_path):
     many = {f"layer{i}.weight": torch.full((3,), float(i)) for i in range(1200)}     # a header of > 64 KiB
-    save_checkpoint(str(tmp_path / "run"), 1, {"model": many}, {})
+    save_checkpoint(str(tmp_path / "run"), 1, {"model": many}, info(1))
     data = (tmp_path / "run" / "1" / MODEL).read_bytes()
     assert header_length(data) > _HEAD_GUESS
     reader = CheckpointReader(str(tmp_path / "run" / "1"))
@@ -127,7 +132,7 @@ def test_a_header_longer_than_the_first_read_is_read_whole(tmp_path):
 def test_retention_deletes_nothing_while_a_metadata_file_cannot_be_read(tmp_path, monkeypatch):
     root = str(tmp_path / "run")
     for step in (1, 2):
-        save_checkpoint(root, step, {"model": tensors()}, {})
+        save_checkpoint(root, step, {"model": tensors()}, info(step))
     read = Store.read
 
     def failing(self, relative):
@@ -136,8 +141,10 @@ def test_retention_deletes_nothing_while_a_metadata_file_cannot_be_read(tmp_path
         return read(self, relative)
 
     monkeypatch.setattr(Store, "read", failing)
-    save_checkpoint(root, 3, {"model": tensors()}, {}, keep=1)       # cannot tell when 1 was committed
+    monkeypatch.setattr(checkpoint, "_COMMITTED", {})                # a new process: no commit time known yet
+    with pytest.warns(CheckpointWarning, match="deleting no old checkpoint this time"):
+        save_checkpoint(root, 3, {"model": tensors()}, info(3), keep=1)   # cannot tell when 1 was committed
     assert sorted(p.name for p in (tmp_path / "run").iterdir() if p.name.isdigit()) == ["1", "2", "3"]
     monkeypatch.setattr(Store, "read", read)
-    save_checkpoint(root, 4, {"model": tensors()}, {}, keep=1)       # now it can: only the newest stays
+    save_checkpoint(root, 4, {"model": tensors()}, info(4), keep=1)       # now it can: only the newest stays
     assert sorted(p.name for p in (tmp_path / "run").iterdir() if p.name.isdigit()) == ["4"]

@@ -3,6 +3,7 @@
 import io as text_io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -13,6 +14,8 @@ import pytest
 import torch
 
 from nanoflow import io, load_config
+from nanoflow.io.marker import FORMAT, sealed
+from nanoflow.io.store import StoreError
 from nanoflow.loop import MetricsLog, start_state, train
 from nanoflow.lr import lr_at
 from nanoflow.schedule import ScheduleDriftError
@@ -179,9 +182,48 @@ def test_branching_from_an_older_step_replaces_later_steps_only_once_committed(t
 
 def test_retention_keeps_the_newest_and_removes_incomplete_steps(tmp_path):
     (tmp_path / "3" / "model").mkdir(parents=True)                  # a save that never committed
-    (tmp_path / "3" / "model" / "rank00000.safetensors").write_bytes(b"partial")
+    (tmp_path / "3" / ".nanoflow-save").write_text("a save of step 3 by nanoflow\n")
+    (tmp_path / "3" / "model" / "rank00000.safetensors.tmp-4242").write_bytes(b"partial")
     train(tiny(tmp_path, "checkpoints.keep=2", "checkpoints.checkpoint_interval=2"), out=quiet())
     assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == ["10", "12"]
+
+
+def test_nanoflow_deletes_only_what_it_wrote(tmp_path):
+    thesis = tmp_path / "2024" / "thesis.tex"                       # the user's, with a step-like name
+    thesis.parent.mkdir()
+    thesis.write_text("\\documentclass{article}")
+    notes = tmp_path / "4" / "notes.txt"                            # the user's, inside a step folder to come
+    notes.parent.mkdir()
+    notes.write_text("step 4 looked good")
+    stray = tmp_path / "7" / "model" / "rank00000.safetensors"      # nanoflow's name, but no save marker: not ours
+    stray.parent.mkdir(parents=True)
+    stray.write_bytes(b"who knows")
+    out = quiet()
+    train(tiny(tmp_path, "checkpoints.keep=2", "checkpoints.checkpoint_interval=2"), out=out)
+    assert thesis.read_text() == "\\documentclass{article}" and notes.read_text() == "step 4 looked good"
+    assert stray.read_bytes() == b"who knows"
+    assert sorted(p.relative_to(tmp_path).as_posix() for p in (tmp_path / "4").rglob("*")) == ["4/notes.txt"]
+    assert io.checkpoints_to_try(str(tmp_path)) == [f"{tmp_path}/12", f"{tmp_path}/10"]
+    assert "warning" not in out.getvalue()                          # folders not nanoflow's are none of its business
+
+
+def test_temporaries_of_killed_or_failed_writes_are_cleaned_by_the_next_save(tmp_path, monkeypatch):
+    tensors = {"model": {"w": torch.ones(8)}}
+    io.save_checkpoint(str(tmp_path), 1, tensors, {"training": {"completed": 1}})
+    orphans = [tmp_path / "1" / "model" / "rank00000.safetensors.tmp-4242", tmp_path / "latest.txt.tmp-4242",
+               tmp_path / "1" / "checkpoint_metadata.json.tmp-77"]
+    mine = [tmp_path / "1" / "model" / "mine.tmp-1", tmp_path / "scratch.tmp-1"]   # not names nanoflow writes
+    for path in orphans + mine:
+        path.write_bytes(b"left by a kill")
+    io.save_checkpoint(str(tmp_path), 2, tensors, {"training": {"completed": 2}})
+    assert not [p for p in orphans if p.exists()] and all(p.exists() for p in mine)
+    # A write that fails (here: the disk is full as it syncs) removes its temporary file and names the path.
+    def full(fd):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(StoreError, match=rf"cannot write {tmp_path}/3/.nanoflow-save: \[Errno 28\] No space left"):
+        io.save_checkpoint(str(tmp_path), 3, tensors, {"training": {"completed": 3}})
+    assert set(tmp_path.rglob("*.tmp-*")) == set(mine)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -221,6 +263,72 @@ def damage_latest_garbage(run):
     (run / "latest.txt").write_text("\x00\x01 garbage")
 
 
+def damage_latest_superscript(run):
+    (run / "latest.txt").write_text("\u00b2\n")                # "²": str.isdigit says yes, int() says no
+
+
+def damage_latest_huge(run):
+    (run / "latest.txt").write_text("9" * 5000 + "\n")         # more digits than int() converts
+
+
+def sealed_again(run, change):
+    """Step 8's marker rewritten as change(its contents) and sealed again: a valid seal over a wrong shape."""
+    path = run / "8" / "checkpoint_metadata.json"
+    meta = json.loads(path.read_text())
+    meta.pop("metadata_xxh3_128")
+    path.write_bytes(sealed(change(meta)))
+
+
+def damage_metadata_bit_flip(run):      # "completed": 8 becomes 9 — one bit, still valid JSON
+    path = run / "8" / "checkpoint_metadata.json"
+    data = bytearray(path.read_bytes())
+    at = data.index(b'"completed": 8') + len(b'"completed": ')
+    data[at] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+MARKER_DAMAGE = {  # name: (damage, what the warning says)
+    "a flipped bit": (damage_metadata_bit_flip, "its contents differ from the checksum it was sealed with"),
+    "another step's marker": (lambda run: (run / "8" / "checkpoint_metadata.json").write_bytes(
+        (run / "4" / "checkpoint_metadata.json").read_bytes()), "it records step 4, in folder 8"),
+    "format only": (lambda run: (run / "8" / "checkpoint_metadata.json").write_text(json.dumps({"format": FORMAT})),
+                    "damaged: no metadata_xxh3_128"),
+    "an older format": (lambda run: (run / "8" / "checkpoint_metadata.json").write_text(json.dumps(
+        {"format": "nanoflow-checkpoint/2", "step": 8})), "is a nanoflow-checkpoint/2 checkpoint; this nanoflow reads"),
+    "files: []": (lambda run: sealed_again(run, lambda m: {**m, "files": []}), '"files" lists no files'),
+    "no tensors": (lambda run: sealed_again(run, lambda m: {k: v for k, v in m.items() if k != "tensors"}),
+                   '"tensors" lists no tensors'),
+    "no training": (lambda run: sealed_again(run, lambda m: {k: v for k, v in m.items() if k != "training"}),
+                    '"training" does not say'),
+    "sizes as text": (lambda run: sealed_again(run, lambda m: {**m, "files": {
+        n: {**e, "bytes": str(e["bytes"])} for n, e in m["files"].items()}}), "has no byte count"),
+    "step 9 in folder 8": (lambda run: sealed_again(run, lambda m: {**m, "step": 9}),
+                           '"step" is 9 but "training" says 8'),
+}
+
+
+@pytest.mark.parametrize("name", MARKER_DAMAGE)
+def test_a_malformed_marker_is_damage_and_the_older_intact_checkpoint_is_restored(two_checkpoints, name):
+    damage, reason = MARKER_DAMAGE[name]
+    damage(two_checkpoints)
+    with pytest.warns(io.CheckpointWarning, match=re.escape(reason)):
+        assert io.latest(str(two_checkpoints)) == f"{two_checkpoints}/4"
+    out = quiet()
+    state = start_state(tiny(two_checkpoints), out=out)
+    assert state.step == 4 and reason in out.getvalue(), out.getvalue()
+    reference = io.read_checkpoint(str(two_checkpoints / "4"))
+    for name, p in state.model.named_parameters():
+        assert torch.equal(reference.groups["model"][name], p), name
+    with pytest.raises(io.DamagedCheckpointError, match=re.escape(reason)):   # named on its own: the error
+        io.read_checkpoint(str(two_checkpoints / "8"))
+
+
+def test_latest_txt_naming_an_older_step_than_the_last_commit_gives_way_with_a_warning(two_checkpoints):
+    (two_checkpoints / "latest.txt").write_text("4\n")         # as a kill between 8's commit and latest.txt leaves it
+    with pytest.warns(io.CheckpointWarning, match="names step 4, but step 8 was committed after it"):
+        assert io.latest(str(two_checkpoints)) == f"{two_checkpoints}/8"
+
+
 @pytest.mark.parametrize("damage", [damage_truncate, damage_flip, damage_metadata_missing, damage_metadata_garbage])
 def test_damaged_latest_falls_back_to_the_newest_intact(two_checkpoints, damage):
     damage(two_checkpoints)
@@ -233,11 +341,14 @@ def test_damaged_latest_falls_back_to_the_newest_intact(two_checkpoints, damage)
         assert torch.equal(reference.groups["model"][name], p), name
 
 
-@pytest.mark.parametrize("damage", [damage_latest_nowhere, damage_latest_garbage])
+@pytest.mark.parametrize("damage", [damage_latest_nowhere, damage_latest_garbage, damage_latest_superscript,
+                                    damage_latest_huge])
 def test_bad_latest_pointer_falls_back_to_the_newest_intact(two_checkpoints, damage):
     damage(two_checkpoints)
-    with pytest.warns(io.CheckpointWarning):
+    with pytest.warns(io.CheckpointWarning, match="latest.txt"):
         assert io.latest(str(two_checkpoints)) == f"{two_checkpoints}/8"
+    state = start_state(tiny(two_checkpoints), out=quiet())
+    assert state.step == 8
 
 
 def test_a_damaged_step_folder_named_explicitly_is_refused(two_checkpoints):

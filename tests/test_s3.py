@@ -1,6 +1,6 @@
 """Checkpoints on S3 behave as they do locally, against a real S3 endpoint on loopback (moto's server, see conftest.py).
 
-Nothing of nanoflow is mocked: io.py talks to the endpoint through smart_open and boto3, configured only by the
+Nothing of nanoflow is mocked: io/store.py talks to the endpoint through boto3, configured only by the
 standard AWS environment the `s3_endpoint` fixture sets. The tests look at the bucket with their own boto3
 client, bound to the endpoint explicitly.
 
@@ -17,6 +17,7 @@ import glob
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -27,8 +28,9 @@ import pytest
 import torch
 
 from nanoflow import load_config
-from nanoflow.io import CheckpointError, CheckpointWarning, latest, read_checkpoint, read_metadata, read_model
-from nanoflow.io.store import Store
+from nanoflow.io import (CheckpointError, CheckpointWarning, latest, read_checkpoint, read_metadata, read_model,
+                        save_checkpoint)
+from nanoflow.io.store import Store, StoreError
 from nanoflow.loop import train
 from nanoflow.snapshot import MOMENTS, STEP, checkpoint_blocks
 
@@ -36,27 +38,6 @@ ROOT = Path(__file__).resolve().parent.parent
 TRAIN_STEPS = 12
 FILES = ("checkpoint_metadata.json", "model/rank00000.safetensors", "optimizer/rank00000.safetensors",
          "rng/rank00000.safetensors")
-
-# bin/train, with smart_open's retries cut to one attempt. smart_open builds its own boto3 clients with
-# retries={"max_attempts": 6, "mode": "adaptive"} (which AWS_MAX_ATTEMPTS does not override) and retries
-# EndpointConnectionError 6 more times, 10 s apart, on top: against a stopped endpoint one write takes minutes
-# to fail. This only shortens that wait; nanoflow itself runs unchanged.
-FAIL_FAST_TRAIN = """
-import runpy, sys
-import botocore.config, smart_open.s3 as s3
-s3.RETRY.attempts, s3.RETRY.sleep_seconds = 1, 0
-_initialize = s3._initialize_boto3
-def _fail_fast(rw, client, client_kwargs, bucket, key):
-    kwargs = dict(client_kwargs or {})
-    config = botocore.config.Config(retries={"total_max_attempts": 1, "mode": "standard"}, connect_timeout=5,
-                                    read_timeout=30)
-    kwargs["S3.Client"] = {"config": config, **kwargs.get("S3.Client", {})}
-    return _initialize(rw, client, kwargs, bucket, key)
-s3._initialize_boto3 = _fail_fast
-sys.argv = sys.argv[1:]
-runpy.run_path(sys.argv[0], run_name="__main__")
-"""
-
 
 @pytest.fixture(scope="module")
 def tiny_toml(tmp_path_factory) -> Path:
@@ -163,7 +144,7 @@ def test_the_endpoint_is_the_local_server(s3_endpoint, s3_bucket):
 
     assert os.environ["AWS_ENDPOINT_URL"] == s3_endpoint.url and s3_endpoint.url.startswith("http://127.0.0.1:")
     assert boto3.client("s3").meta.endpoint_url == s3_endpoint.url  # what io.py's own client uses
-    Store(s3_bucket).write("probe/object.bin", b"local")  # through smart_open
+    Store(s3_bucket).write("probe/object.bin", b"local")  # through nanoflow's store
     assert keys(s3_endpoint, s3_bucket) == {"probe/object.bin": 5}  # seen by a client bound to the endpoint
     assert Store(s3_bucket).read("probe/object.bin") == b"local"
 
@@ -187,7 +168,8 @@ def test_layout_and_readers_on_s3(s3_endpoint, s3_run, reference):
             assert f"{step}/{name}" in objects, (step, name, sorted(objects))
         meta = json.loads(get(s3_endpoint, url, f"{step}/checkpoint_metadata.json"))
         assert meta["step"] == step
-        assert {f"{step}/{name}" for name in meta["files"]} | {f"{step}/checkpoint_metadata.json"} == \
+        assert {f"{step}/{name}" for name in meta["files"]} | {f"{step}/checkpoint_metadata.json",
+                                                               f"{step}/.nanoflow-save"} == \
             {k for k in objects if k.startswith(f"{step}/")}  # nothing missing, nothing stray
         for name, entry in meta["files"].items():  # the sizes recorded are the sizes stored
             assert objects[f"{step}/{name}"] == entry["bytes"], name
@@ -282,10 +264,10 @@ def bin_train(tiny_toml: Path, url: str, cwd: Path, *, fail_fast: bool = False, 
               timeout: float = 90) -> subprocess.CompletedProcess:
     args = [str(ROOT / "bin" / "train"), str(tiny_toml), "--set", f"checkpoints.checkpoints_path={json.dumps(url)}",
             "--set", "checkpoints.checkpoint_interval=2"]
-    command = [sys.executable, "-c", FAIL_FAST_TRAIN, *args] if fail_fast else [sys.executable, *args]
-    # The AWS_* variables the s3_endpoint fixture set are inherited.
-    return subprocess.run(command, cwd=cwd, env={**os.environ, **(env or {})}, capture_output=True, text=True,
-                          timeout=timeout)
+    # The AWS_* variables the s3_endpoint fixture set are inherited; fail_fast: one try per S3 request.
+    fast = {"NANOFLOW_S3_ATTEMPTS": "1"} if fail_fast else {}
+    return subprocess.run([sys.executable, *args], cwd=cwd, env={**os.environ, **fast, **(env or {})},
+                          capture_output=True, text=True, timeout=timeout)
 
 
 def assert_committed_state_is_loadable(endpoint, url: str) -> int:
@@ -306,7 +288,7 @@ def test_endpoint_stopped_mid_save_then_resume(s3_endpoint, s3_bucket, tiny_toml
     url = s3_bucket
     # The server dies as the trainer starts uploading step 4's optimizer file: step 2 is committed,
     # step 4's model file has landed, its optimizer file and metadata never will.
-    s3_endpoint.stop_when(lambda method, path: method == "POST" and path.endswith("/4/optimizer/rank00000.safetensors"))
+    s3_endpoint.stop_when(lambda method, path: method == "PUT" and path.endswith("/4/optimizer/rank00000.safetensors"))
     started = time.monotonic()
     result = bin_train(tiny_toml, url, tmp_path, fail_fast=True)
     assert result.returncode != 0, result.stdout + result.stderr
@@ -348,8 +330,11 @@ def test_trainer_killed_mid_upload_then_resume(s3_endpoint, s3_bucket, tiny_toml
     assert objects.get("4/model/rank00000.safetensors") == model_bytes
     assert "4/optimizer/rank00000.safetensors" not in objects and "4/checkpoint_metadata.json" not in objects
     bucket, prefix = split(url)
-    pending = s3_endpoint.client().list_multipart_uploads(Bucket=bucket).get("Uploads", [])
-    assert [u["Key"] for u in pending] == [f"{prefix}/4/optimizer/rank00000.safetensors"]  # never visible as an object
+    # A file this small goes up in one PUT, which the kill cut before it was sent; a big one's multipart upload
+    # would be left open, never visible as an object: leave such uploads, this run's and another's.
+    client = s3_endpoint.client()
+    client.create_multipart_upload(Bucket=bucket, Key=f"{prefix}/4/optimizer/rank00000.safetensors")
+    client.create_multipart_upload(Bucket=bucket, Key="another/run/4/optimizer/rank00000.safetensors")
     assert assert_committed_state_is_loadable(s3_endpoint, url) == 2
 
     result = bin_train(tiny_toml, url, tmp_path)
@@ -357,5 +342,132 @@ def test_trainer_killed_mid_upload_then_resume(s3_endpoint, s3_bucket, tiny_toml
     assert f"resuming from {url}/2: step 2 done" in result.stdout, result.stdout
     assert_same({"model": read_model(url)}, reference, groups=("model",))
     assert_same(read_checkpoint(url).groups, reference)
-    # The first save after the kill aborted the killed upload: S3 keeps no parts of it.
-    assert s3_endpoint.client().list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []
+    # The first save after the kill aborted the run's unfinished upload, and only that one.
+    assert [u["Key"] for u in client.list_multipart_uploads(Bucket=bucket).get("Uploads", [])] == \
+        ["another/run/4/optimizer/rank00000.safetensors"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Storage errors, throttling, and what a save costs
+
+def small_groups(step: int) -> dict:
+    return {"model": {"w": torch.arange(64, dtype=torch.float32) * step, "b": torch.full((3,), float(step))}}
+
+
+def small_info(step: int) -> dict:
+    return {"training": {"completed": step}}
+
+
+REQUESTS = {  # a kind of S3 request, by what the endpoint sees
+    "PUT (write)": lambda method, path, query: method == "PUT",
+    "GET (read)": lambda method, path, query: method == "GET" and "list-type" not in query and "uploads" not in query,
+    "ListObjectsV2": lambda method, path, query: method == "GET" and "list-type=2" in query,
+    "DeleteObjects": lambda method, path, query: method == "POST" and "delete" in query,
+    "ListMultipartUploads": lambda method, path, query: method == "GET" and "uploads" in query,
+}
+
+
+def test_every_kind_of_s3_request_is_retried_through_throttling(s3_endpoint, s3_bucket, monkeypatch):
+    monkeypatch.setenv("NANOFLOW_S3_ATTEMPTS", "4")
+    url = s3_bucket
+    for step in (1, 2):
+        save_checkpoint(url, step, small_groups(step), small_info(step))
+    for predicate in REQUESTS.values():                      # 3 × 503 SlowDown for each kind, in every save call
+        s3_endpoint.fail(3, predicate)
+    faulted = s3_endpoint.faulted
+    save_checkpoint(url, 3, small_groups(3), small_info(3), keep=1)   # writes, lists, deletes 1 and 2
+    restored = read_checkpoint(url, groups=("model",))                 # lists, reads
+    assert s3_endpoint.faulted - faulted == 3 * len(REQUESTS)          # each kind was refused, and retried
+    assert restored.metadata["step"] == 3
+    assert all(torch.equal(restored.groups["model"][n], t) for n, t in small_groups(3)["model"].items())
+    assert step_folders(s3_endpoint, url) == {"3"}
+
+
+def test_retries_are_bounded_and_the_error_names_the_cause(s3_endpoint, s3_bucket, monkeypatch):
+    monkeypatch.setenv("NANOFLOW_S3_ATTEMPTS", "3")
+    url = s3_bucket
+    save_checkpoint(url, 1, small_groups(1), small_info(1))
+    s3_endpoint.fail(100, REQUESTS["ListObjectsV2"])
+    started = time.monotonic()
+    with pytest.raises(CheckpointError, match=rf"cannot list {url}.*SlowDown.*tried 3 times"):
+        latest(url)
+    assert time.monotonic() - started < 5                    # 2 waits of at most 0.25 s and 0.5 s
+    s3_endpoint._faults.clear()
+    # After the commit, a delete that keeps failing is a warning that says the commit stands.
+    s3_endpoint.fail(100, REQUESTS["DeleteObjects"])
+    with pytest.warns(CheckpointWarning, match="step 2 is committed, and stands; but cleaning up after it failed"):
+        save_checkpoint(url, 2, small_groups(2), small_info(2), keep=1)
+    s3_endpoint._faults.clear()
+    assert read_metadata(url)["step"] == 2 and step_folders(s3_endpoint, url) == {"1", "2"}
+    save_checkpoint(url, 3, small_groups(3), small_info(3), keep=1)    # the next save deletes what is due
+    assert step_folders(s3_endpoint, url) == {"3"}
+
+
+def test_a_save_costs_the_same_requests_at_the_first_and_the_twentieth(s3_endpoint, s3_bucket):
+    for keep, steady in ((None, 1), (3, 4)):    # all kept; three kept (deleting from the fourth save on)
+        url = f"{s3_bucket}/keep-{keep}"
+        counts = []
+        for step in range(1, 21):
+            before = len(s3_endpoint.requests)
+            save_checkpoint(url, step, small_groups(step), small_info(step), keep=keep)
+            counts.append(len(s3_endpoint.requests) - before)
+        assert counts[steady - 1] == counts[19] and len(set(counts[steady - 1:])) == 1, (keep, counts)
+        assert len(step_folders(s3_endpoint, url)) == (keep or 20)
+
+
+def test_big_objects_go_up_in_parts_and_a_failed_upload_is_aborted(s3_endpoint, s3_bucket, monkeypatch):
+    from nanoflow.io import store
+
+    monkeypatch.setattr(store, "_PART", 5 << 20)            # S3's smallest part
+    monkeypatch.setenv("NANOFLOW_S3_ATTEMPTS", "2")
+    data = torch.randint(0, 256, (11 << 20,), dtype=torch.uint8, generator=torch.Generator().manual_seed(1))
+    before = len(s3_endpoint.requests)
+    Store(s3_bucket).write("big.bin", [data.numpy()[:7 << 20], data.numpy()[7 << 20:]])
+    parts = [r for r in s3_endpoint.requests[before:] if r[0] == "PUT"]
+    assert len(parts) == 3                                   # 5 + 5 + 1 MiB
+    assert bytes(Store(s3_bucket).read("big.bin")) == data.numpy().tobytes()
+    s3_endpoint.fail(100, lambda method, path, query: method == "PUT" and "partNumber=2" in query)
+    with pytest.raises(StoreError, match=rf"cannot write {s3_bucket}/other.bin: .*tried 2 times"):
+        Store(s3_bucket).write("other.bin", data.numpy())
+    bucket, _ = split(s3_bucket)
+    assert s3_endpoint.client().list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []   # aborted
+    assert "other.bin" not in keys(s3_endpoint, s3_bucket)
+
+
+def test_missing_bucket_and_dead_endpoint_are_clear_errors(s3_endpoint, monkeypatch):
+    monkeypatch.setenv("NANOFLOW_S3_ATTEMPTS", "2")
+    with pytest.raises(CheckpointError, match="the bucket 'nanoflow-no-such-bucket' does not exist"):
+        latest("s3://nanoflow-no-such-bucket/run")
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{port}")      # nothing listens there
+    with pytest.raises(CheckpointError, match=rf"the S3 endpoint http://127.0.0.1:{port} cannot be reached"):
+        latest("s3://any-bucket/run")
+
+
+@pytest.mark.parametrize("url", ["s3:/bucket/run", "S3://bucket/run", "s3://", "gs://bucket/run", "hdfs:/run"])
+def test_an_unsupported_url_is_an_error_never_a_local_folder(url, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(StoreError, match="s3://bucket/prefix"):
+        Store(url)
+    with pytest.raises(CheckpointError, match="s3://bucket/prefix"):
+        latest(url)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_bin_train_storage_errors_at_start_up_exit_2_without_a_traceback(s3_endpoint, s3_bucket, tiny_toml, tmp_path):
+    save_checkpoint(s3_bucket, 1, small_groups(1), small_info(1))
+    no_credentials = {k: v for k, v in os.environ.items() if k not in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
+    cases = [  # (the --set, the environment, what the error says)
+        (f"checkpoints.resume_checkpoint_path={json.dumps(s3_bucket)}", no_credentials, "no AWS credentials found"),
+        ('checkpoints.checkpoints_path="s3://nanoflow-no-such-bucket/run"', os.environ, "does not exist"),
+        ('checkpoints.checkpoints_path="s3:/bucket/run"', os.environ, "is not an S3 URL"),
+    ]
+    for override, env, message in cases:
+        result = subprocess.run([sys.executable, str(ROOT / "bin" / "train"), str(tiny_toml), "--set", override],
+                                cwd=tmp_path, env={**env, "NANOFLOW_S3_ATTEMPTS": "1"}, capture_output=True,
+                                text=True, timeout=120)
+        assert result.returncode == 2, (override, result.stdout + result.stderr)
+        assert message in result.stderr and "Traceback" not in result.stderr, result.stderr
+        assert not (tmp_path / "s3:").exists()

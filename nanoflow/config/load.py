@@ -5,6 +5,7 @@ from __future__ import annotations
 import difflib
 import glob
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -80,7 +81,8 @@ def _stage_by_name_or_index(stages: list, key: str, override: str, path: Path) -
 
 
 def _resolve(base: Path, value: str) -> str:
-    if "://" in value or os.path.isabs(value):
+    # A URL, even a malformed one ("s3:/bucket"), is left as written for the store to accept or refuse.
+    if re.match(r"[A-Za-z][A-Za-z0-9+.-]*:/", value) or os.path.isabs(value):
         return value
     return os.path.abspath(base / value)
 

@@ -1,10 +1,11 @@
 """Checkpoint IO: the only package that reads or writes checkpoint bytes, on a local disk or on S3.
 
 `checkpoint` holds the layout, the commit protocol and how committed checkpoints are found;
-`lock` keeps a run folder to one writer; `reader` reads any box of a saved tensor by byte ranges,
-checking every shard it uses; `store` reaches a local folder or an s3:// prefix through
-smart_open; `tensorfile` writes and parses safetensors files without copies; `hf` exports
-checkpoints as transformers Llama folders and reads such folders back (for `[model] init_from`).
+`lock` keeps a run folder to one writer; `marker` seals and checks the commit marker; `reader` reads
+any box of a saved tensor by byte ranges, checking every shard it uses; `store` reaches a local
+folder or an s3:// prefix (with bounded retries); `tensorfile` writes and parses safetensors files
+without copies; `hf` exports checkpoints as transformers Llama folders and reads such folders back
+(for `[model] init_from`).
 """
 
 from nanoflow.io.checkpoint import (

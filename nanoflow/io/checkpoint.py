@@ -3,114 +3,119 @@
 Layout (nanotron's, with a commit marker):
 
     <run>/latest.txt                        "300", written last, after the step is committed
+    <run>/300/.nanoflow-save                written FIRST: this folder is a save of nanoflow's
     <run>/300/model/rank00000.safetensors   weights by HF name: this rank's block of each tensor
     <run>/300/optimizer/rank00000.safetensors  AdamW moments and step counts, by the same names
     <run>/300/rng/rank00000.safetensors     generator state (rank 0's)
-    <run>/300/checkpoint_metadata.json      written LAST: the commit marker
+    <run>/300/checkpoint_metadata.json      written LAST: the commit marker, sealed (marker.py)
 
 The metadata lists every file with its size and the XXH3-128 checksum of its header, every tensor
 with its global shape and the boxes (file, key, offset, shape, XXH3-128 of its bytes) it was written
-in, the schedule position, the topology, the resolved config and the versions. A step folder
-without it is incomplete and never loaded.
+in, the schedule position, the topology, the resolved config and the versions, and carries its own
+checksum. A step folder without it is incomplete and never loaded.
 
 Every object is written whole: locally to a temporary name, flushed and renamed; on S3 each PUT
 (or multipart upload) lands entirely or not at all. Replacing a committed step (a run branched
 from an older checkpoint) writes new file names beside the old ones, commits by replacing the
 metadata, and only then deletes the old files — no committed checkpoint is lost before a newer
-one is committed. Endpoint and credentials come from the standard AWS environment
-(AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID …) and are never written anywhere.
+one is committed. nanoflow deletes only what it provably wrote: files with its own names, inside
+step folders that hold its .nanoflow-save marker (and latest.txt's temporaries); a folder of the
+user's inside the run folder, or a file of the user's inside a step folder, is never touched.
+Endpoint and credentials come from the standard AWS environment and are never written anywhere.
 """
 
 from __future__ import annotations
 
 import datetime
-import json
 import platform
+import re
 import secrets
 import warnings
 
 import attrs
 import torch
 
-from nanoflow.errors import NanoflowError
+from nanoflow.io.marker import (CHECKSUM, FORMAT, METADATA, CheckpointError, DamagedCheckpointError, _digest,
+                                check_metadata, committed_at, read_metadata as _read_metadata, sealed, step_of)
 from nanoflow.io.store import Store, StoreError
-from nanoflow.io.tensorfile import new_checksum, tensor_chunks
+from nanoflow.io.tensorfile import tensor_chunks
 
-METADATA = "checkpoint_metadata.json"
-CHECKSUM = "xxh3_128"  # recorded for each file's header and each shard's bytes: together, every byte of a file
+__all__ = ["CHECKSUM", "FORMAT", "LATEST", "METADATA", "SAVE_MARKER", "Block", "CheckpointError", "CheckpointWarning",
+           "DamagedCheckpointError", "checkpoints_to_try", "first_readable", "latest", "read_metadata",
+           "save_checkpoint"]
+
 LATEST = "latest.txt"
-FORMAT = "nanoflow-checkpoint/2"   # 2: checksums per header and per shard (1: per file)
-
-
-class CheckpointError(NanoflowError, RuntimeError):
-    """A checkpoint that cannot be used: missing, incomplete, damaged, or not what was asked for."""
-
-
-class DamagedCheckpointError(CheckpointError):
-    """A committed checkpoint whose bytes cannot be read back as recorded: a file missing, short,
-    unreadable, or not matching its checksum. An older intact checkpoint may be used instead."""
+SAVE_MARKER = ".nanoflow-save"
+# The names nanoflow writes inside a step folder (and their temporaries): the only ones it ever deletes there.
+_OURS = re.compile(r"(?:[A-Za-z0-9_]+/rank[0-9]{5}(?:\.[0-9a-f]{8})?\.safetensors|" + re.escape(METADATA) + "|"
+                   + re.escape(SAVE_MARKER) + r")(?:\.tmp-[0-9]+)?")
+_TEMPORARY = re.compile(r".*\.tmp-[0-9]+")
 
 
 class CheckpointWarning(UserWarning):
-    """A checkpoint was skipped in favour of an older intact one."""
-
-
-def _read(store: Store, relative: str) -> bytes:
-    try:
-        return store.read(relative)
-    except StoreError as e:
-        raise CheckpointError(str(e)) from e
+    """A checkpoint was skipped in favour of an older intact one, or a cleanup after a commit failed."""
 
 
 # ---------------------------------------------------------------------------------------------
 # Finding committed checkpoints
 
-def _step_of(name: str) -> int | None:
-    return int(name) if name.isdigit() else None
-
-
 def latest(path: str) -> str | None:
     """The committed step folder a run folder resumes from (or the step folder itself); None if there is none.
 
-    latest.txt is followed when it names a checkpoint whose files are all there; otherwise the most
-    recently committed such one is taken, with a CheckpointWarning naming what was skipped. Only
-    sizes are checked here; checksums are checked as the bytes are read.
+    That is the most recently committed intact checkpoint; see checkpoints_to_try. Only sizes are
+    checked here; checksums of the tensor files are checked as their bytes are read.
     """
     folders = checkpoints_to_try(path)
     return folders[0] if folders else None
 
 
 def checkpoints_to_try(path: str) -> list[str]:
-    """The committed step folders of a run folder whose files are all there, in the order to try
-    them: latest.txt's first, then the most recently committed first (a CheckpointWarning names any
-    skipped); none for a folder with nothing committed. Committed checkpoints none of which is
-    intact are an error, never "none". For a step folder: just it, or a CheckpointError saying what
-    is wrong with it."""
-    store = Store(path)
+    """The committed step folders of a run folder whose marker checks out and whose files are all there,
+    in the order to try them: the most recently committed first (a CheckpointWarning names any skipped,
+    and a latest.txt that names another). None for a folder with nothing committed; committed
+    checkpoints none of which is intact are an error, never "none". For a step folder: just it, or a
+    CheckpointError saying what is wrong with it. Storage that cannot be listed is a CheckpointError."""
+    try:
+        return _checkpoints_to_try(Store(path))
+    except StoreError as e:
+        raise CheckpointError(str(e)) from e
+
+
+def _checkpoints_to_try(store: Store) -> list[str]:
     if store.exists(METADATA):  # a step folder
-        _check_files(store, _read_metadata(store, ""), "")
+        _check_files(store, _read_metadata(store, "", store.root), "")
         return [store.root]
-    pointer = _latest_pointer(store)
-    steps = sorted((s for s in map(_step_of, store.folders()) if s is not None), reverse=True)
+    objects = store.objects()
+    pointer = _latest_pointer(store, objects)
     found, skipped, damaged = {}, [], False
-    for step in ([pointer] if pointer is not None else []) + [s for s in steps if s != pointer]:
+    for step in sorted(_step_folders(objects), reverse=True):
+        folder = str(step)
+        if f"{folder}/{METADATA}" not in objects:
+            if f"{folder}/{SAVE_MARKER}" in objects:  # a save of nanoflow's that never committed
+                skipped.append(f"{store.url(folder)} is incomplete (no {METADATA})")
+            continue  # (not nanoflow's: none of its business)
         try:
-            meta = _read_metadata(store, str(step))
-            _check_files(store, meta, str(step))
-            found[step] = _committed_at(meta)
+            meta = _read_metadata(store, folder)
+            _check_files(store, meta, folder, objects)
+            found[step] = committed_at(meta)
+            _remember(store, folder, objects[f"{folder}/{METADATA}"][1], found[step])
         except CheckpointError as e:
             skipped.append(str(e))
             damaged |= isinstance(e, DamagedCheckpointError)
-    # latest.txt's, then the most recently committed: after a --fresh start or a resume from an older step,
-    # the higher steps of the abandoned history come after the new run's own.
-    found = [store.url(str(s)) for s in sorted(found, key=lambda s: (s == pointer, found[s], s), reverse=True)]
+    # Commit order, not step order: after a --fresh start or a resume from an older step, the higher steps
+    # of the abandoned history come after the new run's own.
+    order = sorted(found, key=lambda s: (found[s], s), reverse=True)
+    if pointer is not None and order and pointer != order[0]:
+        skipped.append(f"{store.url(LATEST)} names step {pointer}, but " + (
+            f"step {order[0]} was committed after it (a save stopped between its commit and {LATEST})"
+            if pointer in found else f"step {pointer} is no intact committed checkpoint"))
     if damaged and not found:  # committed once, so never treated as "nothing here" (a fresh start over it)
         raise DamagedCheckpointError(f"{store.root} holds committed checkpoints, but none is intact: "
                                      + "; ".join(skipped))
     if skipped:
-        heading = f"using {found[0]}" if found else "no intact checkpoint"
-        warnings.warn(f"{store.root}: {heading}; skipped: " + "; ".join(skipped), CheckpointWarning, stacklevel=3)
-    return found
+        heading = f"using {store.url(str(order[0]))}" if order else "no intact checkpoint"
+        warnings.warn(f"{store.root}: {heading}; skipped: " + "; ".join(skipped), CheckpointWarning, stacklevel=4)
+    return [store.url(str(s)) for s in order]
 
 
 def first_readable(path: str, use):
@@ -136,40 +141,32 @@ def first_readable(path: str, use):
     raise DamagedCheckpointError(f"{path}: no checkpoint reads back intact: " + "; ".join(damaged))
 
 
-def _latest_pointer(store: Store) -> int | None:
-    if not store.exists(LATEST):
+def _step_folders(objects: dict) -> set[int]:
+    return {s for s in (step_of(p.partition("/")[0]) for p in objects if "/" in p) if s is not None}
+
+
+def _latest_pointer(store: Store, objects: dict) -> int | None:
+    if LATEST not in objects:
         return None
-    text = _read(store, LATEST).decode(errors="replace").strip()
-    if not text.isdigit():
+    try:
+        text = store.read(LATEST).decode(errors="replace").strip()
+    except StoreError as e:
+        warnings.warn(f"ignoring {LATEST}: {e}", CheckpointWarning, stacklevel=5)
+        return None
+    step = step_of(text)
+    if step is None:
         warnings.warn(f"{store.url(LATEST)} holds {text[:40]!r}, not a step number; ignoring it",
-                      CheckpointWarning, stacklevel=3)
-        return None
-    return int(text)
+                      CheckpointWarning, stacklevel=5)
+    return step
 
 
-def _read_metadata(store: Store, folder: str) -> dict:
-    relative = f"{folder}/{METADATA}" if folder else METADATA
-    if not store.exists(relative):
-        raise CheckpointError(f"{store.url(folder)} is incomplete (no {METADATA})")
-    try:
-        text = store.read(relative)
-    except StoreError as e:  # committed, but not readable now: never to be taken for "nothing committed"
-        raise DamagedCheckpointError(str(e)) from e
-    try:
-        meta = json.loads(text)
-    except (ValueError, UnicodeDecodeError) as e:  # written whole and renamed: bad JSON is damage, never a torn write
-        raise DamagedCheckpointError(f"{store.url(relative)} is not valid JSON: {e}") from None
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-        raise DamagedCheckpointError(f"{store.url(relative)} is not a {FORMAT} checkpoint")
-    return meta
-
-
-def _check_files(store: Store, meta: dict, folder: str) -> None:
+def _check_files(store: Store, meta: dict, folder: str, objects: dict | None = None) -> None:
     """Cheap integrity check: every listed file is present with its recorded size (hashes are checked on read)."""
     for name, entry in meta["files"].items():
-        size = store.size(f"{folder}/{name}" if folder else name)
+        relative = f"{folder}/{name}" if folder else name
+        size = store.size(relative) if objects is None else objects.get(relative, (None,))[0]
         if size != entry["bytes"]:
-            state = "missing" if size is None else f"{size} bytes, expected {entry['bytes']}"
+            state = "missing" if size is None else f"{size} bytes, not the {entry['bytes']} recorded"
             raise DamagedCheckpointError(f"{store.url(folder)}: {name} is {state}")
 
 
@@ -178,7 +175,16 @@ def read_metadata(path: str) -> dict:
     folder = latest(path)
     if folder is None:
         raise CheckpointError(f"{path} holds no committed checkpoint")
-    return _read_metadata(Store(folder), "")
+    return _read_metadata(Store(folder), "", folder)
+
+
+# When each marker seen in this process was committed, by (its url, its store stamp): a save reads only the
+# markers it has not seen, so it costs the same requests whatever the number of checkpoints kept.
+_COMMITTED: dict[tuple[str, str], datetime.datetime] = {}
+
+
+def _remember(store: Store, folder: str, stamp: str, when: datetime.datetime) -> None:
+    _COMMITTED[(store.url(f"{folder}/{METADATA}"), stamp)] = when
 
 
 # ---------------------------------------------------------------------------------------------
@@ -201,17 +207,24 @@ def save_checkpoint(root: str, step: int, groups: dict[str, dict[str, Block | to
                     keep: int | None = None, topology=None) -> str:
     """Commit `groups` ({"model": {...}, "optimizer": {...}, "rng": {...}}) as step `step` under `root`.
 
-    Called on every rank with the blocks that rank owns (plain tensors are whole blocks); each rank
-    writes its own files, rank 0 writes the metadata — the commit — then latest.txt. Returns the
-    step folder. `info` goes into the metadata as is (schedule position, config …).
+    Called on every rank with the blocks that rank owns (plain tensors are whole blocks); rank 0
+    marks the folder as a save of nanoflow's, each rank writes its own files, rank 0 writes the
+    metadata — the commit — then latest.txt, and cleans up. Returns the step folder. `info` goes
+    into the metadata as is (schedule position, config …); its "training" record says how many steps
+    were completed (`step`). A cleanup that fails after the commit is a CheckpointWarning: the commit stands.
     """
     from nanoflow.parallel import SINGLE, barrier, broadcast_object, gather_objects
 
     topology = topology or SINGLE
+    if info.get("training", {}).get("completed") != step:
+        raise ValueError(f'info["training"]["completed"] must be the step saved ({step})')
     store, folder = Store(root), str(step)
-    # Beside a committed step, write under fresh names so it stays loadable until the new metadata lands.
-    suffix = broadcast_object(f".{secrets.token_hex(4)}" if topology.is_main and store.exists(
-        f"{folder}/{METADATA}") else "", topology)
+    suffix = ""
+    if topology.is_main:
+        # Beside a committed step, write under fresh names so it stays loadable until the new metadata lands.
+        suffix = f".{secrets.token_hex(4)}" if store.exists(f"{folder}/{METADATA}") else ""
+        store.write(f"{folder}/{SAVE_MARKER}", f"a save of step {step} by nanoflow\n".encode())
+    suffix = broadcast_object(suffix, topology)
     files, index = {}, {}
     for group, tensors in groups.items():
         blocks = {k: v if isinstance(v, Block) else Block.whole(v) for k, v in tensors.items()}
@@ -234,6 +247,7 @@ def save_checkpoint(root: str, step: int, groups: dict[str, dict[str, Block | to
             for group, entries in rank_index.items():
                 for k, entry in entries.items():
                     index.setdefault(group, {}).setdefault(k, {**entry, "shards": []})["shards"] += entry["shards"]
+        created = datetime.datetime.now(datetime.timezone.utc)
         meta = {
             "format": FORMAT,
             "step": step,
@@ -242,72 +256,75 @@ def save_checkpoint(root: str, step: int, groups: dict[str, dict[str, Block | to
             **info,
             "versions": {"nanoflow": _nanoflow_version(), "torch": torch.__version__,
                          "python": platform.python_version()},
-            "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="microseconds"),
+            "created": created.isoformat(timespec="microseconds"),
         }
-        store.write(f"{folder}/{METADATA}", json.dumps(meta, indent=1).encode())   # the commit
-        store.write(LATEST, f"{step}\n".encode())
-        # Now that the new metadata is committed: the replaced step's files, and any left by a killed write.
-        listed = {f"{folder}/{name}" for name in files} | {f"{folder}/{METADATA}"}
-        store.delete([f for f in store.files(folder) if f not in listed])
-        _retain(store, keep, step)
+        body = sealed(meta)
+        check_metadata(body, store.url(f"{folder}/{METADATA}"), folder)  # what is committed must read back
+        objects = store.objects()  # every rank has written: what was there before the commit, to clean up after it
+        store.write(f"{folder}/{METADATA}", body)   # the commit
+        _remember(store, folder, store.written_stamp(f"{folder}/{METADATA}", body), created)
+        try:
+            store.write(LATEST, f"{step}\n".encode())
+            _clean_up(store, objects, folder, {*files, METADATA, SAVE_MARKER}, keep)
+        except StoreError as e:
+            warnings.warn(f"step {step} is committed, and stands; but cleaning up after it failed: {e}",
+                          CheckpointWarning, stacklevel=2)
     barrier(topology)  # no rank runs ahead of a save that has not committed
     return store.url(folder)
 
 
-def _retain(store: Store, keep: int | None, newest: int) -> None:
-    """Delete incomplete step folders, and committed ones beyond the `keep` most recently committed (never
-    `newest`, the one just committed). Commit order, not step order: the higher steps of an abandoned
-    history (a --fresh start, a resume from an older step) go before the new run's own."""
-    steps = [s for s in map(_step_of, store.folders()) if s is not None]
-    committed = [s for s in steps if store.exists(f"{s}/{METADATA}")]
-    doomed = [s for s in steps if s not in committed]
+def _clean_up(store: Store, objects: dict, newest: str, written: set[str], keep: int | None) -> None:
+    """After `newest` committed, delete — only by nanoflow's own names, only in folders marked as its saves —
+    the files of `newest` it no longer lists (a replaced step's, a killed write's), temporaries left by
+    killed writes anywhere, saves that never committed, and committed steps beyond the `keep` most
+    recently committed (never `newest`). Commit order, not step order: the higher steps of an abandoned
+    history (a --fresh start, a resume from an older step) go before the new run's own. `objects` is
+    the store's listing from just before the commit."""
+    ours = {step: [p.partition("/")[2] for p in objects if p.startswith(f"{step}/")
+                   and _OURS.fullmatch(p.partition("/")[2])]
+            for step in _step_folders(objects) if f"{step}/{SAVE_MARKER}" in objects}
+    doomed = [s for s, names in ours.items() if METADATA not in names and str(s) != newest]
     if keep is not None:
-        try:
-            times = {s: _commit_time(store, s) for s in committed}
-        except CheckpointError:  # a metadata file that cannot be read now: prune nothing this time
-            times = None
+        times = _commit_times(store, objects, [s for s, names in ours.items() if METADATA in names
+                                               and str(s) != newest])
         if times is not None:
-            order = sorted(committed, key=lambda s: (s == newest, times[s], s), reverse=True)
-            doomed += [s for s in order[keep:] if s != newest]
-    store.delete([name for name in store.root_files() if name.startswith(f"{LATEST}.tmp-")])  # left by a kill
-    try:  # S3 parts of a killed save (every rank of this one has finished writing); nothing of another run's
-        store.abort_unfinished_uploads(lambda path: path == LATEST or _step_of(path.partition("/")[0]) is not None)
-    except StoreError as e:  # the new checkpoint is committed: say so, and carry on
-        warnings.warn(str(e), CheckpointWarning, stacklevel=3)
-    for step in doomed:
-        # The marker goes first, so a folder half-deleted by a crash reads as incomplete, never as damaged data.
-        files = store.files(str(step))
-        marker = f"{step}/{METADATA}"
-        store.delete([f for f in files if f == marker])
-        store.delete([f for f in files if f != marker])
-        store.remove_empty_folder(str(step))
+            doomed += sorted(times, key=lambda s: (times[s], s), reverse=True)[max(keep - 1, 0):]
+    leftovers = [f"{newest}/{name}" for name in ours.get(int(newest), []) if name not in written]
+    leftovers += [f"{s}/{name}" for s, names in ours.items() if s not in doomed for name in names
+                  if _TEMPORARY.fullmatch(name) and str(s) != newest]
+    leftovers += [p for p in objects if re.fullmatch(re.escape(LATEST) + r"\.tmp-[0-9]+", p)]
+    store.delete(leftovers)
+    # S3 parts of a killed save (every rank of this one has finished writing); nothing of another run's.
+    store.abort_unfinished_uploads(lambda path: path == LATEST or step_of(path.partition("/")[0]) is not None)
+    # Markers first, so that a folder half-deleted by a crash reads as incomplete, never as damaged data;
+    # the save marker last, so that what is left is still known to be nanoflow's.
+    doomed = [str(s) for s in doomed]
+    store.delete([f"{s}/{METADATA}" for s in doomed if METADATA in ours[int(s)]])
+    store.delete([f"{s}/{name}" for s in doomed for name in ours[int(s)] if name not in (METADATA, SAVE_MARKER)])
+    store.delete([f"{s}/{SAVE_MARKER}" for s in doomed])
+    for s in doomed:
+        store.remove_empty_folder(s)
 
 
 _NEVER = datetime.datetime.min.replace(tzinfo=datetime.timezone.utc)
 
 
-def _commit_time(store: Store, step: int) -> datetime.datetime:
-    """When step was committed; _NEVER (the first to go) for metadata that reads back as damaged. Raises
-    CheckpointError when it cannot be read at all, so that nothing is deleted on a guess."""
-    try:
-        return _committed_at(_read_metadata(store, str(step)))
-    except DamagedCheckpointError as e:
-        if isinstance(e.__cause__, StoreError):
-            raise
-        return _NEVER
-
-
-def _committed_at(meta: dict) -> datetime.datetime:
-    try:
-        return datetime.datetime.fromisoformat(meta["created"])
-    except (KeyError, TypeError, ValueError):
-        return _NEVER
-
-
-def _digest(data) -> str:
-    checksum = new_checksum()
-    checksum.update(data)
-    return checksum.hexdigest()
+def _commit_times(store: Store, objects: dict, steps: list[int]) -> dict[int, datetime.datetime] | None:
+    """When each of `steps` was committed; _NEVER (the first to go) for a marker that is damaged. None when
+    one cannot be read now, so that nothing is deleted on a guess. Markers seen before are not read again."""
+    times = {}
+    for step in steps:
+        key = (store.url(f"{step}/{METADATA}"), objects[f"{step}/{METADATA}"][1])
+        if key not in _COMMITTED:
+            try:
+                _COMMITTED[key] = committed_at(_read_metadata(store, str(step)))
+            except DamagedCheckpointError as e:
+                if isinstance(e.__cause__, StoreError):
+                    warnings.warn(f"{e}; deleting no old checkpoint this time", CheckpointWarning, stacklevel=4)
+                    return None
+                _COMMITTED[key] = _NEVER
+        times[step] = _COMMITTED[key]
+    return times
 
 
 def _nanoflow_version() -> str:

@@ -29,7 +29,7 @@ class CheckpointReader:
     def __init__(self, folder: str):
         self.store = Store(folder)
         self.path = self.store.root
-        self.metadata = _read_metadata(self.store, "")
+        self.metadata = _read_metadata(self.store, "", folder)
         self._headers: dict[str, tuple[int, dict]] = {}   # file: (where its data starts, its tensor entries)
         self._fetched: dict[tuple[str, str], list] = {}   # (file, key): [tensor, reads still to serve]
         self._small: dict[str, object] = {}                # files no bigger than the first read of their header

@@ -1,16 +1,25 @@
-"""Storage for checkpoints: a local folder or an s3:// prefix, written through smart_open.
+"""Storage for checkpoints: a local folder or an s3:// prefix.
 
-Every object is written whole: locally to a temporary name, flushed, fsynced and renamed; on S3
-as one PUT or multipart upload, which lands entirely or not at all. Endpoint and credentials come
-from the standard AWS environment (AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID …).
+Every object is written whole: locally to a temporary name, flushed, fsynced and renamed (a failed
+write removes its temporary again); on S3 as one PUT, or one multipart upload for a big object,
+which lands entirely or not at all. Endpoint and credentials come from the standard AWS environment
+(AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID …). Every S3 request — reads, writes, listings, deletes — is
+retried on a transient error (throttling, a 5xx, a dropped connection) within the bound `Retries`
+sets; any other error, or one still there after the last try, is a StoreError that names the path
+and the cause (no credentials, no such bucket, endpoint unreachable …).
 """
 
 from __future__ import annotations
 
 import email.utils
+import io
 import os
+import random
+import re
 import threading
+import time
 
+import attrs
 import numpy
 import torch
 
@@ -18,13 +27,58 @@ from nanoflow.errors import NanoflowError
 
 
 class StoreError(NanoflowError, OSError):
-    """An object that cannot be read."""
+    """Storage that cannot be reached, read or written; the message names the path and the cause."""
+
+
+@attrs.frozen
+class Retries:
+    """How each S3 request is retried on a transient error: at most `attempts` tries, the waits between them
+    starting at `first_wait` seconds and doubling up to `max_wait` (each drawn between half and all of
+    that, so that many ranks do not retry in step). The defaults wait at most 23.75 s in all."""
+
+    attempts: int = 8
+    first_wait: float = 0.25
+    max_wait: float = 8.0
+
+    def wait(self, attempt: int) -> float:
+        return min(self.max_wait, self.first_wait * 2 ** attempt)
+
+
+ATTEMPTS_VARIABLE = "NANOFLOW_S3_ATTEMPTS"   # overrides Retries.attempts (1: no retries)
+CONNECT_TIMEOUT, READ_TIMEOUT = 10, 60       # seconds, per try
+
+
+def retries() -> Retries:
+    value = os.environ.get(ATTEMPTS_VARIABLE)
+    if value is None:
+        return Retries()
+    if not re.fullmatch(r"[1-9][0-9]{0,3}", value.strip()):
+        raise StoreError(f"{ATTEMPTS_VARIABLE}={value!r}: expected a whole number of tries from 1 to 9999")
+    return Retries(attempts=int(value))
+
+
+_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):/")
+
+
+def check_root(root: str) -> None:
+    """A local path or s3://bucket[/prefix]; anything else that looks like a URL is an error, never a local folder."""
+    if root.startswith("s3://"):
+        if not root[len("s3://"):].partition("/")[0]:
+            raise StoreError(f"{root}: no bucket named; write s3://bucket/prefix")
+        return
+    scheme = _SCHEME.match(root)
+    if root.lower().startswith("s3:"):
+        raise StoreError(f"{root} is not an S3 URL nanoflow reads: write s3://bucket/prefix (lower case, two slashes)")
+    if scheme is not None:
+        raise StoreError(f"{root}: nanoflow does not support {scheme.group(1)}:// storage; use a local folder "
+                         "or s3://bucket/prefix (for S3-compatible stores, set AWS_ENDPOINT_URL)")
 
 
 class Store:
     """Objects under one root (a local folder or s3://bucket/prefix), addressed by relative POSIX paths."""
 
     def __init__(self, root: str):
+        check_root(root)
         self.root = root.rstrip("/")
         self.is_s3 = self.root.startswith("s3://")
 
@@ -35,37 +89,37 @@ class Store:
         """Write one object whole — it is either absent or complete, never partial — from `chunks`
         (bytes, or a list of buffers written one after the other). Returns the number of bytes written."""
         chunks = [chunks] if isinstance(chunks, (bytes, bytearray, memoryview)) else chunks
+        if self.is_s3:
+            return self._write_s3(relative, chunks)
+        path = self.url(relative)
+        temporary = f"{path}.tmp-{os.getpid()}"
         try:
-            if self.is_s3:
-                import smart_open  # only for S3: importing it (boto3 and all) costs a local run 0.2 s
-
-                with smart_open.open(self.url(relative), "wb") as f:
-                    return _write_chunks(f, chunks)
-            path = self.url(relative)
             os.makedirs(os.path.dirname(path), exist_ok=True)
-            temporary = f"{path}.tmp-{os.getpid()}"
             with open(temporary, "wb") as f:
                 size = _write_chunks(f, chunks)
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(temporary, path)
             return size
-        except Exception as e:  # OSError locally; botocore's errors, or smart_open's give-up, on S3
-            raise StoreError(f"cannot write {self.url(relative)}: {e}") from e
+        except OSError as e:
+            try:  # a full disk stays full with the temporary left behind
+                os.remove(temporary)
+            except OSError:
+                pass
+            raise StoreError(f"cannot write {path}: {e}") from e
 
     def read(self, relative: str) -> bytearray:
         """The whole object, in one writable buffer (tensors can be views of it)."""
+        if self.is_s3:
+            bucket, key = self._bucket_key(relative)
+            return bytearray(self._s3(f"read {self.url(relative)}", lambda c: c.get_object(
+                Bucket=bucket, Key=key)["Body"].read()))
         try:
-            if not self.is_s3:
-                with open(self.url(relative), "rb") as f:
-                    buffer = bytearray(os.fstat(f.fileno()).st_size)
-                    f.readinto(buffer)
-                    return buffer
-            import smart_open
-
-            with smart_open.open(self.url(relative), "rb") as f:
-                return bytearray(f.read())
-        except Exception as e:  # OSError locally; botocore's NoSuchKey and friends on S3
+            with open(self.url(relative), "rb") as f:
+                buffer = bytearray(os.fstat(f.fileno()).st_size)
+                f.readinto(buffer)
+                return buffer
+        except OSError as e:
             raise StoreError(f"cannot read {self.url(relative)}: {e}") from e
 
     def read_range(self, relative: str, start: int, length: int) -> numpy.ndarray:
@@ -73,40 +127,34 @@ class Store:
         # Not bytearray(length), which first writes zeros over it all, nor numpy.empty, which asks for huge
         # pages (their compaction made loads 4× slower here): torch's own allocation, seen as a numpy array.
         buffer = torch.empty(length, dtype=torch.uint8).numpy()
-        try:
-            if not self.is_s3:
+        if self.is_s3:
+            view, got = memoryview(buffer), 0
+            for at in range(0, length, _CHUNK):
+                got += self._read_s3_range(relative, start + at, view[at:at + _CHUNK])
+        else:
+            try:
                 with open(self.url(relative), "rb") as f:
                     f.seek(start)
                     got = f.readinto(buffer)
-            else:
-                view, got = memoryview(buffer), 0
-                for at in range(0, length, _CHUNK):
-                    got += self._read_s3_range(relative, start + at, view[at:at + _CHUNK])
-        except Exception as e:  # OSError locally; botocore's errors on S3
-            raise StoreError(f"cannot read {self.url(relative)}: {e}") from e
+            except OSError as e:
+                raise StoreError(f"cannot read {self.url(relative)}: {e}") from e
         if got != length:
             raise StoreError(f"cannot read {self.url(relative)}: bytes {start}–{start + length} asked, "
                              f"the object ends {length - got} bytes short of them")
         return buffer
 
     def _read_s3_range(self, relative: str, start: int, into: memoryview) -> int:
-        import smart_open
+        bucket, key = self._bucket_key(relative)
 
-        # One GET whose closed Range header asks for exactly these bytes: no GET before the seek, and a
-        # read-ahead buffer no bigger than the range (smart_open would otherwise fill it from the next one).
-        size = len(into)
-        params = {"defer_seek": True, "range_chunk_size": size, "buffer_size": size}
-        with smart_open.open(self.url(relative), "rb", transport_params=params) as f:
-            f.seek(start)
-            data = f.read(size)
+        def get(client) -> bytes:  # the body is read inside the try: a reset mid-body is retried too
+            return client.get_object(Bucket=bucket, Key=key, Range=f"bytes={start}-{start + len(into) - 1}")["Body"].read()
+
+        data = self._s3(f"read {self.url(relative)}", get)[:len(into)]
         into[:len(data)] = data
         return len(data)
 
     def exists(self, relative: str) -> bool:
-        if not self.is_s3:
-            return os.path.exists(self.url(relative))
-        bucket, key = self._bucket_key(relative)
-        return any(obj["Key"] == key for obj in self._list(bucket, key))
+        return self.size(relative) is not None
 
     def size(self, relative: str) -> int | None:
         if not self.is_s3:
@@ -115,54 +163,57 @@ class Store:
             except OSError:
                 return None
         bucket, key = self._bucket_key(relative)
-        return next((obj["Size"] for obj in self._list(bucket, key) if obj["Key"] == key), None)
+        # The key itself sorts first among the keys it prefixes: one key of listing answers.
+        found = self._s3(f"list {self.url(relative)}", lambda c: c.list_objects_v2(Bucket=bucket, Prefix=key, MaxKeys=1))
+        return next((o["Size"] for o in found.get("Contents", []) if o["Key"] == key), None)
 
-    def folders(self) -> list[str]:
-        """Names of the immediate sub-folders of the root."""
+    def objects(self) -> dict[str, tuple[int, str]]:
+        """Every object under the root: {relative path: (size, a stamp that changes when it is rewritten)} — on
+        S3 one listing (a request per 1,000 objects)."""
         if not self.is_s3:
-            try:
-                return [e.name for e in os.scandir(self.root) if e.is_dir()]
-            except FileNotFoundError:
-                return []
-        return sorted({key.split("/", 1)[0] for key in self._keys() if "/" in key})
-
-    def files(self, folder: str) -> list[str]:
-        """Every object under `folder`, as paths relative to the root."""
-        if not self.is_s3:
-            found = []
-            for directory, _, names in os.walk(self.url(folder)):
-                found += [os.path.relpath(os.path.join(directory, n), self.root).replace(os.sep, "/") for n in names]
+            found = {}
+            for directory, _, names in os.walk(self.root):
+                for name in names:
+                    path = os.path.join(directory, name)
+                    try:
+                        stat = os.stat(path)
+                    except FileNotFoundError:
+                        continue
+                    relative = os.path.relpath(path, self.root).replace(os.sep, "/")
+                    found[relative] = (stat.st_size, f"{stat.st_size}:{stat.st_mtime_ns}:{stat.st_ino}")
             return found
-        return list(self._keys(folder + "/"))
+        return {relative: (o["Size"], o.get("ETag", "")) for relative, o in self._listing("")}
 
-    def root_files(self) -> list[str]:
-        """Names of the objects directly under the root."""
-        if not self.is_s3:
-            try:
-                return [e.name for e in os.scandir(self.root) if e.is_file()]
-            except FileNotFoundError:
-                return []
-        return [key for key in self._keys() if "/" not in key]
-
-    def _keys(self, under: str = ""):
-        """S3: the keys of every object whose path relative to the root starts with `under`, relative to the root."""
-        bucket, prefix = self._bucket_key("")
-        start = len(prefix) + 1 if prefix else 0
-        for obj in self._list(bucket, (prefix + "/" if prefix else "") + under):
-            yield obj["Key"][start:]
+    def written_stamp(self, relative: str, data: bytes) -> str:
+        """The stamp `objects()` will show for the object just written with `data` (on S3 the ETag of a
+        single PUT, the MD5 of its bytes: nothing to ask)."""
+        if self.is_s3:
+            import hashlib
+            return f'"{hashlib.md5(data).hexdigest()}"' if len(data) <= _PART else ""
+        stat = os.stat(self.url(relative))
+        return f"{stat.st_size}:{stat.st_mtime_ns}:{stat.st_ino}"
 
     def delete(self, relatives: list[str]) -> None:
+        """Delete these objects (one that is already gone is no error); on S3 in batches of 1,000 a request."""
         if not self.is_s3:
             for relative in relatives:
                 try:
                     os.remove(self.url(relative))
                 except FileNotFoundError:
                     pass
+                except OSError as e:
+                    raise StoreError(f"cannot delete {self.url(relative)}: {e}") from e
             return
-        client = _s3_client()
-        for relative in relatives:
-            bucket, key = self._bucket_key(relative)
-            client.delete_object(Bucket=bucket, Key=key)
+        for at in range(0, len(relatives), 1000):
+            batch = relatives[at:at + 1000]
+            bucket, _ = self._bucket_key("")
+            keys = [{"Key": self._bucket_key(r)[1]} for r in batch]
+            answer = self._s3(f"delete under {self.root}", lambda c: c.delete_objects(  # noqa: B023 - called now
+                Bucket=bucket, Delete={"Objects": keys, "Quiet": True}))  # noqa: B023
+            if answer.get("Errors"):
+                first = answer["Errors"][0]
+                raise StoreError(f"cannot delete s3://{bucket}/{first.get('Key')}: {first.get('Code')}: "
+                                 f"{first.get('Message')} ({len(answer['Errors'])} objects not deleted)")
 
     def abort_unfinished_uploads(self, ours) -> list[str]:
         """S3: abort the multipart uploads under the root that never completed and whose path relative
@@ -173,18 +224,18 @@ class Store:
             return []
         bucket, prefix = self._bucket_key("")
         start = len(prefix) + 1 if prefix else 0
-        aborted = []
-        try:
-            client = _s3_client()
-            for page in client.get_paginator("list_multipart_uploads").paginate(
-                    Bucket=bucket, Prefix=prefix + "/" if prefix else ""):
-                for upload in page.get("Uploads", []):
-                    if ours(upload["Key"][start:]):
-                        client.abort_multipart_upload(Bucket=bucket, Key=upload["Key"], UploadId=upload["UploadId"])
-                        aborted.append(upload["Key"][start:])
-        except Exception as e:  # botocore's errors: no permission to list uploads, one aborted meanwhile …
-            raise StoreError(f"cannot abort the unfinished uploads under {self.root}: {e}") from e
-        return aborted
+        aborted, marker = [], {}
+        while True:
+            page = self._s3(f"list the unfinished uploads under {self.root}", lambda c: c.list_multipart_uploads(
+                Bucket=bucket, Prefix=prefix + "/" if prefix else "", **marker))  # noqa: B023 - called now
+            for upload in page.get("Uploads", []):
+                if ours(upload["Key"][start:]):
+                    self._s3(f"abort the upload of s3://{bucket}/{upload['Key']}", lambda c: c.abort_multipart_upload(
+                        Bucket=bucket, Key=upload["Key"], UploadId=upload["UploadId"]))  # noqa: B023
+                    aborted.append(upload["Key"][start:])
+            if not page.get("IsTruncated"):
+                return aborted
+            marker = {"KeyMarker": page["NextKeyMarker"], "UploadIdMarker": page["NextUploadIdMarker"]}
 
     def remove_empty_folder(self, folder: str) -> None:
         if not self.is_s3:
@@ -194,7 +245,8 @@ class Store:
                 except OSError:
                     pass
 
-    # S3's conditional writes (for io/lock.py): S3 itself decides which of two racing requests wins.
+    # -----------------------------------------------------------------------------------------
+    # S3 conditional requests (the run lock, io/lock.py): what S3 itself guarantees, never a listing race
 
     def put_conditional(self, relative: str, data: bytes, *, etag: str | None) -> str | None:
         """S3: write the object only if there is none (`etag` None: If-None-Match *) or it is still the
@@ -217,55 +269,168 @@ class Store:
             Bucket=bucket, Key=key, IfMatch=etag)) is not None
 
     def _conditional(self, what: str, relative: str, call):
+        """call(client, bucket, key) with the retries of every S3 request; None when its condition failed."""
         from botocore.exceptions import ClientError
 
         bucket, key = self._bucket_key(relative)
-        try:
-            return call(_conditional_client(), bucket, key)
-        except ClientError as e:
-            # 412: the condition failed; 409: a racing conditional request on the same key won; 404: absent.
-            if e.response.get("Error", {}).get("Code") in ("PreconditionFailed", "ConditionalRequestConflict",
-                                                           "NoSuchKey", "404"):
-                return None
-            raise StoreError(f"cannot {what} {self.url(relative)}: {e}") from e
-        except Exception as e:  # botocore's connection errors
-            raise StoreError(f"cannot {what} {self.url(relative)}: {e}") from e
+
+        def request(client):
+            try:
+                return call(client, bucket, key)
+            except ClientError as e:
+                # 412: the condition failed; 409: a racing conditional request on the same key won; 404: absent.
+                if e.response.get("Error", {}).get("Code") in ("PreconditionFailed", "ConditionalRequestConflict",
+                                                               "NoSuchKey", "404"):
+                    return None
+                raise
+
+        return self._s3(f"{what} {self.url(relative)}", request)
+
+    # -----------------------------------------------------------------------------------------
+    # S3
 
     def _bucket_key(self, relative: str) -> tuple[str, str]:
         bucket, _, prefix = self.root[len("s3://"):].partition("/")
         key = "/".join(p for p in (prefix, relative) if p)
         return bucket, key
 
-    @staticmethod
-    def _list(bucket: str, prefix: str):
-        paginator = _s3_client().get_paginator("list_objects_v2")
-        for page in paginator.paginate(Bucket=bucket, Prefix=prefix):
-            yield from page.get("Contents", [])
+    def _listing(self, under: str):
+        """(path relative to the root, object) of each object whose relative path starts with `under`."""
+        bucket, prefix = self._bucket_key("")
+        start = len(prefix) + 1 if prefix else 0
+        asked = {"Bucket": bucket, "Prefix": (prefix + "/" if prefix else "") + under}
+        while True:
+            page = self._s3(f"list {self.url(under)}", lambda c: c.list_objects_v2(**asked))  # noqa: B023
+            for obj in page.get("Contents", []):
+                yield obj["Key"][start:], obj
+            if not page.get("IsTruncated"):
+                return
+            asked["ContinuationToken"] = page["NextContinuationToken"]
+
+    def _write_s3(self, relative: str, chunks) -> int:
+        bucket, key = self._bucket_key(relative)
+        what = f"write {self.url(relative)}"
+        size = sum(memoryview(c).nbytes for c in chunks)
+        if size <= _PART:
+            body = io.BytesIO()
+            _write_chunks(body, chunks)   # (bytes counted for the kill tests: killed here, nothing lands)
+            data = body.getvalue()
+            self._s3(what, lambda c: c.put_object(Bucket=bucket, Key=key, Body=data))
+            return size
+        upload = self._s3(what, lambda c: c.create_multipart_upload(Bucket=bucket, Key=key))["UploadId"]
+        try:
+            parts = []
+            for number, part in enumerate(_parts(chunks), start=1):
+                answer = self._s3(what, lambda c: c.upload_part(  # noqa: B023 - called now
+                    Bucket=bucket, Key=key, UploadId=upload, PartNumber=number, Body=part))  # noqa: B023
+                parts.append({"PartNumber": number, "ETag": answer["ETag"]})
+            self._s3(what, lambda c: c.complete_multipart_upload(Bucket=bucket, Key=key, UploadId=upload,
+                                                                 MultipartUpload={"Parts": parts}))
+        except BaseException:
+            try:  # its parts would be kept, and billed; the next save aborts any this misses
+                self._s3(what, lambda c: c.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload),
+                         attempts=1)
+            except StoreError:
+                pass
+            raise
+        return size
+
+    def _s3(self, what: str, request, *, attempts: int | None = None):
+        """request(client), tried again after a transient error within `retries()`; a StoreError otherwise."""
+        policy = retries()
+        attempts = attempts or policy.attempts
+        started = time.monotonic()
+        client = _s3_client()
+        for attempt in range(attempts):
+            try:
+                return request(client)
+            except Exception as e:  # noqa: PERF203 - botocore's and urllib3's errors, sorted by _transient
+                if not _transient(e) or attempt == attempts - 1:
+                    tried = f" (tried {attempt + 1} times over {time.monotonic() - started:.1f} s)" if attempt else ""
+                    raise StoreError(f"cannot {what}: {_explain(e, self, client)}{tried}") from e
+            time.sleep(policy.wait(attempt) * random.uniform(0.5, 1.0))
+        raise AssertionError("unreachable")
+
+
+_THROTTLING = {"SlowDown", "Throttling", "ThrottlingException", "RequestLimitExceeded", "TooManyRequestsException",
+               "RequestTimeout", "RequestTimeTooSkewed", "InternalError", "ServiceUnavailable"}
+
+
+def _transient(error: Exception) -> bool:
+    import botocore.exceptions as be
+    import urllib3.exceptions
+
+    if isinstance(error, be.ClientError):
+        answer = error.response
+        status = answer.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0
+        return answer.get("Error", {}).get("Code") in _THROTTLING or status >= 500 or status == 429
+    return isinstance(error, (be.ConnectionError, be.HTTPClientError, be.IncompleteReadError, ConnectionError,
+                              urllib3.exceptions.ProtocolError, urllib3.exceptions.TimeoutError))
+
+
+def _explain(error: Exception, store: Store, client) -> str:
+    import botocore.exceptions as be
+
+    bucket, _ = store._bucket_key("")
+    if isinstance(error, (be.NoCredentialsError, be.PartialCredentialsError)):
+        return ("no AWS credentials found: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE) in the "
+                "environment")
+    if isinstance(error, be.EndpointConnectionError):
+        return f"the S3 endpoint {client.meta.endpoint_url} cannot be reached (check AWS_ENDPOINT_URL)"
+    if isinstance(error, be.ClientError):
+        code = error.response.get("Error", {}).get("Code", "")
+        message = error.response.get("Error", {}).get("Message", "")
+        if code == "NoSuchBucket":
+            return f"the bucket {bucket!r} does not exist at {client.meta.endpoint_url}"
+        if code in ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "403", "AllAccessDisabled"):
+            return f"access denied ({code}): check the credentials and the permissions on bucket {bucket!r}"
+        if code in ("NoSuchKey", "404"):
+            return "no such object"
+        return f"{code}: {message}" if message else code
+    return f"{type(error).__name__}: {error}"
+
+
+_CLIENT: dict = {}
+_CLIENT_LOCK = threading.Lock()   # boto3's default session, which builds clients, is not thread-safe
 
 
 def _s3_client():
-    import boto3  # smart_open[s3] brings it; it reads AWS_ENDPOINT_URL and credentials from the environment
-
-    return boto3.client("s3")
-
-
-_conditional_clients: dict = {}
-_conditional_guard = threading.Lock()
+    """One boto3 client per process and AWS environment; it does not retry (Store._s3 does, within `retries()`)."""
+    key = (os.getpid(), tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("AWS_"))))
+    with _CLIENT_LOCK:
+        return _CLIENT["client"] if _CLIENT.get("key") == key else _new_client(key)
 
 
-def _conditional_client():
-    """One client from its own boto3 Session: the lock's heartbeat thread uses it beside the main thread
-    (boto3's default session, which _s3_client builds clients from, is not thread-safe)."""
-    endpoint = os.environ.get("AWS_ENDPOINT_URL")
-    with _conditional_guard:
-        if endpoint not in _conditional_clients:
-            import boto3
+def _new_client(key):
+    import boto3  # reads AWS_ENDPOINT_URL and the credentials from the environment
+    from botocore.config import Config
 
-            _conditional_clients[endpoint] = boto3.session.Session().client("s3")
-        return _conditional_clients[endpoint]
+    config = Config(retries={"total_max_attempts": 1, "mode": "standard"}, connect_timeout=CONNECT_TIMEOUT,
+                    read_timeout=READ_TIMEOUT, max_pool_connections=32)
+    _CLIENT.update(key=key, client=boto3.client("s3", config=config))
+    return _CLIENT["client"]
 
 
-_CHUNK = 64 << 20
+_CHUNK = 64 << 20   # the most one GET asks for, and one local write writes
+_PART = 64 << 20    # objects up to this size are one PUT; bigger ones go up in parts of this size
+
+
+def _parts(chunks):
+    """The bytes of `chunks`, cut into parts of _PART bytes (the last shorter)."""
+    part = io.BytesIO()
+    for chunk in chunks:
+        view = memoryview(chunk).cast("B")
+        at = 0
+        while at < len(view):
+            piece = view[at:at + _PART - part.tell()]
+            _crash_point(part, piece)
+            part.write(piece)
+            at += len(piece)
+            if part.tell() == _PART:
+                yield part.getvalue()
+                part = io.BytesIO()
+    if part.tell():
+        yield part.getvalue()
 
 
 def _write_chunks(f, chunks) -> int:
