@@ -149,6 +149,10 @@ def _load_rows(spec: HFSpec, stage_name: str, cache_dir: str | None = None):
             rows = datasets.concatenate_datasets([rows[split] for split in spec.splits]) if len(spec.splits) > 1 \
                 else rows[spec.splits[0]]
         return rows
+    if os.path.isabs(spec.name):  # a path (config loading made it absolute): never minutes of hub retries for it
+        raise DataInputError(f"{where}: {spec.name} does not exist (a local path, so not tried on the hub)")
+    if isinstance(dataset.hf_dataset_or_datasets, str) and dataset.hf_data_files is not None and not spec.files:
+        raise DataInputError(f"{where}: hf_data_files {dataset.hf_data_files!r} matches no file")
     try:
         return datasets.load_dataset(spec.name, data_files=list(spec.files) or None, **options)
     except (FileNotFoundError, ConnectionError, OSError, ValueError) as e:
