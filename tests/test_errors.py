@@ -166,6 +166,54 @@ def test_a_bad_sample_mid_run_saves_nothing_and_names_stage_sample_and_file(tmp_
     assert committed_step(folder) == last and checkpoint_bytes(folder, last) == intact
 
 
+def test_a_token_file_cut_short_under_the_loader_is_a_data_error_not_a_crash(tmp_path):
+    from data_helpers import BYTES, documents, load
+    from nanoflow.data import DataError, open_stage
+
+    write_folder(tmp_path / "tokens", documents(np.random.default_rng(0), 3000, 0, 200), files=2)
+    config = load(tmp_path, [stage("pretrain", 1, {"dataset_folder": str(tmp_path / "tokens")})], sequence_length=64,
+                  micro_batch_size=8, accumulation=1)
+    with open_stage(config, 0, BYTES) as loader:
+        loader.batch_at(1)
+        for path in (tmp_path / "tokens").glob("*.ds"):   # a mapped file read past its new end would be SIGBUS
+            os.truncate(path, path.stat().st_size // 3)
+        with pytest.raises(DataError, match=r'stage "pretrain": sample \d+ \(dataset_folder .*tokens.*\): '
+                                            r'TokenFolderError: .*_unshuffled\.ds: \d+ bytes now, \d+ when the run '
+                                            r'opened it: the file changed under the run'):
+            for step in loader.steps[1:]:
+                loader.batch_at(step)
+
+
+@pytest.mark.slow
+def test_a_token_file_cut_short_mid_run_exits_2_and_keeps_the_checkpoint(tmp_path):
+    from data_helpers import documents
+
+    tokens = tmp_path / "tokens"
+    write_folder(tokens, documents(np.random.default_rng(0), 3000, 0, 200), files=2)
+    config = write_config(tmp_path, [stage("pretrain", 1, {"dataset_folder": str(tokens)})], sequence_length=64,
+                          micro_batch_size=8, accumulation=1, train_steps=400)
+    folder = tmp_path / "checkpoints"
+    process = subprocess.Popen([sys.executable, "bin/train", str(config), "--set", "checkpoints.checkpoint_interval=2"],
+                               cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    try:
+        while "saved step 2:" not in (line := process.stdout.readline()):
+            assert line, process.communicate()
+        intact = checkpoint_bytes(folder, 2)
+        for path in tokens.glob("*.ds"):
+            os.truncate(path, path.stat().st_size // 3)
+        stdout, stderr = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    result = subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+    assert_clean_failure(result, errors.EXIT_BAD_INPUT, 'stage "pretrain": sample', "_unshuffled.ds",
+                         "changed under the run")
+    assert committed_step(folder) == 2 and checkpoint_bytes(folder, 2) == intact
+    assert "saved step" not in stdout
+
+
 # ---------------------------------------------------------------------------------------------
 # Enum typos: the allowed values and the nearest one
 
