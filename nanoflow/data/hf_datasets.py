@@ -221,6 +221,14 @@ def _tokenize_shard(rows, kind: str, columns: tuple[str, ...], tokenizer_name: s
     return _sft_table(rows, *columns, tokenizer, sequence_length, where)
 
 
+def quiet_on_ctrl_c() -> None:
+    """In a worker process: Ctrl-C reaches the whole process group, and the main process reports it in
+    one line; a worker just ends, instead of printing a KeyboardInterrupt traceback of its own."""
+    import signal
+
+    signal.signal(signal.SIGINT, lambda *_: os._exit(130))
+
+
 def tokenize_rows(rows, kind: str, columns: tuple[str, ...], tokenizer: Tokenizer, sequence_length: int = 0,
                   where: str = "the source", num_proc: int = 1) -> np.ndarray:
     """The rows tokenized: a flat token array ("packed") or the SFT table ("sft"); the result does not
@@ -232,7 +240,8 @@ def tokenize_rows(rows, kind: str, columns: tuple[str, ...], tokenizer: Tokenize
     import multiprocessing
 
     shards = [rows.shard(num_shards=num_proc, index=i, contiguous=True) for i in range(num_proc)]
-    with ProcessPoolExecutor(num_proc, mp_context=multiprocessing.get_context("spawn")) as pool:
+    with ProcessPoolExecutor(num_proc, mp_context=multiprocessing.get_context("spawn"),
+                             initializer=quiet_on_ctrl_c) as pool:
         parts = list(pool.map(_tokenize_shard, shards, [kind] * num_proc, [columns] * num_proc,
                               [tokenizer.name] * num_proc, [sequence_length] * num_proc, [where] * num_proc))
     return np.concatenate(parts)
