@@ -379,3 +379,17 @@ def test_verify_resume_prints_checkpoint_warnings_as_plain_lines(tmp_path):
     warned = [line for line in result.stderr.splitlines() if line.startswith("warning: ")]
     assert warned and "is incomplete" in warned[0], result.stderr
     assert "CheckpointWarning" not in result.stderr and "verify.py:" not in result.stderr, result.stderr
+
+
+@pytest.mark.slow
+def test_until_step_is_a_planned_stop_not_a_signal(tmp_path):
+    import io as text_io
+
+    from nanoflow.loop import train
+
+    out = text_io.StringIO()
+    state = train(load_config(ROOT / TINY, [f'checkpoints.checkpoints_path="{tmp_path / "run"}"']), until_step=2,
+                  out=out, progress=False)
+    assert state.step == 2 and committed_step(tmp_path / "run") == 2
+    assert "stopped by until_step = 2 (a planned stop, not a signal) after step 2 of 12" in out.getvalue()
+    assert "SIG" not in out.getvalue()
