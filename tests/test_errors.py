@@ -327,8 +327,8 @@ def test_a_signal_stop_after_saving_exits_75(tmp_path):
                "--set", "data_stages.sft.start_training_step=390", "--set", "checkpoints.checkpoint_interval=1000"]
     process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 60
-        while not ((folder / "metrics.jsonl").exists() and len((folder / "metrics.jsonl").read_text().splitlines()) >= 2):
+        deadline, metrics = time.monotonic() + 60, folder / "metrics.jsonl"
+        while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 2):
             assert process.poll() is None and time.monotonic() < deadline, process.communicate()
             time.sleep(0.02)
         process.send_signal(signal.SIGTERM)
