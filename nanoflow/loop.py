@@ -205,6 +205,7 @@ def _checkpoints_to_try(config: Config, fresh: bool, out: TextIO) -> list[str]:
 
 
 def _say_what_fresh_ignores(checkpoints, out: TextIO) -> None:
+    """Name the committed checkpoints --fresh passes over, so that nobody takes a fresh start for a resume."""
     seen = set()
     for key in ("checkpoints_path", "resume_checkpoint_path"):
         where = getattr(checkpoints, key)
@@ -213,8 +214,8 @@ def _say_what_fresh_ignores(checkpoints, out: TextIO) -> None:
         seen.add(where)
         try:
             steps = sorted(int(folder.rstrip("/").rpartition("/")[2]) for folder in io.checkpoints_to_try(where))
-        except (io.CheckpointError, StoreError, ValueError) as e:
-            print(f"--fresh: not reading checkpoints.{key} = {where} ({e})", file=out)
+        except Exception as e:  # noqa: BLE001 - only a message: what cannot be listed must not stop a fresh start
+            print(f"--fresh: could not list checkpoints.{key} = {where} ({type(e).__name__}: {e})", file=out)
             continue
         if steps:
             print(f"--fresh: starting from step 1, ignoring the committed checkpoints of checkpoints.{key} = {where} "
