@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+import warnings
+from pathlib import Path
+from typing import Callable
 
-from nanoflow.config import ConfigError, load_config
-from nanoflow.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, NanoflowError
+from nanoflow.config import load_config
+from nanoflow.errors import EXIT_BAD_INPUT, EXIT_BUG, EXIT_DONE, EXIT_INTERRUPTED, EXIT_STOPPED, NanoflowError
 
 
 def exit_process(code: int) -> None:
@@ -15,6 +18,38 @@ def exit_process(code: int) -> None:
     if parallel is not None:
         parallel.exit_process(code)
     sys.exit(code)
+
+
+def guarded(work: Callable[[], int], where: str | None = None) -> int:
+    """Run a front end's work and return its exit status. A NanoflowError becomes its message on
+    stderr, prefixed with `where` (the file the command was given) unless the message names it
+    already, and the error's exit_status; Ctrl-C, one line and 130. Never a traceback for either."""
+    try:
+        with warnings.catch_warnings():
+            warnings.showwarning = _show_warning
+            return work()
+    except NanoflowError as e:
+        message = str(e)
+        if where and not message.startswith((where, str(Path(where)))):
+            message = f"{where}: {message}"
+        print(f"error: {message}", file=sys.stderr)
+        return e.exit_status
+    except KeyboardInterrupt:  # at start-up, or a second Ctrl-C in training: a save it cuts never commits
+        print("interrupted: stopped at once, without saving; the last committed checkpoint (if any) is untouched",
+              file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """nanoflow's own warnings (a checkpoint skipped for an older one, …) are news for the user, not for a
+    developer: one plain "warning: …" line, without the source file and line Python adds."""
+    if category.__module__.split(".")[0] == "nanoflow":
+        print(f"warning: {message}", file=sys.stderr if file is None else file)
+    else:
+        _python_show_warning(message, category, filename, lineno, file, line)
+
+
+_python_show_warning = warnings.showwarning
 
 
 def train_main(argv: list[str] | None = None) -> int:
@@ -32,42 +67,24 @@ def train_main(argv: list[str] | None = None) -> int:
                              "(a step is replaced when the new run commits its own; the old run's later steps "
                              "rank after the new run's, and go first under checkpoints.keep)")
     args = parser.parse_args(argv)
+    return guarded(lambda: _train(args), where=args.config)
 
+
+def _train(args: argparse.Namespace) -> int:
+    config = load_config(args.config, args.overrides)
+    if args.plan:
+        from nanoflow.data.tokenizer import load_run_tokenizer
+        from nanoflow.plan import render_plan
+        print(render_plan(config, load_run_tokenizer(config)))
+        return EXIT_DONE
+    from nanoflow.loop import train  # the training machinery, once the config is known to be good
+    from nanoflow.parallel import shutdown
     try:
-        config = load_config(args.config, args.overrides)
-        if args.plan:
-            from nanoflow.data.tokenizer import load_run_tokenizer
-            from nanoflow.plan import render_plan
-            print(render_plan(config, load_run_tokenizer(config)))
-            return 0
-        # The training machinery, once the config is known to be good.
-        from nanoflow.io import CheckpointError
-        from nanoflow.io.store import StoreError
-        from nanoflow.loop import train
-        from nanoflow.parallel import shutdown
-        from nanoflow.schedule import ScheduleDriftError
-        try:
-            train(config, fresh=args.fresh)
-        except (CheckpointError, ScheduleDriftError) as e:
-            print(f"error: {args.config}: {e}", file=sys.stderr)
-            return EXIT_BAD_INPUT
-        except StoreError as e:  # storage gone mid-run: what was committed before is intact
-            print(f"error: {e}\nThe last committed checkpoint is untouched: run the same command again to resume "
-                  "from it.", file=sys.stderr)
-            return 1
-        except KeyboardInterrupt:  # a second Ctrl-C: stop now, not after the step (a save it cuts never commits)
-            print("interrupted: stopped at once, without saving; the last committed checkpoint is untouched",
-                  file=sys.stderr)
-            return EXIT_INTERRUPTED
-        finally:
-            shutdown()
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except NanoflowError as e:
-        print(f"error: {args.config}: {e}", file=sys.stderr)
-        return e.exit_status
-    return 0
+        state = train(config, fresh=args.fresh)
+    finally:
+        shutdown()
+    # train() returns before the last step only when a signal stopped it (after saving): requeue, rerun to resume
+    return EXIT_DONE if state.step >= state.schedule.train_steps else EXIT_STOPPED
 
 
 def verify_resume_main(argv: list[str] | None = None) -> int:
@@ -81,20 +98,18 @@ def verify_resume_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="seed of the kill moments")
     parser.add_argument("--workdir", help="where the two runs go (default: a temporary folder, removed after)")
     args = parser.parse_args(argv)
-    try:
-        load_config(args.config, args.overrides)  # fail fast, with the usual message, on a bad config
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+    return guarded(lambda: _verify_resume(args), where=args.config)
 
+
+def _verify_resume(args: argparse.Namespace) -> int:
+    load_config(args.config, args.overrides)  # fail fast, with the usual message, on a bad config
     import tempfile
-    from pathlib import Path
 
     from nanoflow.verify import verify_resume
     with tempfile.TemporaryDirectory(prefix="verify-resume-") as temporary:
         workdir = Path(args.workdir or temporary)
         ok = verify_resume(args.config, args.overrides, workdir, kills=args.kills, seed=args.seed)
-    return 0 if ok else 1
+    return EXIT_DONE if ok else EXIT_BUG
 
 
 def prepare_main(argv: list[str] | None = None) -> int:
@@ -116,23 +131,22 @@ def prepare_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--num-proc", type=int, default=None, help="tokenizing processes (default: one per CPU)")
     parser.add_argument("--docs-per-shard", type=int, default=None, help="documents per .ds file (default 50000)")
     args = parser.parse_args(argv)
+    return guarded(lambda: _prepare(args))
 
-    from nanoflow.data.prepare import DOCS_PER_SHARD, prepare
+
+def _prepare(args: argparse.Namespace) -> int:
+    from nanoflow.data.prepare import DOCS_PER_SHARD, PrepareError, prepare
     try:
         summary = prepare(args.inputs, args.output, tokenizer=args.tokenizer, eos_token=args.eos_token,
                           text_column=args.text_column, num_proc=args.num_proc,
                           docs_per_shard=args.docs_per_shard or DOCS_PER_SHARD)
-    except NanoflowError as e:      # a bad input, a tokenizer problem, a folder of another preparation
-        print(f"error: {e}", file=sys.stderr)
-        return e.exit_status
-    except FileNotFoundError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+    except FileNotFoundError as e:  # an input that is not there
+        raise PrepareError(str(e)) from None
     resumed = f" ({summary['resumed']} already done by an earlier run)" if summary["resumed"] else ""
     print(f"{summary['output']}: {summary['documents']:,} documents, {summary['tokens']:,} tokens in "
           f"{summary['files']} files{resumed}; tokenizer {summary['tokenizer']}, {summary['token_size']}-byte tokens; "
           f"read back and verified in {summary['seconds']:.1f}s")
-    return 0
+    return EXIT_DONE
 
 
 def export_main(argv: list[str] | None = None) -> int:
@@ -150,17 +164,16 @@ def export_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"),
                         help="cast the weights (default: as saved, float32)")
     args = parser.parse_args(argv)
+    return guarded(lambda: _export(args))
 
-    from nanoflow.io import CheckpointError, export_hf
-    try:
-        summary = export_hf(args.checkpoint, args.out_dir, max_shard_size=args.max_shard_size, dtype=args.dtype)
-    except CheckpointError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+
+def _export(args: argparse.Namespace) -> int:
+    from nanoflow.io import export_hf
+    summary = export_hf(args.checkpoint, args.out_dir, max_shard_size=args.max_shard_size, dtype=args.dtype)
     tokenizer = f"; tokenizer: {summary['tokenizer']}" if summary["tokenizer"] else "; no tokenizer"
     print(f"exported step {summary['step']} to {summary['path']}: {len(summary['files'])} files, "
           f"{summary['dtype']}{tokenizer}")
-    return 0
+    return EXIT_DONE
 
 
 def _size(text: str) -> int:
@@ -187,19 +200,19 @@ def report_main(argv: list[str] | None = None) -> int:
                                         "runs/<run> when checkpoints go to S3)")
     parser.add_argument("--out", help="where to write the PNG (default RUN_DIR/report.png)")
     args = parser.parse_args(argv)
+    return guarded(lambda: _report(args))
 
-    from nanoflow.report import ReportError, format_summary, write_report
+
+def _report(args: argparse.Namespace) -> int:
+    from nanoflow.report import format_summary, write_report
     try:
         path, rows = write_report(args.run_dir, args.out)
-    except ReportError as e:
+    except ImportError as e:  # matplotlib, an optional extra
         print(f"error: {e}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except ImportError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+        return EXIT_BUG
     print(format_summary(rows))
     print(f"\nwrote {path}")
-    return 0
+    return EXIT_DONE
 
 
 def convert_nanotron_config_main(argv: list[str] | None = None) -> int:
@@ -210,12 +223,15 @@ def convert_nanotron_config_main(argv: list[str] | None = None) -> int:
         epilog="Example: bin/convert-nanotron-config config.yaml > schedule.toml")
     parser.add_argument("config", help="a nanotron YAML config")
     args = parser.parse_args(argv)
+    return guarded(lambda: _convert_nanotron_config(args), where=args.config)
 
+
+def _convert_nanotron_config(args: argparse.Namespace) -> int:
     try:
         import yaml
     except ImportError:
         print("error: reading YAML needs PyYAML: pip install pyyaml", file=sys.stderr)
-        return 1
+        return EXIT_BUG
     from nanoflow.nanotron import convert
     try:
         with open(args.config) as f:
@@ -227,4 +243,4 @@ def convert_nanotron_config_main(argv: list[str] | None = None) -> int:
     sys.stdout.write(text)
     for line in report.lines():
         print(f"{args.config}: {line}", file=sys.stderr)
-    return 0
+    return EXIT_DONE

@@ -22,7 +22,8 @@ import torch
 from nanoflow import io
 from nanoflow.config import Config, unreached_stages
 from nanoflow.data import check_stages, load_run_tokenizer, open_stage
-from nanoflow.errors import NanoflowError
+from nanoflow.errors import EXIT_STORAGE, NanoflowError
+from nanoflow.io.store import StoreError
 from nanoflow.parallel import SINGLE, Topology, broadcast_object, device, init_topology
 from nanoflow.schedule import TrainingMetadata, active_stage, resume_point, stage_steps
 from nanoflow.snapshot import checkpoint_blocks, read_on_every_rank, restore_state
@@ -31,6 +32,12 @@ from nanoflow.step import train_step
 from nanoflow.tensorboard import TensorBoardLog
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
+
+
+class StorageLostError(NanoflowError):
+    """Storage failed once training had begun: not the config's fault, and what was committed stands."""
+
+    exit_status = EXIT_STORAGE
 
 
 def run_dir(config: Config) -> Path:
@@ -92,8 +99,7 @@ def _train(config: Config, *, fresh: bool, until_step: int | None, out: TextIO, 
 
     state = start_state(config, topology, fresh=fresh, out=out)
     schedule = state.schedule
-    if state.step >= schedule.train_steps:
-        print(f"nothing to do: the checkpoint has completed all {schedule.train_steps} steps", file=out)
+    if state.step >= schedule.train_steps:  # start_state said "nothing to do"
         return state
     directory = run_dir(config)
     if topology.is_main:
@@ -118,7 +124,7 @@ def _train(config: Config, *, fresh: bool, until_step: int | None, out: TextIO, 
                 tensorboard_log.write(metrics)
                 report.step_done(metrics)
                 if until_step is not None and step >= until_step:
-                    stop.requested = stop.requested or f"until_step={until_step}"
+                    stop.requested = stop.requested or f"until_step = {until_step} (a planned stop, not a signal)"
                 stopping = stop.agreed()
                 if step % config.checkpoints.checkpoint_interval == 0 or step == schedule.train_steps or stopping:
                     report.message(f"saved step {step}: {save(state)}")
@@ -126,6 +132,10 @@ def _train(config: Config, *, fresh: bool, until_step: int | None, out: TextIO, 
                     report.message(f"stopped by {stopping} after step {step} of {schedule.train_steps}; "
                                    "run the same command again to resume from the checkpoint just saved")
                     break
+    except (StoreError, io.CheckpointError) as e:
+        if isinstance(e, io.CheckpointError) and not isinstance(e.__cause__, StoreError):
+            raise
+        raise StorageLostError(f"{e}\nthe last committed checkpoint stands; rerun to resume") from None
     finally:
         if loader is not None:
             loader.close()
@@ -192,6 +202,9 @@ def start_state(config: Config, topology: Topology = SINGLE, *, fresh: bool = Fa
     else:
         raise io.DamagedCheckpointError("no checkpoint to resume from reads back intact: " + "; ".join(damaged))
     point = resume_point(state.schedule, TrainingMetadata.from_dict(reader.metadata["training"]))
+    if state.step >= state.schedule.train_steps:
+        print(f"nothing to do: {reader.path} has all {state.schedule.train_steps} steps done", file=out)
+        return state
     skipped = [what for what, loaded in (("optimizer moments", checkpoints.load_optimizer),
                                          ("LR schedule position", checkpoints.load_lr_scheduler)) if not loaded]
     print(f"resuming from {reader.path}: step {state.step} done, next step {point.step} "
@@ -207,6 +220,7 @@ def _checkpoints_to_try(config: Config, fresh: bool, out: TextIO) -> list[str]:
         warnings.simplefilter("always", io.CheckpointWarning)
         if fresh:
             folders = []
+            _say_what_fresh_ignores(checkpoints, out)
         elif checkpoints.resume_checkpoint_path is not None:
             folders = io.checkpoints_to_try(checkpoints.resume_checkpoint_path)
             if not folders:
@@ -222,6 +236,25 @@ def _checkpoints_to_try(config: Config, fresh: bool, out: TextIO) -> list[str]:
     for warning in caught:
         print(f"warning: {warning.message}", file=out)
     return folders
+
+
+def _say_what_fresh_ignores(checkpoints, out: TextIO) -> None:
+    """Name the committed checkpoints --fresh passes over, so that nobody takes a fresh start for a resume."""
+    seen = set()
+    for key in ("checkpoints_path", "resume_checkpoint_path"):
+        where = getattr(checkpoints, key)
+        if where is None or where in seen:
+            continue
+        seen.add(where)
+        try:
+            steps = sorted(int(folder.rstrip("/").rpartition("/")[2]) for folder in io.checkpoints_to_try(where))
+        except Exception as e:  # noqa: BLE001 - only a message: what cannot be listed must not stop a fresh start
+            print(f"--fresh: could not list checkpoints.{key} = {where} ({type(e).__name__}: {e})", file=out)
+            continue
+        if steps:
+            print(f"--fresh: starting from step 1, ignoring the committed checkpoints of checkpoints.{key} = {where} "
+                  f"(step{'s' * (len(steps) > 1)} {', '.join(map(str, steps))}); they are not deleted: a step is "
+                  "replaced only when this run commits its own", file=out)
 
 
 class StopRequest:

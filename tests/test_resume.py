@@ -414,7 +414,7 @@ def test_sigterm_finishes_the_step_saves_and_says_how_to_resume(tmp_path, straig
         time.sleep(0.01)
     process.send_signal(signal.SIGTERM)
     out, _ = process.communicate(timeout=60)
-    assert process.returncode == 0, out
+    assert process.returncode == 75, out   # EXIT_STOPPED: saved, not finished
     assert "stopped by SIGTERM" in out and "run the same command again" in out
     stopped_at = io.read_metadata(str(tmp_path))["step"]
     assert 2 <= stopped_at < 12

@@ -289,15 +289,15 @@ def _dataset_problems(dataset: DatasetArgs | NanosetDatasetsArgs) -> list[str]:
             elif os.path.isabs(key) and not glob.glob(key, recursive=True):
                 problems.append(f"hf_dataset_or_datasets: {key} matches no file")
         problems += _weight_problems("hf_dataset_or_datasets", list(name.items()))
-    elif name in BUILDERS:
+    else:
         patterns = [files] if isinstance(files, str) else (files or [])
-        if not patterns:
+        if name in BUILDERS and not patterns:
             problems.append(f'hf_data_files: the "{name}" builder needs hf_data_files')
-        for pattern in patterns:
+        for pattern in patterns:  # local files, for any name (a hub dataset too): none found is never "all"
             if not glob.glob(pattern, recursive=True):
                 problems.append(f"hf_data_files: {pattern} matches no file")
-    elif os.path.isabs(name) and not os.path.exists(name):
-        problems.append(f"hf_dataset_or_datasets: {name} does not exist")
+        if name not in BUILDERS and os.path.isabs(name) and not os.path.exists(name):
+            problems.append(f"hf_dataset_or_datasets: {name} does not exist (a local path, so not tried on the hub)")
     if (dataset.prompt_column_name is None) != (dataset.completion_column_name is None):
         problems.append("an SFT stage needs both prompt_column_name and completion_column_name")
     return problems

@@ -7,6 +7,7 @@ import glob
 import os
 import re
 import sys
+import typing
 from pathlib import Path
 
 import attrs
@@ -87,6 +88,21 @@ def _resolve(base: Path, value: str) -> str:
     return os.path.abspath(base / value)
 
 
+LOCAL_SUFFIXES = (".json", ".jsonl", ".csv", ".parquet", ".arrow", ".txt", ".md")
+
+
+def looks_local(name: str, base: Path) -> bool:
+    """Whether a dataset name is meant as a local path, present or not: a hub id is "name" or
+    "namespace/name", so a name with a glob, a file extension, more than one "/", a leading "/", "."
+    or "~", or a first component that is a folder here, is a path (and a missing one is an error
+    at once, not minutes of hub retries)."""
+    if name.startswith(("/", "./", "../", "~")) or any(c in name for c in "*?[") or name.count("/") > 1:
+        return True
+    if os.path.splitext(name)[1].lower() in LOCAL_SUFFIXES:
+        return True
+    return "/" in name and (base / name.partition("/")[0]).is_dir()
+
+
 def _resolve_paths(raw: dict, base: Path) -> None:
     """Make every path in the config relative to the TOML file, not to the working directory."""
     for section, key in (("checkpoints", "checkpoints_path"), ("checkpoints", "resume_checkpoint_path"),
@@ -108,12 +124,12 @@ def _resolve_paths(raw: dict, base: Path) -> None:
         elif isinstance(files, list):
             dataset["hf_data_files"] = [_resolve(base, f) if isinstance(f, str) else f for f in files]
         name = dataset.get("hf_dataset_or_datasets")
-        if isinstance(name, str) and name not in BUILDERS and (base / name).exists():
-            dataset["hf_dataset_or_datasets"] = _resolve(base, name)
+        if isinstance(name, str) and name not in BUILDERS and ((base / name).exists() or looks_local(name, base)):
+            dataset["hf_dataset_or_datasets"] = _resolve(base, os.path.expanduser(name))
         elif isinstance(name, dict):   # a blend: a name that is a local path or glob is relative to the TOML file
             dataset["hf_dataset_or_datasets"] = {
-                (_resolve(base, key) if key not in BUILDERS and ((base / key).exists() or glob.glob(str(base / key),
-                                                                                               recursive=True))
+                (_resolve(base, os.path.expanduser(key)) if key not in BUILDERS and (
+                    (base / key).exists() or glob.glob(str(base / key), recursive=True) or looks_local(key, base))
                  else key): weight for key, weight in name.items()}
         folders = dataset.get("dataset_folder")
         if isinstance(folders, str):
@@ -137,6 +153,9 @@ def _describe_structure_errors(exc: BaseException, raw: dict) -> list[str]:
             return "; ".join(parts)
         if isinstance(error, KeyError):
             return "required key missing"
+        allowed = _literal_values(_type)
+        if allowed and isinstance(error, cattrs.errors.CattrsError):
+            return _not_one_of(str(error).partition(" not in literal ")[0], allowed)
         if isinstance(error, (ValueError, TypeError)):
             return str(error)
         return cattrs.v.format_exception(error, _type)
@@ -146,6 +165,25 @@ def _describe_structure_errors(exc: BaseException, raw: dict) -> list[str]:
         message, _, where = line.rpartition(" @ ")
         lines.append(f"{_readable_path(where, raw)}: {message}")
     return lines
+
+
+def _literal_values(type_) -> tuple:
+    """The values a Literal[...] field allows (also inside a Union such as Literal[...] | None); () otherwise."""
+    if typing.get_origin(type_) is typing.Literal:
+        return typing.get_args(type_)
+    if typing.get_origin(type_) is typing.Union:
+        return tuple(value for member in typing.get_args(type_) for value in _literal_values(member))
+    return ()
+
+
+def _not_one_of(value: str, allowed: tuple) -> str:
+    """"'cosin' is not allowed: expected one of 'linear', 'cosine' (did you mean 'cosine'?)"."""
+    names = [str(a) for a in allowed]
+    folded = {name.lower().replace("_", "").replace("-", ""): name for name in names}
+    near = folded.get(value.lower().replace("_", "").replace("-", "")) or next(
+        iter(difflib.get_close_matches(value, names, n=1, cutoff=0.5)), None)
+    return (f"{value!r} is not allowed: expected one of {', '.join(map(repr, allowed))}"
+            + (f" (did you mean {near!r}?)" if near else ""))
 
 
 def _readable_path(where: str, raw: dict) -> str:

@@ -149,6 +149,10 @@ def _load_rows(spec: HFSpec, stage_name: str, cache_dir: str | None = None):
             rows = datasets.concatenate_datasets([rows[split] for split in spec.splits]) if len(spec.splits) > 1 \
                 else rows[spec.splits[0]]
         return rows
+    if os.path.isabs(spec.name):  # a path (config loading made it absolute): never minutes of hub retries for it
+        raise DataInputError(f"{where}: {spec.name} does not exist (a local path, so not tried on the hub)")
+    if isinstance(dataset.hf_dataset_or_datasets, str) and dataset.hf_data_files is not None and not spec.files:
+        raise DataInputError(f"{where}: hf_data_files {dataset.hf_data_files!r} matches no file")
     try:
         return datasets.load_dataset(spec.name, data_files=list(spec.files) or None, **options)
     except (FileNotFoundError, ConnectionError, OSError, ValueError) as e:
@@ -217,6 +221,14 @@ def _tokenize_shard(rows, kind: str, columns: tuple[str, ...], tokenizer_args, s
     return _sft_table(rows, *columns, tokenizer, sequence_length, where)
 
 
+def quiet_on_ctrl_c() -> None:
+    """In a worker process: Ctrl-C reaches the whole process group, and the main process reports it in
+    one line; a worker just ends, instead of printing a KeyboardInterrupt traceback of its own."""
+    import signal
+
+    signal.signal(signal.SIGINT, lambda *_: os._exit(130))
+
+
 def tokenize_rows(rows, kind: str, columns: tuple[str, ...], tokenizer: Tokenizer, sequence_length: int = 0,
                   where: str = "the source", num_proc: int = 1) -> np.ndarray:
     """The rows tokenized: a flat token array ("packed") or the SFT table ("sft"); the result does not
@@ -228,7 +240,8 @@ def tokenize_rows(rows, kind: str, columns: tuple[str, ...], tokenizer: Tokenize
     import multiprocessing
 
     shards = [rows.shard(num_shards=num_proc, index=i, contiguous=True) for i in range(num_proc)]
-    with ProcessPoolExecutor(num_proc, mp_context=multiprocessing.get_context("spawn")) as pool:
+    with ProcessPoolExecutor(num_proc, mp_context=multiprocessing.get_context("spawn"),
+                             initializer=quiet_on_ctrl_c) as pool:
         parts = list(pool.map(_tokenize_shard, shards, [kind] * num_proc, [columns] * num_proc,
                               [tokenizer.args] * num_proc, [sequence_length] * num_proc, [where] * num_proc))
     return np.concatenate(parts)

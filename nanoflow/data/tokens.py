@@ -219,6 +219,12 @@ class TokenFile:
 
     @property
     def map(self) -> np.ndarray:
+        # A mapped file cut short under the run kills the process (SIGBUS) on the next read past its new end;
+        # one stat per read turns that into an error that names the file (and the loader, the sample).
+        size = os.path.getsize(self.path) if self.tokens else 0
+        if size != self.tokens * self.token_size:
+            raise TokenFolderError(f"{self.path}: {size} bytes now, {self.tokens * self.token_size} when the run "
+                                   "opened it: the file changed under the run (truncated or rewritten)")
         if self._map is None:
             self._map = (np.memmap(self.path, dtype=token_dtype(self.token_size), mode="r") if self.tokens
                          else np.zeros(0, token_dtype(self.token_size)))

@@ -1,0 +1,395 @@
+"""User errors end as one message and a documented exit status, never a traceback, and lose nothing.
+
+The front ends run as real subprocesses (bin/*); every run writes into pytest's tmp_path.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from data_helpers import EOS, stage, write_config, write_folder
+from nanoflow import cli, errors, load_config
+from nanoflow.config import ConfigError
+from nanoflow.config.load import looks_local
+from nanoflow.io import CheckpointWarning
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = "schedules/tiny.toml"
+
+
+def run(*args: str, timeout: float = 180, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})})
+
+
+def run_arg(path: Path) -> list[str]:
+    return ["--set", f"checkpoints.checkpoints_path={json.dumps(str(path))}"]
+
+
+def assert_clean_failure(result: subprocess.CompletedProcess, status: int, *culprits: str) -> None:
+    assert result.returncode == status, (result.returncode, result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr + result.stdout
+    assert "error:" in result.stderr or "interrupted:" in result.stderr, result.stderr
+    for culprit in culprits:
+        assert culprit in result.stderr, (culprit, result.stderr)
+
+
+def checkpoint_bytes(run_folder: Path, step: int) -> dict[str, str]:
+    """Every file of one step folder, by its sha256."""
+    folder = run_folder / str(step)
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def committed_step(run_folder: Path) -> int:
+    return int((run_folder / "latest.txt").read_text())
+
+
+# ---------------------------------------------------------------------------------------------
+# One mapping for every front end
+
+class _Diverged(errors.NanoflowError):
+    exit_status = errors.EXIT_DIVERGED
+
+
+@pytest.mark.parametrize("error, status", [(ConfigError("bad key"), errors.EXIT_BAD_INPUT),
+                                           (_Diverged("loss is nan"), errors.EXIT_DIVERGED),
+                                           (KeyboardInterrupt(), errors.EXIT_INTERRUPTED)])
+def test_guarded_turns_an_error_into_its_status_and_one_message(error, status, capsys):
+    def work():
+        raise error
+
+    assert cli.guarded(work, where="run.toml") == status
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    if isinstance(error, errors.NanoflowError):
+        assert err == f"error: run.toml: {error}\n"
+    else:
+        assert err.startswith("interrupted: stopped at once, without saving")
+
+
+def test_guarded_prints_nanoflow_warnings_as_plain_lines(capsys):
+    def work():
+        warnings.warn("runs/x: using runs/x/4; skipped: runs/x/8 is incomplete", CheckpointWarning, stacklevel=1)
+        warnings.warn("someone else's", DeprecationWarning, stacklevel=1)
+        return 0
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        assert cli.guarded(work) == 0
+    err = capsys.readouterr().err
+    assert "warning: runs/x: using runs/x/4; skipped: runs/x/8 is incomplete\n" in err
+    assert "CheckpointWarning" not in err and "test_errors.py" not in err
+    assert "warning: someone else's" not in err   # not ours: left to Python's usual handling
+
+
+@pytest.mark.parametrize("front_end", ["export", "report", "prepare", "verify-resume", "train",
+                                       "convert-nanotron-config"])
+def test_every_front_end_exits_2_with_a_message_naming_the_culprit(tmp_path, front_end):
+    missing = str(tmp_path / "no_such_thing")
+    args = {"export": [missing, str(tmp_path / "out")],
+            "report": [missing],
+            "prepare": [missing + ".txt", "--output", str(tmp_path / "tokens")],
+            "verify-resume": [TINY, "--set", "tokens.trian_steps=3"],
+            "train": [TINY, "--plan", "--set", "model.dtype=bf16"],
+            "convert-nanotron-config": [missing + ".yaml"]}[front_end]
+    culprit = {"verify-resume": "trian_steps", "train": "model.dtype"}.get(front_end, "no_such_thing")
+    assert_clean_failure(run(f"bin/{front_end}", *args), errors.EXIT_BAD_INPUT, culprit)
+
+
+@pytest.mark.slow
+def test_storage_lost_mid_run_exits_4_and_the_committed_checkpoint_stands(tmp_path):
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / "4").write_text("a file where step 4's folder must go: its save fails")
+    result = run("bin/train", TINY, *run_arg(folder), "--set", "checkpoints.checkpoint_interval=2")
+    assert_clean_failure(result, errors.EXIT_STORAGE, f"{folder}/4", "the last committed checkpoint stands; rerun "
+                                                                     "to resume")
+    assert "saved step 2:" in result.stdout and committed_step(folder) == 2
+    intact = checkpoint_bytes(folder, 2)
+    assert intact and (folder / "4").is_file()
+
+    again = run("bin/train", TINY, *run_arg(folder), "--set", "checkpoints.checkpoint_interval=2")
+    assert_clean_failure(again, errors.EXIT_STORAGE)
+    assert f"resuming from {folder}/2" in again.stdout
+    assert checkpoint_bytes(folder, 2) == intact and committed_step(folder) == 2
+
+
+@pytest.mark.slow
+def test_storage_unreadable_before_the_first_step_exits_2(tmp_path):
+    folder = tmp_path / "run"
+    (folder / "latest.txt").mkdir(parents=True)   # cannot be read as the pointer to the latest checkpoint
+    result = run("bin/train", TINY, *run_arg(folder))
+    assert_clean_failure(result, errors.EXIT_BAD_INPUT, f"{folder}/latest.txt")
+    assert "step 1/" not in result.stdout and not (folder / "metrics.jsonl").exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# A bad sample found mid-run
+
+@pytest.mark.slow
+def test_a_bad_sample_mid_run_saves_nothing_and_names_stage_sample_and_file(tmp_path):
+    # One token id beyond the vocabulary deep in the file: start-up's checks do not reach it, the batch that
+    # reads it does, steps into the run.
+    tokens = tmp_path / "tokens"
+    write_folder(tokens, [np.full(70_000, 7), np.array([9, 290, EOS]), np.full(100, 8)])
+    config = write_config(tmp_path, [stage("pretrain", 1, {"dataset_folder": str(tokens)})], sequence_length=64,
+                          micro_batch_size=8, accumulation=1, train_steps=150, seed=7)  # seed 7: the bad
+    # sample comes in step 10
+    command = ["bin/train", str(config), "--set", "checkpoints.checkpoint_interval=1", "--set", "checkpoints.keep=2"]
+    folder = tmp_path / "checkpoints"
+
+    result = run(*command)
+    assert_clean_failure(result, errors.EXIT_BAD_INPUT, 'stage "pretrain": sample', "00000_unshuffled.ds",
+                         "token id 290 is outside model.vocab_size = 288")
+    last = committed_step(folder)
+    assert 1 < last < 150, result.stdout
+    steps = [json.loads(line)["step"] for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(1, last + 1))          # the failing step trained nothing, and saved nothing
+    assert not (folder / str(last + 1)).exists()
+    intact = checkpoint_bytes(folder, last)
+
+    again = run(*command)                               # the rerun resumes, meets the same sample, fails the same
+    assert_clean_failure(again, errors.EXIT_BAD_INPUT, "token id 290")
+    assert f"resuming from {folder}/{last}: step {last} done" in again.stdout
+    assert committed_step(folder) == last and checkpoint_bytes(folder, last) == intact
+
+
+def test_a_token_file_cut_short_under_the_loader_is_a_data_error_not_a_crash(tmp_path):
+    from data_helpers import BYTES, documents, load
+    from nanoflow.data import DataError, open_stage
+
+    write_folder(tmp_path / "tokens", documents(np.random.default_rng(0), 3000, 0, 200), files=2)
+    config = load(tmp_path, [stage("pretrain", 1, {"dataset_folder": str(tmp_path / "tokens")})], sequence_length=64,
+                  micro_batch_size=8, accumulation=1)
+    with open_stage(config, 0, BYTES) as loader:
+        loader.batch_at(1)
+        for path in (tmp_path / "tokens").glob("*.ds"):   # a mapped file read past its new end would be SIGBUS
+            os.truncate(path, path.stat().st_size // 3)
+        with pytest.raises(DataError, match=r'stage "pretrain": sample \d+ \(dataset_folder .*tokens.*\): '
+                                            r'TokenFolderError: .*_unshuffled\.ds: \d+ bytes now, \d+ when the run '
+                                            r'opened it: the file changed under the run'):
+            for step in loader.steps[1:]:
+                loader.batch_at(step)
+
+
+@pytest.mark.slow
+def test_a_token_file_cut_short_mid_run_exits_2_and_keeps_the_checkpoint(tmp_path):
+    from data_helpers import documents
+
+    tokens = tmp_path / "tokens"
+    write_folder(tokens, documents(np.random.default_rng(0), 3000, 0, 200), files=2)
+    config = write_config(tmp_path, [stage("pretrain", 1, {"dataset_folder": str(tokens)})], sequence_length=64,
+                          micro_batch_size=8, accumulation=1, train_steps=400)
+    folder = tmp_path / "checkpoints"
+    process = subprocess.Popen([sys.executable, "bin/train", str(config), "--set", "checkpoints.checkpoint_interval=2"],
+                               cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    try:
+        while "saved step 2:" not in (line := process.stdout.readline()):
+            assert line, process.communicate()
+        intact = checkpoint_bytes(folder, 2)
+        for path in tokens.glob("*.ds"):
+            os.truncate(path, path.stat().st_size // 3)
+        stdout, stderr = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    result = subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+    assert_clean_failure(result, errors.EXIT_BAD_INPUT, 'stage "pretrain": sample', "_unshuffled.ds",
+                         "changed under the run")
+    assert committed_step(folder) == 2 and checkpoint_bytes(folder, 2) == intact
+    assert "saved step" not in stdout
+
+
+# ---------------------------------------------------------------------------------------------
+# Enum typos: the allowed values and the nearest one
+
+@pytest.mark.parametrize("override, key, nearest", [
+    ("optimizer.learning_rate_scheduler.lr_decay_style=cosin", "lr_decay_style", "cosine"),
+    ("optimizer.learning_rate_scheduler.lr_warmup_style=linar", "lr_warmup_style", "linear"),
+    ("model.dtype=bf16", "model.dtype", "bfloat16"),
+    ("parallelism.tp_mode=ALLREDUCE", "parallelism.tp_mode", "ALL_REDUCE"),
+    ("parallelism.tp_mode=reduce_scatter", "parallelism.tp_mode", "REDUCE_SCATTER"),
+])
+def test_an_enum_typo_names_the_key_the_allowed_values_and_the_nearest(override, key, nearest):
+    with pytest.raises(ConfigError) as caught:
+        load_config(ROOT / TINY, [override])
+    message = str(caught.value)
+    assert key in message and f"(did you mean {nearest!r}?)" in message, message
+    assert "expected one of " in message and "unknown error" not in message and "Literal" not in message
+    allowed = message.partition("expected one of ")[2].partition(" (did")[0]
+    assert repr(nearest) in allowed.split(", ")
+
+
+def test_an_enum_value_far_from_every_allowed_one_lists_them_without_a_guess():
+    with pytest.raises(ConfigError, match=r"lr_decay_style: 'zzz' is not allowed: expected one of 'linear', "
+                                          r"'cosine', '1-sqrt', 'constant'$"):
+        load_config(ROOT / TINY, ["optimizer.learning_rate_scheduler.lr_decay_style=zzz"])
+
+
+# ---------------------------------------------------------------------------------------------
+# A mistyped local data path: an error at once, never minutes of hub retries
+
+def test_what_looks_like_a_local_path(tmp_path):
+    (tmp_path / "data").mkdir()
+    for name in ("data/arithmetc.jsonl", "corpus.txt", "./corpus", "a/b/c", "/abs/path", "data/*.txt",
+                 "data/myset", "~/corpus"):
+        assert looks_local(name, tmp_path), name
+    for name in ("HuggingFaceFW/fineweb", "wikitext", "allenai/c4"):   # hub ids: "name" or "namespace/name"
+        assert not looks_local(name, tmp_path), name
+
+
+@pytest.mark.parametrize("case", ["name", "blend-key", "hub-name-with-files"])
+def test_a_mistyped_local_path_is_an_immediate_error_naming_stage_and_path(tmp_path, case):
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "arithmetic.jsonl").write_text('{"prompt": "1+1=", "completion": "2"}\n')
+    dataset = {"name": {"hf_dataset_or_datasets": "data/arithmetc.jsonl", "prompt_column_name": "prompt",
+                        "completion_column_name": "completion"},
+               "blend-key": {"hf_dataset_or_datasets": {"data/arithmetic.jsonl": 1.0, "data/arithmetc.jsonl": 1.0},
+                             "prompt_column_name": "prompt", "completion_column_name": "completion"},
+               "hub-name-with-files": {"hf_dataset_or_datasets": "someone/dataset",
+                                       "hf_data_files": "data/arithmetc.jsonl"}}[case]
+    config = write_config(tmp_path, [stage("sft", 1, dataset)])
+    started = time.monotonic()
+    result = run("bin/train", str(config), "--plan", env={"HF_DATASETS_OFFLINE": "0", "HF_HUB_OFFLINE": "0"})
+    assert_clean_failure(result, errors.EXIT_BAD_INPUT, 'stage "sft"', str(tmp_path / "data" / "arithmetc.jsonl"))
+    assert time.monotonic() - started < 20            # no hub retries (they took ~23 s before any message)
+    assert not (tmp_path / "checkpoints").exists()
+
+
+def test_the_hub_is_not_tried_for_a_missing_absolute_path(tmp_path):
+    from nanoflow.config import DatasetArgs
+    from nanoflow.data.hf_datasets import hf_specs, load_rows
+    from nanoflow.data.tokens import DataInputError
+
+    missing = str(tmp_path / "nowhere" / "set")
+    with pytest.raises(DataInputError, match=f'stage "sft".*{missing} does not exist'):
+        load_rows(DatasetArgs(hf_dataset_or_datasets=missing), "sft")
+    with pytest.raises(DataInputError, match=f'stage "sft".*hf_data_files .*{tmp_path}/x.jsonl.* matches no file'):
+        load_rows(hf_specs(DatasetArgs(hf_dataset_or_datasets="someone/dataset",
+                                       hf_data_files=str(tmp_path / "x.jsonl")))[0], "sft")
+
+
+# ---------------------------------------------------------------------------------------------
+# Stops: Ctrl-C at start-up, a signal after saving, a finished run, --fresh
+
+def _big_text_config(tmp_path: Path) -> Path:
+    """A run whose start-up (tokenizing a 40 MB text file) takes seconds, and says so before it begins."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "big.txt").write_text("the quick brown fox jumps over the lazy dog\n" * 1_000_000)
+    return write_config(tmp_path, [stage("pretrain", 1, {"hf_dataset_or_datasets": "text",
+                                                         "hf_data_files": str(corpus / "*.txt")}),
+                                   stage("late", 500, {"hf_dataset_or_datasets": "text",
+                                                       "hf_data_files": str(corpus / "*.txt")})])
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_start_up_exits_130_with_one_line(tmp_path):
+    config = _big_text_config(tmp_path)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_DATASETS_CACHE": str(tmp_path / "cache")}
+    process = subprocess.Popen([sys.executable, "bin/train", str(config)], cwd=ROOT, env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        first = process.stdout.readline()   # said before the data loads and tokenizes
+        assert 'stage "late" starts after train_steps' in first, first
+        time.sleep(0.5)
+        process.send_signal(signal.SIGINT)
+        stdout, stderr = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    assert process.returncode == errors.EXIT_INTERRUPTED, (stdout, stderr)
+    assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr
+    assert stderr.strip().splitlines() == ["interrupted: stopped at once, without saving; the last committed "
+                                           "checkpoint (if any) is untouched"]
+    assert "step 1/" not in stdout and not (tmp_path / "checkpoints" / "latest.txt").exists()
+
+
+@pytest.mark.slow
+def test_a_signal_stop_after_saving_exits_75(tmp_path):
+    folder = tmp_path / "run"
+    command = [sys.executable, "bin/train", TINY, *run_arg(folder), "--set", "tokens.train_steps=400",
+               "--set", "data_stages.sft.start_training_step=390", "--set", "checkpoints.checkpoint_interval=1000"]
+    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline, metrics = time.monotonic() + 60, folder / "metrics.jsonl"
+        while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 2):
+            assert process.poll() is None and time.monotonic() < deadline, process.communicate()
+            time.sleep(0.02)
+        process.send_signal(signal.SIGTERM)
+        stdout, stderr = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    assert process.returncode == errors.EXIT_STOPPED, (stdout, stderr)
+    assert "stopped by SIGTERM" in stdout and "Traceback" not in stderr
+    stopped = committed_step(folder)
+    assert 2 <= stopped < 400
+
+
+
+@pytest.mark.slow
+def test_a_finished_run_exits_0_and_a_rerun_says_only_nothing_to_do(tmp_path):
+    folder = tmp_path / "run"
+    finished = run("bin/train", TINY, *run_arg(folder))
+    assert finished.returncode == 0 and "done: 12 steps" in finished.stdout, finished.stdout + finished.stderr
+    again = run("bin/train", TINY, *run_arg(folder))
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.splitlines() == [f"nothing to do: {folder}/12 has all 12 steps done"], again.stdout
+
+
+@pytest.mark.slow
+def test_fresh_says_which_checkpoints_it_ignores_and_keeps_them(tmp_path):
+    folder = tmp_path / "run"
+    first = run("bin/train", TINY, *run_arg(folder), "--set", "tokens.train_steps=6",
+                "--set", "checkpoints.checkpoint_interval=2")
+    assert first.returncode == 0, first.stderr
+    before = {step: checkpoint_bytes(folder, step) for step in (2, 4, 6)}
+    fresh = run("bin/train", TINY, *run_arg(folder), "--set", "tokens.train_steps=1", "--fresh")
+    assert fresh.returncode == 0, fresh.stderr
+    line = next(line for line in fresh.stdout.splitlines() if line.startswith("--fresh"))
+    assert f"checkpoints.checkpoints_path = {folder}" in line and "steps 2, 4, 6" in line, line
+    assert "not deleted" in line
+    assert "resuming" not in fresh.stdout
+    assert {step: checkpoint_bytes(folder, step) for step in (2, 4, 6)} == before
+
+
+@pytest.mark.slow
+def test_verify_resume_prints_checkpoint_warnings_as_plain_lines(tmp_path):
+    # seed 0's first kill lands inside a checkpoint write: the next look at the run skips that step, with a warning
+    result = run("bin/verify-resume", TINY, "--kills", "1", "--seed", "0", "--workdir", str(tmp_path), timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "PASS" in result.stdout
+    warned = [line for line in result.stderr.splitlines() if line.startswith("warning: ")]
+    assert warned and "is incomplete" in warned[0], result.stderr
+    assert "CheckpointWarning" not in result.stderr and "verify.py:" not in result.stderr, result.stderr
+
+
+@pytest.mark.slow
+def test_until_step_is_a_planned_stop_not_a_signal(tmp_path):
+    import io as text_io
+
+    from nanoflow.loop import train
+
+    out = text_io.StringIO()
+    state = train(load_config(ROOT / TINY, [f'checkpoints.checkpoints_path="{tmp_path / "run"}"']), until_step=2,
+                  out=out, progress=False)
+    assert state.step == 2 and committed_step(tmp_path / "run") == 2
+    assert "stopped by until_step = 2 (a planned stop, not a signal) after step 2 of 12" in out.getvalue()
+    assert "SIG" not in out.getvalue()
