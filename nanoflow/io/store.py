@@ -1,18 +1,24 @@
-"""Storage for checkpoints: a local folder or an s3:// prefix.
+"""Storage for checkpoints: a local folder or an s3:// prefix; on S3 the bytes go through smart_open.
 
 Every object is written whole: locally to a temporary name, flushed, fsynced and renamed (a failed
 write removes its temporary again); on S3 as one PUT, or one multipart upload for a big object,
 which lands entirely or not at all. Endpoint and credentials come from the standard AWS environment
-(AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID …). Every S3 request — reads, writes, listings, deletes — is
-retried on a transient error (throttling, a 5xx, a dropped connection) within the bound `Retries`
-sets; any other error, or one still there after the last try, is a StoreError that names the path
-and the cause (no credentials, no such bucket, endpoint unreachable …).
+(AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID …), read into one boto3 client that smart_open is given too.
+
+Every S3 request — reads, writes, listings, deletes — is retried on a transient error (throttling, a
+5xx, a dropped connection) within the bound `Retries` sets; any other error, or one still there after
+the last try, is a StoreError that names the path and the cause (no credentials, no such bucket,
+endpoint unreachable …). A smart_open read or write is retried whole: a write that failed is begun
+again (its multipart upload aborted first), a read asks again. smart_open's own write retries are
+switched off (`_smart_open`); its read retry is not configurable and stays inside one try: a
+connection dropped in the middle of an object's bytes is asked again from there, at most 5 reads
+in all with waits of 1, 2, 4, 8, 16 s, and after the fifth drop the read fails for good. So one
+read is at most 8 × 5 GETs and 7 × 15 + 31 + 23.75 = 159.75 s of waiting (docs/s3.md).
 """
 
 from __future__ import annotations
 
 import email.utils
-import io
 import os
 import random
 import re
@@ -111,9 +117,11 @@ class Store:
     def read(self, relative: str) -> bytearray:
         """The whole object, in one writable buffer (tensors can be views of it)."""
         if self.is_s3:
-            bucket, key = self._bucket_key(relative)
-            return bytearray(self._s3(f"read {self.url(relative)}", lambda c: c.get_object(
-                Bucket=bucket, Key=key)["Body"].read()))
+            def read(client) -> bytes:
+                with _smart_open().open(self.url(relative), "rb", compression="disable",
+                                        transport_params={"client": client}) as f:
+                    return f.read()
+            return bytearray(self._s3(f"read {self.url(relative)}", read))
         try:
             with open(self.url(relative), "rb") as f:
                 buffer = bytearray(os.fstat(f.fileno()).st_size)
@@ -144,12 +152,18 @@ class Store:
         return buffer
 
     def _read_s3_range(self, relative: str, start: int, into: memoryview) -> int:
-        bucket, key = self._bucket_key(relative)
+        # One GET whose closed Range header asks for exactly these bytes: no GET before the seek, and a
+        # read-ahead buffer no bigger than the range (smart_open would otherwise fill it from the next one).
+        size = len(into)
+        params = {"defer_seek": True, "range_chunk_size": size, "buffer_size": size}
 
-        def get(client) -> bytes:  # the body is read inside the try: a reset mid-body is retried too
-            return client.get_object(Bucket=bucket, Key=key, Range=f"bytes={start}-{start + len(into) - 1}")["Body"].read()
+        def get(client) -> bytes:  # opened and read inside the try: a reset mid-body is retried too
+            with _smart_open().open(self.url(relative), "rb", compression="disable",
+                                    transport_params={**params, "client": client}) as f:
+                f.seek(start)
+                return f.read(size)
 
-        data = self._s3(f"read {self.url(relative)}", get)[:len(into)]
+        data = self._s3(f"read {self.url(relative)}", get)[:size]
         into[:len(data)] = data
         return len(data)
 
@@ -308,31 +322,25 @@ class Store:
             asked["ContinuationToken"] = page["NextContinuationToken"]
 
     def _write_s3(self, relative: str, chunks) -> int:
-        bucket, key = self._bucket_key(relative)
-        what = f"write {self.url(relative)}"
+        chunks = list(chunks)   # a failed try writes them all again
         size = sum(memoryview(c).nbytes for c in chunks)
-        if size <= _PART:
-            body = io.BytesIO()
-            _write_chunks(body, chunks)   # (bytes counted for the kill tests: killed here, nothing lands)
-            data = body.getvalue()
-            self._s3(what, lambda c: c.put_object(Bucket=bucket, Key=key, Body=data))
-            return size
-        upload = self._s3(what, lambda c: c.create_multipart_upload(Bucket=bucket, Key=key))["UploadId"]
-        try:
-            parts = []
-            for number, part in enumerate(_parts(chunks), start=1):
-                answer = self._s3(what, lambda c: c.upload_part(  # noqa: B023 - called now
-                    Bucket=bucket, Key=key, UploadId=upload, PartNumber=number, Body=part))  # noqa: B023
-                parts.append({"PartNumber": number, "ETag": answer["ETag"]})
-            self._s3(what, lambda c: c.complete_multipart_upload(Bucket=bucket, Key=key, UploadId=upload,
-                                                                 MultipartUpload={"Parts": parts}))
-        except BaseException:
-            try:  # its parts would be kept, and billed; the next save aborts any this misses
-                self._s3(what, lambda c: c.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload),
-                         attempts=1)
-            except StoreError:
-                pass
-            raise
+        # Up to _PART one PUT; above, a multipart upload in parts of _PART, completed only at close.
+        params = {"multipart_upload": size > _PART, "min_part_size": _PART}
+
+        def put(client) -> None:
+            f = _smart_open().open(self.url(relative), "wb", compression="disable",
+                                   transport_params={**params, "client": client})
+            try:
+                _write_chunks(f, chunks)   # (bytes counted for the kill tests: killed here, nothing lands)
+                f.close()
+            except BaseException:
+                try:  # abort the upload: its parts would be kept, and billed; the next save aborts any this misses
+                    f.terminate()
+                except Exception:  # noqa: BLE001, S110 - the write's own error is the one to tell
+                    pass
+                raise
+
+        self._s3(f"write {self.url(relative)}", put)
         return size
 
     def _s3(self, what: str, request, *, attempts: int | None = None):
@@ -356,10 +364,29 @@ _THROTTLING = {"SlowDown", "Throttling", "ThrottlingException", "RequestLimitExc
                "RequestTimeout", "RequestTimeTooSkewed", "InternalError", "ServiceUnavailable"}
 
 
+def _smart_open():
+    """smart_open, with its own retries of multipart requests (6 tries, 10 s apart, on a lost connection)
+    switched off through its public `smart_open.s3.RETRY`: Store._s3 retries every write, within `retries()`."""
+    import smart_open  # only for S3: importing it (boto3 and all) costs a local run 0.2 s
+    import smart_open.s3
+
+    policy = smart_open.s3.RETRY
+    policy.attempts, policy.sleep_seconds, policy.exceptions, policy.client_error_codes = 1, 0, [], []
+    return smart_open
+
+
+def _unwrapped(error: BaseException) -> BaseException:
+    """botocore's error itself: smart_open raises its own OSError or ValueError `from` it."""
+    while error.__cause__ is not None and not type(error).__module__.startswith(("botocore", "urllib3")):
+        error = error.__cause__
+    return error
+
+
 def _transient(error: Exception) -> bool:
     import botocore.exceptions as be
     import urllib3.exceptions
 
+    error = _unwrapped(error)
     if isinstance(error, be.ClientError):
         answer = error.response
         status = answer.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0
@@ -372,6 +399,7 @@ def _explain(error: Exception, store: Store, client) -> str:
     import botocore.exceptions as be
 
     bucket, _ = store._bucket_key("")
+    error = _unwrapped(error)
     if isinstance(error, (be.NoCredentialsError, be.PartialCredentialsError)):
         return ("no AWS credentials found: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE) in the "
                 "environment")
@@ -413,24 +441,6 @@ def _new_client(key):
 
 _CHUNK = 64 << 20   # the most one GET asks for, and one local write writes
 _PART = 64 << 20    # objects up to this size are one PUT; bigger ones go up in parts of this size
-
-
-def _parts(chunks):
-    """The bytes of `chunks`, cut into parts of _PART bytes (the last shorter)."""
-    part = io.BytesIO()
-    for chunk in chunks:
-        view = memoryview(chunk).cast("B")
-        at = 0
-        while at < len(view):
-            piece = view[at:at + _PART - part.tell()]
-            _crash_point(part, piece)
-            part.write(piece)
-            at += len(piece)
-            if part.tell() == _PART:
-                yield part.getvalue()
-                part = io.BytesIO()
-    if part.tell():
-        yield part.getvalue()
 
 
 def _write_chunks(f, chunks) -> int:
