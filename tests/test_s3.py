@@ -471,3 +471,41 @@ def test_bin_train_storage_errors_at_start_up_exit_2_without_a_traceback(s3_endp
         assert result.returncode == 2, (override, result.stdout + result.stderr)
         assert message in result.stderr and "Traceback" not in result.stderr, result.stderr
         assert not (tmp_path / "s3:").exists()
+
+
+def test_ranged_reads_ask_for_exactly_their_bytes_and_are_retried(s3_endpoint, s3_bucket, monkeypatch):
+    from nanoflow.io import store
+
+    monkeypatch.setattr(store, "_CHUNK", 1 << 20)            # the most one GET asks for
+    monkeypatch.setenv("NANOFLOW_S3_ATTEMPTS", "3")
+    data = torch.randint(0, 256, (3 << 20,), dtype=torch.uint8, generator=torch.Generator().manual_seed(2))
+    Store(s3_bucket).write("blob.bin", data.numpy())
+    start, length = 1000, (2 << 20) + 10
+    s3_endpoint.fail(2, lambda method, path, query: method == "GET" and path.endswith("/blob.bin"))
+    before = len(s3_endpoint.requests)
+    got = Store(s3_bucket).read_range("blob.bin", start, length)
+    assert got.tobytes() == data.numpy()[start:start + length].tobytes()
+    gets = [r[2] for r in s3_endpoint.requests[before:] if r[0] == "GET"]
+    # Two refused (503) and asked again, then one closed range per 1 MiB: never an open-ended one.
+    closed = [f"bytes={start}-{start + (1 << 20) - 1}", f"bytes={start + (1 << 20)}-{start + (2 << 20) - 1}",
+              f"bytes={start + (2 << 20)}-{start + length - 1}"]
+    assert gets == [closed[0]] * 3 + closed[1:], gets
+    with pytest.raises(StoreError, match=rf"cannot read {s3_bucket}/blob.bin: .*ends 10 bytes short"):
+        Store(s3_bucket).read_range("blob.bin", (3 << 20) - 5, 15)
+
+
+def test_a_multipart_write_to_a_dead_endpoint_fails_at_once_with_the_cause(s3_endpoint, s3_bucket, monkeypatch):
+    # smart_open would retry a lost connection itself, 6 tries 10 s apart, and then hide the cause.
+    from nanoflow.io import store
+
+    monkeypatch.setattr(store, "_PART", 5 << 20)
+    monkeypatch.setenv("NANOFLOW_S3_ATTEMPTS", "2")
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{port}")      # nothing listens there
+    started = time.monotonic()
+    with pytest.raises(StoreError, match=rf"cannot write {s3_bucket}/big.bin: the S3 endpoint .* cannot be "
+                                         r"reached .*tried 2 times"):
+        Store(s3_bucket).write("big.bin", bytes(11 << 20))
+    assert time.monotonic() - started < 5                     # one wait of at most 0.25 s
