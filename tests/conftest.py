@@ -58,6 +58,7 @@ class S3Endpoint:
         self.requests: list[tuple[str, str, str | None]] = []   # (method, path, Range header) of each request
         self._faults: list[list] = []   # [predicate(method, path, query), answers left, status, S3 error code]
         self.faulted = 0                # requests answered with an injected error so far
+        self._drops: list[list] = []    # [predicate(method, path, query), answers left, bytes sent]
 
     @property
     def running(self) -> bool:
@@ -94,6 +95,18 @@ class S3Endpoint:
         503 SlowDown, S3's throttling), as a real endpoint under load does; then serve normally again."""
         self._faults.append([predicate, times, status, code])
 
+    def drop_mid_body(self, times: int, predicate=lambda method, path, query: True, *, sent: int = 0) -> None:
+        """Answer the next `times` requests with predicate(method, path, query) with their real headers and
+        only the first `sent` bytes of their body, then close the connection: a download that breaks off."""
+        self._drops.append([predicate, times, sent])
+
+    def _dropping(self, method: str, path: str, query: str) -> int | None:
+        for drop in self._drops:
+            if drop[1] > 0 and drop[0](method, path, query):
+                drop[1] -= 1
+                return drop[2]
+        return None
+
     def _fault(self, method: str, path: str, query: str):
         for fault in self._faults:
             if fault[1] > 0 and fault[0](method, path, query):
@@ -128,6 +141,18 @@ class S3Endpoint:
                 start_response(f"{status} {code}", [("Content-Type", "application/xml"),
                                                     ("Content-Length", str(len(body)))])
                 return [body]
+            sent = endpoint._dropping(method, path, environ.get("QUERY_STRING", ""))
+            if sent is not None:
+                body = b"".join(app(environ, start_response))   # headers as they are, Content-Length whole
+
+                def broken_off():
+                    yield body[:sent]
+                    connection = environ["werkzeug.socket"]
+                    connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                    connection.shutdown(socket.SHUT_RDWR)
+                    raise ConnectionAbortedError("S3 test endpoint dropped the connection mid-body")
+
+                return broken_off()
             return app(environ, start_response)
 
         return wrapped
@@ -176,8 +201,10 @@ def s3_bucket(s3_endpoint):
         s3_endpoint.start()
     s3_endpoint.stop_when(None)
     s3_endpoint._faults.clear()
+    s3_endpoint._drops.clear()
     yield s3_endpoint.make_bucket()
     s3_endpoint.stop_when(None)
     s3_endpoint._faults.clear()
+    s3_endpoint._drops.clear()
     if not s3_endpoint.running:
         s3_endpoint.start()

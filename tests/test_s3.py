@@ -509,3 +509,53 @@ def test_a_multipart_write_to_a_dead_endpoint_fails_at_once_with_the_cause(s3_en
                                          r"reached .*tried 2 times"):
         Store(s3_bucket).write("big.bin", bytes(11 << 20))
     assert time.monotonic() - started < 5                     # one wait of at most 0.25 s
+
+
+def test_a_download_that_breaks_off_is_asked_again_within_the_documented_bound(s3_endpoint, s3_bucket, monkeypatch):
+    # smart_open asks again itself (docs/s3.md): 1, 2, 4, 8, 16 s apart, back to 1 s after a GET that
+    # brought bytes; nanoflow allows one read 5 GETs and does not try it again. Waits recorded, not slept.
+    import types
+
+    import smart_open.s3
+
+    from nanoflow.io import store
+
+    waits = {"smart_open": [], "nanoflow": []}
+    for module, name in ((smart_open.s3, "smart_open"), (store, "nanoflow")):
+        monkeypatch.setattr(module, "time", types.SimpleNamespace(sleep=waits[name].append, monotonic=time.monotonic))
+    monkeypatch.setenv("NANOFLOW_S3_ATTEMPTS", "3")
+    data = torch.randint(0, 256, (1 << 20,), dtype=torch.uint8, generator=torch.Generator().manual_seed(3))
+    Store(s3_bucket).write("blob.bin", data.numpy())
+    blob = lambda method, path, query: method == "GET" and path.endswith("/blob.bin")  # noqa: E731
+
+    def gets_of(read):
+        before = len(s3_endpoint.requests)
+        waits["smart_open"].clear()
+        read()
+        return [r[2] for r in s3_endpoint.requests[before:] if r[0] == "GET"]
+
+    # Broken off twice after 100 bytes: asked again from there (closed ranges still), the bytes exact.
+    s3_endpoint.drop_mid_body(2, blob, sent=100)
+    got = {}
+    gets = gets_of(lambda: got.update(bytes=Store(s3_bucket).read_range("blob.bin", 10, 1000).tobytes()))
+    assert got["bytes"] == data.numpy()[10:1010].tobytes()
+    assert gets == ["bytes=10-1009", "bytes=110-1109", "bytes=210-1209"] and waits["smart_open"] == [1, 1], gets
+    s3_endpoint.drop_mid_body(1, blob, sent=1000)             # a whole read is asked again whole
+    assert gets_of(lambda: got.update(bytes=Store(s3_bucket).read("blob.bin"))) == ["bytes=0-", "bytes=0-"]
+    assert got["bytes"] == data.numpy().tobytes()
+
+    # Each GET brings bytes, so smart_open would go on for the whole MiB: the fifth GET ends the read.
+    s3_endpoint.drop_mid_body(100, blob, sent=100)
+    before = len(s3_endpoint.requests)
+    with pytest.raises(StoreError, match=rf"cannot read {s3_bucket}/blob.bin: the download broke off 5 times$"):
+        gets_of(lambda: Store(s3_bucket).read_range("blob.bin", 0, 1 << 20))
+    assert len([r for r in s3_endpoint.requests[before:] if r[0] == "GET"]) == 5
+    assert waits == {"smart_open": [1, 1, 1, 1, 1], "nanoflow": []}
+    # No GET brings a byte: smart_open gives up after its fifth, 31 s of waiting.
+    s3_endpoint._drops.clear()
+    s3_endpoint.drop_mid_body(100, blob, sent=0)
+    before = len(s3_endpoint.requests)
+    with pytest.raises(StoreError, match=rf"cannot read {s3_bucket}/blob.bin: OSError: .*failed to read"):
+        gets_of(lambda: Store(s3_bucket).read_range("blob.bin", 0, 1 << 20))
+    assert len([r for r in s3_endpoint.requests[before:] if r[0] == "GET"]) == 5
+    assert waits == {"smart_open": [1, 2, 4, 8, 16], "nanoflow": []}

@@ -11,8 +11,8 @@ the last try, is a StoreError that names the path and the cause (no credentials,
 endpoint unreachable …). A smart_open read or write is retried whole: a write that failed is begun
 again (its multipart upload aborted first), a read asks again. smart_open's own write retries are
 switched off (`_smart_open`); its read retry is not configurable and stays inside one try: a
-connection dropped in the middle of an object's bytes is asked again from there, at most 5 reads
-in all with waits of 1, 2, 4, 8, 16 s, and after the fifth drop the read fails for good. So one
+download that breaks off is asked again from where it stopped, after waits of 1, 2, 4, 8, 16 s
+(back to 1 s after a GET that brought bytes); `_GetBudget` ends the read at its fifth GET. So one
 read is at most 8 × 5 GETs and 7 × 15 + 31 + 23.75 = 159.75 s of waiting (docs/s3.md).
 """
 
@@ -119,7 +119,7 @@ class Store:
         if self.is_s3:
             def read(client) -> bytes:
                 with _smart_open().open(self.url(relative), "rb", compression="disable",
-                                        transport_params={"client": client}) as f:
+                                        transport_params={"client": _GetBudget(client)}) as f:
                     return f.read()
             return bytearray(self._s3(f"read {self.url(relative)}", read))
         try:
@@ -159,7 +159,7 @@ class Store:
 
         def get(client) -> bytes:  # opened and read inside the try: a reset mid-body is retried too
             with _smart_open().open(self.url(relative), "rb", compression="disable",
-                                    transport_params={**params, "client": client}) as f:
+                                    transport_params={**params, "client": _GetBudget(client)}) as f:
                 f.seek(start)
                 return f.read(size)
 
@@ -375,6 +375,23 @@ def _smart_open():
     return smart_open
 
 
+GETS_PER_READ = 5   # GETs one smart_open read may make: the first, and 4 after a download broke off
+
+
+class _GetBudget:
+    """Our client, for one smart_open read: at most GETS_PER_READ GETs. smart_open asks again, from where it
+    stopped, when a download breaks off — 5 times if none brings a byte, but without end while each does."""
+
+    def __init__(self, client):
+        self._client, self._left = client, GETS_PER_READ
+
+    def get_object(self, **asked):
+        if self._left == 0:
+            raise StoreError(f"the download broke off {GETS_PER_READ} times")
+        self._left -= 1
+        return self._client.get_object(**asked)
+
+
 def _unwrapped(error: BaseException) -> BaseException:
     """botocore's error itself: smart_open raises its own OSError or ValueError `from` it."""
     while error.__cause__ is not None and not type(error).__module__.startswith(("botocore", "urllib3")):
@@ -400,6 +417,8 @@ def _explain(error: Exception, store: Store, client) -> str:
 
     bucket, _ = store._bucket_key("")
     error = _unwrapped(error)
+    if isinstance(error, StoreError):
+        return str(error)
     if isinstance(error, (be.NoCredentialsError, be.PartialCredentialsError)):
         return ("no AWS credentials found: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE) in the "
                 "environment")
