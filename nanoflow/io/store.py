@@ -343,10 +343,10 @@ class Store:
         self._s3(f"write {self.url(relative)}", put)
         return size
 
-    def _s3(self, what: str, request, *, attempts: int | None = None):
+    def _s3(self, what: str, request):
         """request(client), tried again after a transient error within `retries()`; a StoreError otherwise."""
         policy = retries()
-        attempts = attempts or policy.attempts
+        attempts = policy.attempts
         started = time.monotonic()
         client = _s3_client()
         for attempt in range(attempts):
