@@ -391,6 +391,9 @@ class _GetBudget:
         self._left -= 1
         return self._client.get_object(**asked)
 
+    def __getattr__(self, name):   # any other request smart_open may make goes to the client as it is
+        return getattr(self._client, name)
+
 
 def _unwrapped(error: BaseException) -> BaseException:
     """botocore's error itself: smart_open raises its own OSError or ValueError `from` it."""
