@@ -21,8 +21,9 @@ import torch
 from nanoflow import io
 from nanoflow.config import Config, ConfigError, unreached_stages
 from nanoflow.data import load_tokenizer, open_stage
+from nanoflow.data.fingerprint import Fingerprints
 from nanoflow.parallel import SINGLE, Topology, broadcast_object, device, init_topology
-from nanoflow.schedule import TrainingMetadata, active_stage, resume_point, stage_steps
+from nanoflow.schedule import TrainingMetadata, active_stage, begun_stages, resume_point, stage_steps
 from nanoflow.snapshot import checkpoint_blocks, read_on_every_rank, restore_state
 from nanoflow.state import TrainState, init_state
 from nanoflow.step import train_step
@@ -56,7 +57,8 @@ def train(config: Config, *, fresh: bool = False, until_step: int | None = None,
         print(f'warning: stage "{name}" starts after train_steps = {config.tokens.train_steps}: not reached',
               file=out)
 
-    state = start_state(config, topology, fresh=fresh, out=out)
+    fingerprints = Fingerprints(config, tokenizer)
+    state = start_state(config, topology, fresh=fresh, out=out, fingerprints=fingerprints)
     schedule = state.schedule
     if state.step >= schedule.train_steps:
         print(f"nothing to do: the checkpoint has completed all {schedule.train_steps} steps", file=out)
@@ -87,7 +89,7 @@ def train(config: Config, *, fresh: bool = False, until_step: int | None = None,
                     stop.requested = stop.requested or f"until_step={until_step}"
                 stopping = stop.agreed()
                 if step % config.checkpoints.checkpoint_interval == 0 or step == schedule.train_steps or stopping:
-                    report.message(f"saved step {step}: {save(state)}")
+                    report.message(f"saved step {step}: {save(state, fingerprints)}")
                 if stopping:
                     report.message(f"stopped by {stopping} after step {step} of {schedule.train_steps}; "
                                    "run the same command again to resume from the checkpoint just saved")
@@ -110,15 +112,20 @@ def _check_stages_ahead(config: Config, schedule, completed: int, tokenizer) -> 
             open_stage(config, index, tokenizer, schedule).close()
 
 
-def save(state: TrainState) -> str:
-    groups, info = checkpoint_blocks(state)
+def save(state: TrainState, fingerprints: Fingerprints | None = None) -> str:
+    fingerprint = None
+    if state.topology.is_main:  # only rank 0 writes the metadata
+        fingerprints = fingerprints or Fingerprints(state.config, load_tokenizer(
+            state.config.tokenizer.tokenizer_name_or_path))
+        fingerprint = fingerprints.of([s.name for s in begun_stages(state.schedule, state.step)])
+    groups, info = checkpoint_blocks(state, fingerprint)
     checkpoints = state.config.checkpoints
     return io.save_checkpoint(checkpoints.checkpoints_path, state.step, groups, info, keep=checkpoints.keep,
                               topology=state.topology)
 
 
 def start_state(config: Config, topology: Topology = SINGLE, *, fresh: bool = False,
-                out: TextIO = sys.stdout) -> TrainState:
+                out: TextIO = sys.stdout, fingerprints: Fingerprints | None = None) -> TrainState:
     """A fresh state, or the one the checkpoint to resume from recorded, on this topology.
 
     resume_checkpoint_path, when set, must hold a committed checkpoint (never a silent fresh
@@ -141,12 +148,14 @@ def start_state(config: Config, topology: Topology = SINGLE, *, fresh: bool = Fa
         raise (io.DamagedCheckpointError if damaged else io.CheckpointError)(message)
     if not folders:
         return init_state(config, topology)
+    fingerprints = fingerprints or Fingerprints(config, load_tokenizer(config.tokenizer.tokenizer_name_or_path))
     damaged = []
     for folder in folders:
         try:
             reader = read_on_every_rank(lambda: io.CheckpointReader(folder), topology)  # noqa: B023 - called now
             state = restore_state(config, reader, topology, load_optimizer=checkpoints.load_optimizer,
-                                  load_lr_scheduler=checkpoints.load_lr_scheduler)
+                                  load_lr_scheduler=checkpoints.load_lr_scheduler, fingerprints=fingerprints,
+                                  log=lambda text: print(text, file=out))
             break
         except io.DamagedCheckpointError as e:
             if len(folders) == 1:

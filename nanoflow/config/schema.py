@@ -117,6 +117,8 @@ class CheckpointsArgs:
     load_optimizer: bool = True
     load_lr_scheduler: bool = True
     keep: Union[int, None] = field(default=None, validator=optional(positive))
+    # Resume although a begun stage's data, tokenizer or seeds changed (OLMo-core's name); warns, naming the change.
+    ignore_fingerprint_mismatch: bool = False
 
 
 @frozen
