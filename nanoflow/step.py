@@ -73,9 +73,11 @@ def train_step(state: TrainState, batch) -> tuple[TrainState, dict]:
     global_loss, norm = float(all_reduce_sum(loss_sum, topology)), float(total_norm)
     if not (math.isfinite(global_loss) and math.isfinite(norm)):
         optimizer.zero_grad(set_to_none=True)
+        bad = " and ".join(f"the {what} is {value}" for what, value in (("loss", global_loss), ("gradient norm", norm))
+                           if not math.isfinite(value))
         raise DivergedError(
-            f'step {step} (stage "{stage.name}"): the loss is {global_loss} and the gradient norm {norm}; stopped '
-            "before applying the update, nothing saved: the last committed checkpoint is the last good state "
+            f'step {step} (stage "{stage.name}"): {bad} (loss {global_loss}, gradient norm {norm}); stopped before '
+            "applying the update, nothing saved: the last committed checkpoint is the last good state "
             "(lower optimizer.learning_rate_scheduler.learning_rate, or look at the data of this step)")
     clip = config.optimizer.clip_grad
     if clip is not None:
