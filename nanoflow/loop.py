@@ -7,6 +7,7 @@ one JSON line in metrics.jsonl.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -22,9 +23,10 @@ from nanoflow import io
 from nanoflow.config import Config, ConfigError, unreached_stages
 from nanoflow.data import load_tokenizer, open_stage
 from nanoflow.data.fingerprint import Fingerprints
+from nanoflow.io.runfolder import RunFolderError, RunFolderWriteError, check_folder, check_free_space, open_for_append
 from nanoflow.parallel import SINGLE, Topology, broadcast_object, device, init_topology
 from nanoflow.schedule import TrainingMetadata, active_stage, begun_stages, resume_point, stage_steps
-from nanoflow.snapshot import checkpoint_blocks, read_on_every_rank, restore_state
+from nanoflow.snapshot import checkpoint_blocks, checkpoint_bytes, read_on_every_rank, restore_state
 from nanoflow.state import TrainState, init_state
 from nanoflow.step import train_step
 from nanoflow.tensorboard import TensorBoardLog
@@ -57,22 +59,23 @@ def train(config: Config, *, fresh: bool = False, until_step: int | None = None,
         print(f'warning: stage "{name}" starts after train_steps = {config.tokens.train_steps}: not reached',
               file=out)
 
+    directory = run_dir(config)
+    _check_on_main(lambda: check_folder(str(directory)), topology)  # before any checkpoint is read
     fingerprints = Fingerprints(config, tokenizer)
     state = start_state(config, topology, fresh=fresh, out=out, fingerprints=fingerprints)
     schedule = state.schedule
     if state.step >= schedule.train_steps:
         print(f"nothing to do: the checkpoint has completed all {schedule.train_steps} steps", file=out)
         return state
-    directory = run_dir(config)
-    if topology.is_main:
-        directory.mkdir(parents=True, exist_ok=True)
+    if "://" not in config.checkpoints.checkpoints_path:
+        _check_on_main(lambda: check_free_space(str(directory), checkpoint_bytes(state)), topology)
     _check_stages_ahead(config, schedule, state.step, tokenizer)
     report = Progress(schedule.train_steps, state.step, out, progress, config.logging.iteration_step_info_interval)
     stop = StopRequest(topology)
     loader, loader_index = None, None
     try:
         with stop.installed(), MetricsLog(directory / "metrics.jsonl", state.step, topology.is_main) as metrics_log, \
-                TensorBoardLog(directory, state.step, topology.is_main) as tensorboard_log:
+                TensorBoardLog(directory, state.step, topology.is_main, warn=report.message) as tensorboard_log:
             for step in range(state.step + 1, schedule.train_steps + 1):
                 index = active_stage(schedule, step)
                 if index != loader_index:
@@ -101,6 +104,19 @@ def train(config: Config, *, fresh: bool = False, until_step: int | None = None,
     if state.step == schedule.train_steps:
         report.message(f"done: {state.step} steps in {report.elapsed():.1f}s; metrics in {directory / 'metrics.jsonl'}")
     return state
+
+
+def _check_on_main(check, topology: Topology) -> None:
+    """check() on rank 0; the RunFolderError it raises stops every rank alike."""
+    message = None
+    if topology.is_main:
+        try:
+            check()
+        except RunFolderError as e:
+            message = str(e)
+    message = broadcast_object(message, topology)
+    if message is not None:
+        raise RunFolderError(message)
 
 
 def _check_stages_ahead(config: Config, schedule, completed: int, tokenizer) -> None:
@@ -246,19 +262,30 @@ class MetricsLog:
         self.file = None
         if not enabled:
             return
-        with open(path, "a+b") as f:  # created when missing
-            f.truncate(_kept_length(f, start_step))
+        try:
+            with open(path, "a+b") as f:  # created when missing
+                f.truncate(_kept_length(f, start_step))
+        except OSError as e:
+            raise RunFolderError(f"cannot write {path}: {e.strerror or e}") from None
         self.path = path
 
     def __enter__(self) -> MetricsLog:
         if self.enabled:
-            self.file = open(self.path, "a")
+            self.file = open_for_append(self.path)
         return self
 
     def write(self, metrics: dict) -> None:
         if self.file is not None:
-            self.file.write(json.dumps(metrics) + "\n")
-            self.file.flush()
+            try:
+                self.file.write(json.dumps(metrics) + "\n")
+                self.file.flush()
+            except OSError as e:
+                with contextlib.suppress(OSError):   # closing flushes the unwritten line again, into the same error
+                    self.file.close()
+                self.file = None
+                raise RunFolderWriteError(
+                    f"cannot write {self.path} after step {metrics['step']}: {e.strerror or e}; the checkpoints "
+                    "committed before stand: make room and run the same command again to resume") from None
 
     def __exit__(self, *exc) -> None:
         if self.file is not None:

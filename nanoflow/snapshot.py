@@ -81,6 +81,11 @@ def checkpoint_blocks(state: TrainState, data_fingerprint: dict | None = None) -
     return {"model": model, "optimizer": optimizer, "rng": rng}, info
 
 
+def checkpoint_bytes(state: TrainState) -> int:
+    """About what a checkpoint of `state` writes, all ranks together: the weights and AdamW's two moments."""
+    return 3 * sum(p.numel() * p.element_size() for p in state.model.parameters())
+
+
 def place(target: torch.Tensor, read_box) -> None:
     """Fill this rank's box of `target` (a parameter or moment, sharded or not) with read_box(offset, shape)."""
     offset, shape = local_box(target)
