@@ -149,3 +149,17 @@ def test_token_folder_fingerprint_covers_tokens_index_and_metadata(tmp_path):
     changes = fingerprint_changes({"pretrain": before}, {"pretrain": stage_fingerprint(config, 0, ByteTokenizer())})
     assert len(changes) == 1 and "00001_unshuffled.ds.index: was" in changes[0]
 
+
+
+def test_a_saved_dataset_folder_is_fingerprinted_by_its_files(tmp_path):
+    import datasets
+
+    folder = tmp_path / "saved"
+    datasets.Dataset.from_dict({"text": ["one document", "another"]}).save_to_disk(str(folder))
+    config = load_config(write_config(tmp_path, [stage("pretrain", 1, {"hf_dataset_or_datasets": str(folder)})]))
+    before = stage_fingerprint(config, 0, ByteTokenizer())
+    assert any(p.endswith(".arrow") for p in before["sources"][str(folder)]["files"])
+    assert fingerprint_changes({"pretrain": before}, {"pretrain": stage_fingerprint(config, 0, ByteTokenizer())}) == []
+    datasets.Dataset.from_dict({"text": ["one document", "changed"]}).save_to_disk(str(folder))
+    changes = fingerprint_changes({"pretrain": before}, {"pretrain": stage_fingerprint(config, 0, ByteTokenizer())})
+    assert changes and all(c.startswith(f'stage "pretrain": source {folder} file {folder}/') for c in changes)

@@ -18,7 +18,7 @@ import hashlib
 import os
 
 from nanoflow.config import Config, NanosetDatasetsArgs
-from nanoflow.data.hf_datasets import _data_fingerprint, hf_specs, load_rows, tokenizer_fingerprint
+from nanoflow.data.hf_datasets import hf_specs, load_rows, tokenizer_fingerprint
 from nanoflow.data.tokenizer import Tokenizer
 from nanoflow.data.tokens import SUFFIX
 from nanoflow.errors import NanoflowError
@@ -61,7 +61,7 @@ def _hf_source(spec, stage_name: str) -> dict:
     elif os.path.isdir(spec.name):
         entry["files"] = _files(os.path.join(d, f) for d, _, fs in os.walk(spec.name) for f in fs)
     else:   # a hub dataset: `datasets`' own fingerprint of the rows (from its cache when offline)
-        entry["hub"] = _data_fingerprint(spec, lambda: load_rows(spec, stage_name))[2]
+        entry["hub"] = load_rows(spec, stage_name)._fingerprint
     return entry
 
 
@@ -86,12 +86,12 @@ class Fingerprints:
         self._by_name: dict[str, dict] = {}
 
     def of(self, stage_names) -> dict:
-        """{stage name: fingerprint} of the named stages of the config."""
+        """{stage name: fingerprint} of the named stages the config has (a name it lacks is left out)."""
         indexes = {s.name: i for i, s in enumerate(self.config.data_stages)}
         for name in stage_names:
-            if name not in self._by_name:
+            if name in indexes and name not in self._by_name:
                 self._by_name[name] = stage_fingerprint(self.config, indexes[name], self.tokenizer)
-        return {name: self._by_name[name] for name in stage_names}
+        return {name: self._by_name[name] for name in stage_names if name in indexes}
 
 
 # ---------------------------------------------------------------------------------------------
