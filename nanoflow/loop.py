@@ -23,7 +23,7 @@ from nanoflow import io
 from nanoflow.config import Config, ConfigError, unreached_stages
 from nanoflow.data import load_tokenizer, open_stage
 from nanoflow.data.fingerprint import Fingerprints
-from nanoflow.io.runfolder import RunFolderError, RunFolderWriteError, check_folder, check_free_space, open_for_append
+from nanoflow.io.runfolder import RunFolderError, RunFolderWriteError, check_folder, check_room, open_for_append
 from nanoflow.parallel import SINGLE, Topology, broadcast_object, device, init_topology
 from nanoflow.schedule import TrainingMetadata, active_stage, begun_stages, resume_point, stage_steps
 from nanoflow.snapshot import checkpoint_blocks, checkpoint_bytes, read_on_every_rank, restore_state
@@ -67,8 +67,8 @@ def train(config: Config, *, fresh: bool = False, until_step: int | None = None,
     if state.step >= schedule.train_steps:
         print(f"nothing to do: the checkpoint has completed all {schedule.train_steps} steps", file=out)
         return state
-    if "://" not in config.checkpoints.checkpoints_path:
-        _check_on_main(lambda: check_free_space(str(directory), checkpoint_bytes(state)), topology)
+    needed = 0 if "://" in config.checkpoints.checkpoints_path else checkpoint_bytes(state)
+    _check_on_main(lambda: check_room(str(directory), needed), topology)
     _check_stages_ahead(config, schedule, state.step, tokenizer)
     report = Progress(schedule.train_steps, state.step, out, progress, config.logging.iteration_step_info_interval)
     stop = StopRequest(topology)

@@ -26,7 +26,7 @@ def _reason(e: OSError) -> str:
 
 
 def check_folder(path: str) -> None:
-    """`path` is a folder (created when missing) in which this process can create and remove a file."""
+    """`path` is a folder, created when missing (before any checkpoint is read from it)."""
     if os.path.exists(path) and not os.path.isdir(path):
         raise RunFolderError(f"checkpoints.checkpoints_path = {path} is a file, not a folder; name a folder "
                              "(it is created when missing)")
@@ -34,6 +34,11 @@ def check_folder(path: str) -> None:
         os.makedirs(path, exist_ok=True)
     except OSError as e:
         raise RunFolderError(f"cannot create the run folder {path}: {_reason(e)}") from None
+
+
+def check_room(path: str, needed: int = 0) -> None:
+    """This process can create (and remove) a file in the folder `path`, which has room for `needed` more
+    bytes: one more checkpoint, written whole before any older one goes."""
     try:
         handle, probe = tempfile.mkstemp(dir=path, prefix=".nanoflow-write-test-")
         os.close(handle)
@@ -41,10 +46,6 @@ def check_folder(path: str) -> None:
     except OSError as e:
         raise RunFolderError(f"cannot write into the run folder {path}: {_reason(e)} (a read-only file system, "
                              "or a folder of another user?)") from None
-
-
-def check_free_space(path: str, needed: int) -> None:
-    """Room in `path` for one more checkpoint of about `needed` bytes (it is written whole before older ones go)."""
     free = shutil.disk_usage(path).free
     if free < needed:
         raise RunFolderError(f"{path}: {free:,} bytes free, but the next checkpoint needs about {needed:,}; free "
