@@ -123,14 +123,16 @@ def test_the_accept_key_resumes_with_a_loud_warning_and_records_the_new_data(run
     assert resume(run).step == 6   # accepted once: the new checkpoint holds the new fingerprint
 
 
-def test_large_files_are_identified_by_size_and_modification_time(tmp_path, monkeypatch):
-    monkeypatch.setattr(fp, "HASH_LIMIT", 10)
-    path = tmp_path / "big.txt"
-    path.write_text("x" * 100)
-    first = fp.file_identity(str(path))
-    assert set(first) == {"bytes", "mtime_ns"}
-    os.utime(path, ns=(first["mtime_ns"] + 10**9, first["mtime_ns"] + 10**9))
-    assert fp.file_identity(str(path)) != first
+def test_large_sources_are_identified_by_size_and_modification_time(run, monkeypatch):
+    monkeypatch.setattr(fp, "HASH_LIMIT", 4000)   # the two corpus files total 4400 bytes
+    config = load_config(run)
+    before = stage_fingerprint(config, 0, ByteTokenizer())
+    assert all(set(identity) == {"bytes", "mtime_ns"} for identity in before["sources"]["text"]["files"].values())
+    path = run.parent / "corpus" / "a.txt"
+    stat = path.stat()
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))   # touched, same content: counts as changed
+    changes = fingerprint_changes({"pretrain": before}, {"pretrain": stage_fingerprint(config, 0, ByteTokenizer())})
+    assert len(changes) == 1 and "a.txt: was 2200 bytes, modified at" in changes[0]
 
 
 def test_token_folder_fingerprint_covers_tokens_index_and_metadata(tmp_path):

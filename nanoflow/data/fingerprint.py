@@ -3,8 +3,8 @@ compared on resume, so a run never continues its "exact" resume on other data wi
 
 A stage's fingerprint holds the tokenizer's content hash, general.seed, the stage's data seed, and
 for each source what it reads (columns, splits, weight) and the identity of each of its files:
-the size, plus a content hash for files up to HASH_LIMIT bytes, the modification time for larger
-ones (hashing a multi-gigabyte corpus on every resume would cost minutes). A token folder's
+the size, plus a content hash when the source's files total at most HASH_LIMIT bytes, else the
+modification time (hashing a multi-gigabyte corpus on every resume would cost minutes). A token folder's
 `.ds`, `.ds.index` and `.ds.metadata` files are files like any other; a hub dataset is identified
 by the fingerprint `datasets` gives it.
 
@@ -23,17 +23,17 @@ from nanoflow.data.tokenizer import Tokenizer
 from nanoflow.data.tokens import SUFFIX
 from nanoflow.errors import NanoflowError
 
-HASH_LIMIT = 32 << 20   # files up to 32 MiB are identified by their content, larger ones by size and mtime
+HASH_LIMIT = 256 << 20   # a source of up to 256 MiB is identified by its files' content, a larger one by sizes and mtimes
 
 
 class DataChangedError(NanoflowError, ValueError):
     """A stage that has begun would resume on other data, another tokenizer or another seed (exit status 2)."""
 
 
-def file_identity(path: str) -> dict:
-    """{"bytes": size, "sha256": ...} for a small file, {"bytes": size, "mtime_ns": ...} for a large one."""
+def file_identity(path: str, by_content: bool = True) -> dict:
+    """{"bytes": size, "sha256": ...}, or {"bytes": size, "mtime_ns": ...} when not `by_content`."""
     stat = os.stat(path)
-    if stat.st_size > HASH_LIMIT:
+    if not by_content:
         return {"bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns}
     digest = hashlib.sha256()
     with open(path, "rb") as f:
@@ -43,7 +43,11 @@ def file_identity(path: str) -> dict:
 
 
 def _files(paths) -> dict:
-    return {os.path.abspath(p): file_identity(p) for p in sorted(paths)}
+    """Each file's identity, by content when the files total at most HASH_LIMIT bytes: the cost of a resume
+    stays bounded whatever the corpus size, and the choice only flips when the sizes change anyway."""
+    paths = sorted(paths)
+    by_content = sum(os.path.getsize(p) for p in paths) <= HASH_LIMIT
+    return {os.path.abspath(p): file_identity(p, by_content) for p in paths}
 
 
 def _token_folder(folder: str, weight) -> dict:
