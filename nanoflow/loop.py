@@ -81,6 +81,8 @@ def train(config: Config, *, fresh: bool = False, until_step: int | None = None,
                 if index != loader_index:
                     if loader is not None:
                         loader.close()  # free the finished stage's data before the next one loads
+                    if topology.is_main:  # the fingerprint of the files as this stage reads them, not as at its save
+                        fingerprints.of([schedule.stages[index].name])
                     loader, loader_index = open_stage(config, index, tokenizer, schedule, log=report.message), index
                     report.stage_started(schedule, index)
                 state, metrics = train_step(state, loader.batch_at(step, topology.dp_rank, topology.dp))
