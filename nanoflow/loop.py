@@ -22,11 +22,13 @@ import torch
 from nanoflow import io
 from nanoflow.config import Config, unreached_stages
 from nanoflow.data import check_stages, load_run_tokenizer, open_stage
+from nanoflow.data.fingerprint import Fingerprints
 from nanoflow.errors import EXIT_STORAGE, NanoflowError
+from nanoflow.io.runfolder import RunFolderError, RunFolderWriteError, check_folder, check_room, open_for_append
 from nanoflow.io.store import StoreError
 from nanoflow.parallel import SINGLE, Topology, broadcast_object, device, init_topology
-from nanoflow.schedule import TrainingMetadata, active_stage, resume_point, stage_steps
-from nanoflow.snapshot import checkpoint_blocks, read_on_every_rank, restore_state
+from nanoflow.schedule import TrainingMetadata, active_stage, begun_stages, resume_point, stage_steps
+from nanoflow.snapshot import checkpoint_blocks, checkpoint_bytes, read_on_every_rank, restore_state
 from nanoflow.state import TrainState, init_state
 from nanoflow.step import train_step
 from nanoflow.tensorboard import TensorBoardLog
@@ -97,25 +99,29 @@ def _train(config: Config, *, fresh: bool, until_step: int | None, out: TextIO, 
         print(f'warning: stage "{name}" starts after train_steps = {config.tokens.train_steps}: not reached',
               file=out)
 
-    state = start_state(config, topology, fresh=fresh, out=out)
+    directory = run_dir(config)
+    _on_main(topology, lambda: check_folder(str(directory)))  # before any checkpoint is read
+    fingerprints = Fingerprints(config, tokenizer)
+    state = start_state(config, topology, fresh=fresh, out=out, fingerprints=fingerprints)
     schedule = state.schedule
     if state.step >= schedule.train_steps:  # start_state said "nothing to do"
         return state
-    directory = run_dir(config)
-    if topology.is_main:
-        directory.mkdir(parents=True, exist_ok=True)
+    needed = 0 if "://" in config.checkpoints.checkpoints_path else checkpoint_bytes(state)
+    _on_main(topology, lambda: check_room(str(directory), needed))
     _check_stages_ahead(config, schedule, state.step, tokenizer, out)
     report = Progress(schedule.train_steps, state.step, out, progress, config.logging.iteration_step_info_interval)
     stop = StopRequest(topology)
     loader, loader_index = None, None
     try:
         with stop.installed(), MetricsLog(directory / "metrics.jsonl", state.step, topology.is_main) as metrics_log, \
-                TensorBoardLog(directory, state.step, topology.is_main) as tensorboard_log:
+                TensorBoardLog(directory, state.step, topology.is_main, warn=report.message) as tensorboard_log:
             for step in range(state.step + 1, schedule.train_steps + 1):
                 index = active_stage(schedule, step)
                 if index != loader_index:
                     if loader is not None:
                         loader.close()  # free the finished stage's data before the next one loads
+                    if topology.is_main:  # the fingerprint of the files as this stage reads them, not as at its save
+                        fingerprints.of([schedule.stages[index].name])
                     loader, loader_index = open_stage(config, index, tokenizer, schedule, log=report.message), index
                     report.stage_started(schedule, index)
                 state, metrics = train_step(state, loader.batch_at(step, topology.dp_rank, topology.dp))
@@ -127,7 +133,7 @@ def _train(config: Config, *, fresh: bool, until_step: int | None, out: TextIO, 
                     stop.requested = stop.requested or f"until_step = {until_step} (a planned stop, not a signal)"
                 stopping = stop.agreed()
                 if step % config.checkpoints.checkpoint_interval == 0 or step == schedule.train_steps or stopping:
-                    report.message(f"saved step {step}: {save(state)}")
+                    report.message(f"saved step {step}: {save(state, fingerprints)}")
                 if stopping:
                     report.message(f"stopped by {stopping} after step {step} of {schedule.train_steps}; "
                                    "run the same command again to resume from the checkpoint just saved")
@@ -154,8 +160,12 @@ def _check_stages_ahead(config: Config, schedule, completed: int, tokenizer, out
     check_stages(config, stages, tokenizer, schedule, log=lambda message: print(message, file=out))
 
 
-def save(state: TrainState) -> str:
-    groups, info = checkpoint_blocks(state)
+def save(state: TrainState, fingerprints: Fingerprints | None = None) -> str:
+    fingerprint = None
+    if state.topology.is_main:  # only rank 0 writes the metadata
+        fingerprints = fingerprints or Fingerprints(state.config, load_run_tokenizer(state.config))
+        fingerprint = fingerprints.of([s.name for s in begun_stages(state.schedule, state.step)])
+    groups, info = checkpoint_blocks(state, fingerprint)
     checkpoints = state.config.checkpoints
     _on_main(state.topology, lambda: io.confirm_held(checkpoints.checkpoints_path))  # still ours: renewed now
     return io.save_checkpoint(checkpoints.checkpoints_path, state.step, groups, info, keep=checkpoints.keep,
@@ -163,7 +173,7 @@ def save(state: TrainState) -> str:
 
 
 def start_state(config: Config, topology: Topology = SINGLE, *, fresh: bool = False,
-                out: TextIO = sys.stdout) -> TrainState:
+                out: TextIO = sys.stdout, fingerprints: Fingerprints | None = None) -> TrainState:
     """A fresh state, or the one the checkpoint to resume from recorded, on this topology.
 
     resume_checkpoint_path, when set, must hold a committed checkpoint (never a silent fresh
@@ -186,12 +196,14 @@ def start_state(config: Config, topology: Topology = SINGLE, *, fresh: bool = Fa
         raise (io.DamagedCheckpointError if damaged else io.CheckpointError)(message)
     if not folders:
         return init_state(config, topology)
+    fingerprints = fingerprints or Fingerprints(config, load_run_tokenizer(config))
     damaged = []
     for folder in folders:
         try:
             reader = read_on_every_rank(lambda: io.CheckpointReader(folder), topology)  # noqa: B023 - called now
             state = restore_state(config, reader, topology, load_optimizer=checkpoints.load_optimizer,
-                                  load_lr_scheduler=checkpoints.load_lr_scheduler)
+                                  load_lr_scheduler=checkpoints.load_lr_scheduler, fingerprints=fingerprints,
+                                  log=lambda text: print(text, file=out))
             break
         except io.DamagedCheckpointError as e:
             if len(folders) == 1:
@@ -305,19 +317,30 @@ class MetricsLog:
         self.file = None
         if not enabled:
             return
-        with open(path, "a+b") as f:  # created when missing
-            f.truncate(_kept_length(f, start_step))
+        try:
+            with open(path, "a+b") as f:  # created when missing
+                f.truncate(_kept_length(f, start_step))
+        except OSError as e:
+            raise RunFolderError(f"cannot write {path}: {e.strerror or e}") from None
         self.path = path
 
     def __enter__(self) -> MetricsLog:
         if self.enabled:
-            self.file = open(self.path, "a")
+            self.file = open_for_append(self.path)
         return self
 
     def write(self, metrics: dict) -> None:
         if self.file is not None:
-            self.file.write(json.dumps(metrics) + "\n")
-            self.file.flush()
+            try:
+                self.file.write(json.dumps(metrics) + "\n")
+                self.file.flush()
+            except OSError as e:
+                with contextlib.suppress(OSError):   # closing flushes the unwritten line again, into the same error
+                    self.file.close()
+                self.file = None
+                raise RunFolderWriteError(
+                    f"cannot write {self.path} after step {metrics['step']}: {e.strerror or e}; the checkpoints "
+                    "committed before stand: make room and run the same command again to resume") from None
 
     def __exit__(self, *exc) -> None:
         if self.file is not None:

@@ -14,6 +14,7 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from nanoflow.config import Config
+from nanoflow.data.fingerprint import DataChangedError, Fingerprints, fingerprint_changes
 from nanoflow.io import Block, CheckpointError, CheckpointReader, DamagedCheckpointError
 from nanoflow.model import Llama
 from nanoflow.parallel import Topology, gather_objects
@@ -52,8 +53,9 @@ def _block(tensor: torch.Tensor) -> Block:
     return Block(data.detach(), tuple(tensor.shape), offset)
 
 
-def checkpoint_blocks(state: TrainState) -> tuple[dict[str, dict[str, Block]], dict]:
-    """This rank's blocks of the state by group and HF name, and what the metadata records besides them."""
+def checkpoint_blocks(state: TrainState, data_fingerprint: dict | None = None) -> tuple[dict[str, dict[str, Block]], dict]:
+    """This rank's blocks of the state by group and HF name, and what the metadata records besides them
+    (with `data_fingerprint`, {stage name: fingerprint} of the begun stages, when given)."""
     state.check_live()
     topology = state.topology
     params = dict(state.model.named_parameters())  # a tied lm_head is saved once, as model.embed_tokens.weight
@@ -73,8 +75,15 @@ def checkpoint_blocks(state: TrainState) -> tuple[dict[str, dict[str, Block]], d
         "topology": topology.to_dict(),
         "config": state.config.to_dict(),
     }
+    if data_fingerprint is not None:
+        info["data_fingerprint"] = data_fingerprint
     rng = {"cpu": Block.whole(state.rng_state)} if topology.is_main else {}
     return {"model": model, "optimizer": optimizer, "rng": rng}, info
+
+
+def checkpoint_bytes(state: TrainState) -> int:
+    """About what a checkpoint of `state` writes, all ranks together: the weights and AdamW's two moments."""
+    return 3 * sum(p.numel() * p.element_size() for p in state.model.parameters())
 
 
 def place(target: torch.Tensor, read_box) -> None:
@@ -141,8 +150,28 @@ def _check_architecture(config: Config, reader: CheckpointReader) -> None:
         raise CheckpointError(f"{reader.path} holds a different model:\n  " + "\n  ".join(differences))
 
 
+def _check_data(config: Config, reader: CheckpointReader, fingerprints: Fingerprints | None, log) -> None:
+    """Refuse, before any tensor is read, to resume a begun stage on other data, tokenizer or seeds
+    (unless checkpoints.ignore_fingerprint_mismatch, then warn). A checkpoint without fingerprints
+    (written before nanoflow recorded them) is not checked."""
+    saved = reader.metadata.get("data_fingerprint")
+    if fingerprints is None or not isinstance(saved, dict):
+        return
+    changes = fingerprint_changes(saved, fingerprints.of(list(saved)))
+    if not changes:
+        return
+    text = (f"{reader.path}: the data of stages this checkpoint has trained differs from what they trained on:\n  "
+            + "\n  ".join(changes[:20]) + (f"\n  … and {len(changes) - 20} more" if len(changes) > 20 else ""))
+    if not config.checkpoints.ignore_fingerprint_mismatch:
+        raise DataChangedError(text + "\nTo resume on the changed data anyway, set [checkpoints] "
+                                      "ignore_fingerprint_mismatch = true (or start a new run)")
+    if log is not None:
+        log(f"WARNING: {text}\n  resuming anyway, as checkpoints.ignore_fingerprint_mismatch = true says; "
+            "the next checkpoint records the new fingerprints")
+
+
 def restore_state(config: Config, reader: CheckpointReader, topology: Topology, *, load_optimizer: bool = True,
-                  load_lr_scheduler: bool = True) -> TrainState:
+                  load_lr_scheduler: bool = True, fingerprints: Fingerprints | None = None, log=None) -> TrainState:
     """The TrainState a checkpoint recorded, under `config` and on this `topology`, whatever layout saved it.
 
     The config's begun stages must match the checkpoint's (ScheduleDriftError otherwise).
@@ -153,6 +182,7 @@ def restore_state(config: Config, reader: CheckpointReader, topology: Topology, 
     trained = TrainingMetadata.from_dict(reader.metadata["training"])
     resume_point(schedule, trained)  # raises ScheduleDriftError if the config rewrites trained history
     _check_architecture(config, reader)
+    _check_data(config, reader, fingerprints, log)
     return read_on_every_rank(lambda: _restore(config, reader, topology, schedule, trained, load_optimizer,
                                                load_lr_scheduler), topology)
 

@@ -3,15 +3,23 @@
 from __future__ import annotations
 
 import contextlib
+import math
 
 import torch
 import torch.nn.functional as F
 
 from nanoflow.data.sources import IGNORE_INDEX
+from nanoflow.errors import EXIT_DIVERGED, NanoflowError
 from nanoflow.lr import lr_at
 from nanoflow.parallel import all_reduce_sum, grad_norm
 from nanoflow.schedule import active_stage
 from nanoflow.state import TrainState
+
+
+class DivergedError(NanoflowError, FloatingPointError):
+    """A non-finite loss or gradient norm: the step's update was not applied and nothing was saved."""
+
+    exit_status = EXIT_DIVERGED
 
 
 def train_step(state: TrainState, batch) -> tuple[TrainState, dict]:
@@ -21,7 +29,8 @@ def train_step(state: TrainState, batch) -> tuple[TrainState, dict]:
     (this data-parallel replica's part of the global batch), labels already shifted, -100
     ignored. The loss is the mean over every target token of the global batch, so how the batch
     is split into replicas and micro-batches does not change the gradient (beyond float
-    rounding), masks included. Metrics are global: the same on every rank.
+    rounding), masks included. Metrics are global: the same on every rank. A non-finite loss or
+    gradient norm raises DivergedError before the update, leaving the parameters and moments as they were.
     """
     state.check_live()
     schedule, config = state.schedule, state.config
@@ -60,6 +69,16 @@ def train_step(state: TrainState, batch) -> tuple[TrainState, dict]:
         loss_sum += loss.detach()
 
     total_norm = grad_norm(model.parameters())
+    # Both are global (the same on every rank), so every rank stops at the same step, before any update.
+    global_loss, norm = float(all_reduce_sum(loss_sum, topology)), float(total_norm)
+    if not (math.isfinite(global_loss) and math.isfinite(norm)):
+        optimizer.zero_grad(set_to_none=True)
+        bad = " and ".join(f"the {what} is {value}" for what, value in (("loss", global_loss), ("gradient norm", norm))
+                           if not math.isfinite(value))
+        raise DivergedError(
+            f'step {step} (stage "{stage.name}"): {bad} (loss {global_loss}, gradient norm {norm}); stopped before '
+            "applying the update, nothing saved: the last committed checkpoint is the last good state "
+            "(lower optimizer.learning_rate_scheduler.learning_rate, or look at the data of this step)")
     clip = config.optimizer.max_grad_norm
     if clip is not None:
         scale = float(torch.clamp(clip / (total_norm + 1e-6), max=1.0))
@@ -71,9 +90,9 @@ def train_step(state: TrainState, batch) -> tuple[TrainState, dict]:
     metrics = {
         "step": step,
         "stage": stage.name,
-        "loss": float(all_reduce_sum(loss_sum, topology)),
+        "loss": global_loss,
         "lr": lr,
-        "grad_norm": float(total_norm),
+        "grad_norm": norm,
         "tokens": int(input_ids.numel()) * topology.dp,
         "target_tokens": target_tokens,
     }

@@ -10,6 +10,7 @@ no doubled curve.
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 SCALARS = ("loss", "lr", "grad_norm")
@@ -26,26 +27,58 @@ def available() -> bool:
 
 class TensorBoardLog:
     """A context manager whose `write(metrics)` logs one step's metrics dict (step, stage, loss, lr, grad_norm,
-    tokens, elapsed). Does nothing when tensorboard is not installed or `enabled` is false (ranks other than 0)."""
+    tokens, elapsed). Does nothing when tensorboard is not installed or `enabled` is false (ranks other than 0).
 
-    def __init__(self, run_dir: str | Path, start_step: int, enabled: bool = True):
+    The event files are a view, not the record (metrics.jsonl is): when they cannot be written (a full disk),
+    `warn` says so once and TensorBoard logging stops, without a traceback, rather than the run.
+    """
+
+    def __init__(self, run_dir: str | Path, start_step: int, enabled: bool = True, warn=print):
         self.directory = Path(run_dir)
         self.start_step = start_step
         self.enabled = enabled and available()
         self.writer = None
+        self.warn = warn
         self._last_elapsed = 0.0
+        self._previous_hook = None
 
     def __enter__(self) -> TensorBoardLog:
         if self.enabled:
             from torch.utils.tensorboard import SummaryWriter
 
-            # purge_step: events from this step on, left by an abandoned attempt, are dropped on load.
-            self.writer = SummaryWriter(log_dir=str(self.directory), purge_step=self.start_step + 1)
+            self._quiet_writer_thread()
+            try:
+                # purge_step: events from this step on, left by an abandoned attempt, are dropped on load.
+                self.writer = SummaryWriter(log_dir=str(self.directory), purge_step=self.start_step + 1)
+            except OSError as e:
+                self._give_up(e)
         return self
+
+    def _quiet_writer_thread(self) -> None:
+        """TensorBoard's writer thread prints its own traceback when a write fails (and the main thread gets the
+        error at the next call): keep that thread's OSError quiet, as it is reported once, by `_give_up`."""
+        previous = self._previous_hook = threading.excepthook
+
+        def hook(args):
+            if not (issubclass(args.exc_type, OSError) and type(args.thread).__name__ == "_AsyncWriterThread"):
+                previous(args)
+
+        threading.excepthook = hook
+
+    def _give_up(self, error: OSError) -> None:
+        self.writer = None   # not closed: closing flushes again, into the same error
+        self.warn(f"warning: TensorBoard logging stopped, cannot write its event file in {self.directory}: "
+                  f"{error.strerror or error} (metrics.jsonl goes on)")
 
     def write(self, metrics: dict) -> None:
         if self.writer is None:
             return
+        try:
+            self._write(metrics)
+        except OSError as e:
+            self._give_up(e)
+
+    def _write(self, metrics: dict) -> None:
         step, stage = metrics["step"], metrics["stage"]
         values = {key: metrics[key] for key in SCALARS if key in metrics}
         elapsed = metrics.get("elapsed")
@@ -59,6 +92,12 @@ class TensorBoardLog:
             self.writer.add_scalar(f"all/{key}", value, step)
 
     def __exit__(self, *exc) -> None:
-        if self.writer is not None:
-            self.writer.close()
+        try:
+            if self.writer is not None:
+                self.writer.close()
+        except OSError as e:
+            self._give_up(e)
+        finally:
             self.writer = None
+            if self._previous_hook is not None:
+                threading.excepthook, self._previous_hook = self._previous_hook, None

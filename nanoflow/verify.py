@@ -4,18 +4,25 @@ Trains the config once straight through, then again while killing it with SIGKIL
 moments — during steps and in the middle of checkpoint writes, at random byte offsets — and
 rerunning the same command after each kill, as an operator would. The two final checkpoints
 must agree exactly: weights, AdamW moments and RNG state.
+
+`--kills N` performs exactly N kills, planned in run order: half inside saves (stratified over
+every save of the run, each at a random byte before that save's commit), half inside steps
+(stratified over the whole run, each as soon as the attempt reports the step before). A kill
+whose moment the resumed run has already passed is moved to the next moment it still reaches.
 """
 
 from __future__ import annotations
 
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
-import time
+import warnings
 from pathlib import Path
 
+import attrs
 import torch
 
 from nanoflow import io
@@ -28,10 +35,67 @@ def _train_command(config: str, overrides: list[str], run: Path) -> list[str]:
     return [sys.executable, TRAIN, config, *sets, "--set", f'checkpoints.checkpoints_path="{run}"']
 
 
-def _checkpoint_bytes(run: Path) -> int:
-    """Bytes one save writes, read off the straight run's final checkpoint metadata."""
-    meta = io.read_metadata(str(run))
-    return sum(f["bytes"] for f in meta["files"].values()) + len(str(meta))
+def _save_bytes(run: Path) -> tuple[int, int]:
+    """(bytes one save writes, of which before its commit), read off the straight run's final checkpoint:
+    its tensor files and metadata (the commit), then latest.txt."""
+    folder = Path(io.latest(str(run)))
+    meta = io.read_metadata(str(folder))
+    before_commit = sum(f["bytes"] for f in meta["files"].values()) + (folder / "checkpoint_metadata.json").stat().st_size
+    return before_commit + len(f"{meta['step']}\n"), before_commit
+
+
+def save_steps(interval: int, train_steps: int) -> list[int]:
+    """The steps a run saves at: every interval, and the last."""
+    return sorted(set(range(interval, train_steps + 1, interval)) | {train_steps})
+
+
+@attrs.frozen
+class Kill:
+    """A planned kill -9: during the save of step `step` after `offset` of its bytes ("save"), or while
+    training the step after `step` ("step"), as soon as the run reports `step` done."""
+
+    kind: str
+    step: int
+    offset: int = 0
+
+    @property
+    def position(self) -> float:
+        return self.step + (0.5 if self.kind == "save" else 0.0)
+
+
+def plan_kills(kills: int, saves: list[int], train_steps: int, save_bytes: int, rng: random.Random) -> list[Kill]:
+    """`kills` kills in run order, half in saves (stratified over every save, at any byte before the commit),
+    half in steps (stratified over the whole run), so a large count covers every save and every stretch."""
+    margin = min(4096, save_bytes // 10)   # metadata sizes differ by a few bytes from save to save
+    in_steps = kills // 2 if train_steps > 1 else 0
+    in_saves = kills - in_steps
+    shift = rng.randrange(max(1, len(saves) // max(in_saves, 1)))   # 0 when there are kills for every save
+    plan = [Kill("save", saves[j * len(saves) // in_saves + shift], rng.randrange(save_bytes - margin))
+            for j in range(in_saves)]
+    plan += [Kill("step", 1 + int((j + rng.random()) * (train_steps - 1) / in_steps)) for j in range(in_steps)]
+    return sorted(plan, key=lambda k: k.position)
+
+
+def _aimed(kill: Kill, committed: int, saves: list[int], train_steps: int) -> Kill:
+    """The kill moved to where the run, resumed after step `committed`, still goes: a step after it, or its
+    next save (the same bytes into it)."""
+    if kill.kind == "step" and committed < kill.step < train_steps:
+        return kill
+    if kill.kind == "step" and committed + 1 < train_steps:
+        return Kill("step", committed + 1)
+    ahead = [s for s in saves if s > committed]
+    return kill if kill.kind == "save" and kill.step in ahead else Kill("save", ahead[0], kill.offset)
+
+
+def _committed(run: Path) -> int:
+    """The run's latest committed step (0 for none); the unfinished saves the kills leave are expected, not news."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", io.CheckpointWarning)
+        folder = io.latest(str(run))
+    return int(Path(folder).name) if folder else 0
+
+
+STEP_LINE = re.compile(r"^step\s+(\d+)/\d+\s")
 
 
 def first_difference(a: io.Checkpoint, b: io.Checkpoint) -> str | None:
@@ -52,52 +116,60 @@ def first_difference(a: io.Checkpoint, b: io.Checkpoint) -> str | None:
 
 def verify_resume(config: str, overrides: list[str], workdir: Path, *, kills: int = 6, seed: int = 0,
                   log=print) -> bool:
+    from nanoflow.config import load_config
+
+    settings = load_config(config, overrides)
+    train_steps, saves = settings.tokens.train_steps, save_steps(settings.checkpoints.checkpoint_interval,
+                                                                 settings.tokens.train_steps)
     rng = random.Random(seed)
     straight, interrupted = workdir / "straight", workdir / "interrupted"
-    quiet = dict(stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
     log(f"straight run → {straight}")
-    started = time.perf_counter()
-    done = subprocess.run(_train_command(config, overrides, straight) + ["--fresh"], **quiet)
-    duration = time.perf_counter() - started
+    done = subprocess.run(_train_command(config, overrides, straight) + ["--fresh"], stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE, text=True)
     if done.returncode != 0:
         log(f"FAIL: the straight run failed:\n{done.stderr}")
         return False
-    save_bytes = _checkpoint_bytes(straight)
+    per_save, before_commit = _save_bytes(straight)
+    plan = plan_kills(kills, saves, train_steps, before_commit, rng)
 
-    command = _train_command(config, overrides, interrupted)
-    attempt = 0
-    while True:
-        attempt += 1
-        env, kill_delay, how = dict(os.environ), None, "no kill"
-        if attempt <= kills and attempt % 2:
-            offset = rng.randrange(save_bytes * 2)
+    # Every step reported on its own line, so a kill "in step N" waits for this attempt's own report of N - 1.
+    command = _train_command(config, overrides, interrupted) + ["--set", "logging.iteration_step_info_interval=1"]
+    performed = 0
+    for attempt, planned in enumerate([*plan, None], 1):
+        committed = _committed(interrupted)
+        env, how = dict(os.environ), "no kill"
+        kill = None if planned is None else _aimed(planned, committed, saves, train_steps)
+        if kill is not None and kill.kind == "save":
+            offset = sum(per_save for s in saves if committed < s < kill.step) + kill.offset
             env["NANOFLOW_KILL_AFTER_BYTES"] = str(offset)
-            how = f"kill -9 after {offset} checkpoint bytes"
-        elif attempt <= kills:
-            kill_delay = rng.uniform(0.2, duration)
-            how = f"kill -9 after {kill_delay:.2f}s"
-        process = subprocess.Popen(command, env=env, **quiet)
-        if kill_delay is not None:
-            try:
-                process.wait(timeout=kill_delay)
-            except subprocess.TimeoutExpired:
+            how = f"kill -9 in the save of step {kill.step}, {kill.offset} bytes in"
+        elif kill is not None:
+            how = f"kill -9 in step {kill.step + 1}"
+        process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        output = []
+        for line in process.stdout:
+            output.append(line)
+            match = STEP_LINE.match(line)
+            if kill is not None and kill.kind == "step" and match and int(match.group(1)) >= kill.step:
                 process.send_signal(signal.SIGKILL)
-        _, stderr = process.communicate()
-        resumed = io.latest(str(interrupted))
-        log(f"attempt {attempt}: {how}: exit {process.returncode}; latest committed: {resumed or 'none'}")
-        if process.returncode == 0:
-            break
-        if process.returncode != -signal.SIGKILL:
-            log(f"FAIL: the run failed by itself:\n{stderr}")
+                break
+        output.append(process.communicate()[0] or "")
+        log(f"attempt {attempt}: {how}: exit {process.returncode}; latest committed: step {_committed(interrupted)}")
+        if process.returncode == -signal.SIGKILL:
+            performed += 1
+            continue
+        if process.returncode != 0:
+            log(f"FAIL: the run failed by itself:\n{''.join(output)}")
             return False
-        if attempt > kills + 3:
-            log("FAIL: the interrupted run does not complete")
+        if kill is not None:
+            log(f"FAIL: the run finished before kill {performed + 1} of {kills} could land ({how})")
             return False
+        break
 
     difference = first_difference(io.read_checkpoint(str(straight)), io.read_checkpoint(str(interrupted)))
     if difference is None:
-        log(f"PASS: after {attempt - 1} kills the resumed run ends bit-identical to the straight run "
+        log(f"PASS: after {performed} kills the resumed run ends bit-identical to the straight run "
             "(weights, optimizer moments, RNG)")
         return True
     log(f"FAIL: {difference}")

@@ -7,13 +7,14 @@ in [model]. The converter rejects unknown keys and lossy coercions.
 from __future__ import annotations
 
 import json
+import math
 import os
 from typing import Literal, Union
 
 import attrs
 import cattrs
 from attrs import Factory, field, frozen
-from attrs.validators import ge, gt, instance_of, optional
+from attrs.validators import ge, gt, instance_of, le, lt, optional
 
 from nanoflow.errors import NanoflowError
 
@@ -27,6 +28,8 @@ class ConfigError(NanoflowError, ValueError):
 positive = [instance_of(int), gt(0)]
 non_negative = [instance_of(int), ge(0)]
 positive_float = [instance_of((int, float)), gt(0)]
+unit_interval = [instance_of((int, float)), ge(0), lt(1)]   # Adam's betas: 1 would never forget, > 1 diverge
+INT_LIMIT = 1 << 63   # every integer must fit torch's and numpy's int64
 
 
 @frozen
@@ -56,7 +59,7 @@ class RopeScalingArgs:
 class ModelArgs:
     """A Llama decoder, in HF LlamaConfig names, plus how to train it."""
 
-    vocab_size: int = field(validator=positive)
+    vocab_size: int = field(validator=[*positive, le(1 << 32)])   # token files hold ids as uint32 at most
     hidden_size: int = field(validator=positive)
     intermediate_size: int = field(validator=positive)
     num_hidden_layers: int = field(validator=positive)
@@ -120,9 +123,9 @@ class LRSchedulerArgs:
 @frozen
 class OptimizerFactoryArgs:
     name: Literal["adamW"] = "adamW"
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.95
-    adam_eps: float = 1e-8
+    adam_beta1: float = field(default=0.9, validator=unit_interval)
+    adam_beta2: float = field(default=0.95, validator=unit_interval)
+    adam_eps: float = field(default=1e-8, validator=positive_float)
     torch_adam_is_fused: bool = False
 
 
@@ -156,6 +159,8 @@ class CheckpointsArgs:
     load_optimizer: bool = True
     load_lr_scheduler: bool = True
     keep: Union[int, None] = field(default=None, validator=optional(positive))
+    # Resume although a begun stage's data, tokenizer or seeds changed (OLMo-core's name); warns, naming the change.
+    ignore_fingerprint_mismatch: bool = False
 
 
 @frozen
@@ -297,15 +302,20 @@ converter = cattrs.Converter(forbid_extra_keys=True)
 
 
 def _structure_exact(value, cls):
-    """TOML already gives exact types: refuse lossy coercions such as "3" -> 3, 2.5 -> 2 or 1 -> True."""
+    """TOML already gives exact types: refuse lossy coercions such as "3" -> 3, 2.5 -> 2 or 1 -> True,
+    non-finite floats (inf, nan: no setting means them) and integers beyond int64."""
     if cls is float:
         ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if ok and not math.isfinite(value):
+            raise ValueError(f"expected a finite number, got {value!r}")
     elif cls is bool:
         ok = isinstance(value, bool)
     else:
         ok = isinstance(value, cls) and not isinstance(value, bool)
     if not ok:
         raise TypeError(f"expected {cls.__name__}, got {type(value).__name__} {value!r}")
+    if cls is int and not -INT_LIMIT <= value < INT_LIMIT:
+        raise ValueError(f"{value} does not fit in a 64-bit integer (at most {INT_LIMIT - 1})")
     return cls(value)
 
 

@@ -139,7 +139,12 @@ def _load_rows(spec: HFSpec, stage_name: str, cache_dir: str | None = None):
             raise FileNotFoundError(f"{where}: hf_data_files {patterns!r} matches no file")
         if spec.builder == "text":
             options["sample_by"] = "document"
-        return datasets.load_dataset(spec.builder, data_files=list(spec.files), **options)
+        try:
+            return datasets.load_dataset(spec.builder, data_files=list(spec.files), **options)
+        except Exception as e:  # noqa: BLE001 - `datasets` raises many kinds here; name the file and line instead
+            problem = next(filter(None, (file_problem(path, spec.builder) for path in spec.files)), None)
+            raise DataInputError(f"{where}: " + (problem or f"the files cannot be read: {type(e).__name__}: {e}")) \
+                from None
     if os.path.isdir(spec.name):
         rows = datasets.load_from_disk(spec.name)
         if isinstance(rows, datasets.DatasetDict):
@@ -159,6 +164,43 @@ def _load_rows(spec: HFSpec, stage_name: str, cache_dir: str | None = None):
         offline = " (HF_DATASETS_OFFLINE is set: only datasets already in the cache can load)" \
             if os.environ.get("HF_DATASETS_OFFLINE", "0") not in ("", "0") else ""
         raise DataInputError(f"{where}: cannot load {spec.name!r} from the hub or a local path{offline}: {e}") from None
+
+
+def file_problem(path: str, builder: str) -> str | None:
+    """What makes a local text or JSON file unreadable, naming the file and the line; None if nothing is found."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        return f"{path}: cannot be read: {e.strerror or e}"
+    if builder not in ("text", "json"):
+        return None
+    if not data.strip():
+        return f"{path}: the file is empty" + (" (no JSON rows)" if builder == "json" else "")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        return f"{path}, line {line}: not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start}); is it a binary file?"
+    if "\x00" in text:
+        line = text.count("\n", 0, text.index("\x00")) + 1
+        return f"{path}, line {line}: a NUL byte; this is a binary file, not text"
+    if builder == "json":
+        try:
+            json.loads(text)
+            return None   # one JSON document (a list of rows, or a table of columns)
+        except ValueError:
+            pass
+        for number, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                return f"{path}, line {number}, column {e.colno}: not valid JSON: {e.msg}"
+            if not isinstance(row, dict):
+                return f"{path}, line {number}: a JSON {type(row).__name__}, expected an object (one row per line)"
+    return None
 
 
 def _require_columns(rows, columns: list[str], where: str) -> None:

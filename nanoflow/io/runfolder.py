@@ -1,0 +1,60 @@
+"""The local run folder (checkpoints_path, or runs/<run> beside S3 checkpoints): checked at start-up, before any
+checkpoint is read or any step trained, so a folder nanoflow cannot write is an error naming it (exit status 2)
+rather than a traceback at the first save an hour in."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+
+from nanoflow.errors import EXIT_STORAGE, NanoflowError
+
+
+class RunFolderError(NanoflowError, OSError):
+    """A run folder that is not a folder, cannot be created or written, or has no room for a checkpoint."""
+
+
+class RunFolderWriteError(NanoflowError, OSError):
+    """A write into the run folder failed mid-run (a full disk): what was committed before stands."""
+
+    exit_status = EXIT_STORAGE
+
+
+def _reason(e: OSError) -> str:
+    return e.strerror or str(e)
+
+
+def check_folder(path: str) -> None:
+    """`path` is a folder, created when missing (before any checkpoint is read from it)."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise RunFolderError(f"checkpoints.checkpoints_path = {path} is a file, not a folder; name a folder "
+                             "(it is created when missing)")
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as e:
+        raise RunFolderError(f"cannot create the run folder {path}: {_reason(e)}") from None
+
+
+def check_room(path: str, needed: int = 0) -> None:
+    """This process can create (and remove) a file in the folder `path`, which has room for `needed` more
+    bytes: one more checkpoint, written whole before any older one goes."""
+    try:
+        handle, probe = tempfile.mkstemp(dir=path, prefix=".nanoflow-write-test-")
+        os.close(handle)
+        os.unlink(probe)
+    except OSError as e:
+        raise RunFolderError(f"cannot write into the run folder {path}: {_reason(e)} (a read-only file system, "
+                             "or a folder of another user?)") from None
+    free = shutil.disk_usage(path).free
+    if free < needed:
+        raise RunFolderError(f"{path}: {free:,} bytes free, but the next checkpoint needs about {needed:,}; free "
+                             "some space (or set checkpoints.keep) and run the same command again")
+
+
+def open_for_append(path: str):
+    """`path` opened to append text, or a RunFolderError naming it."""
+    try:
+        return open(path, "a")  # noqa: SIM115 - the caller closes it
+    except OSError as e:
+        raise RunFolderError(f"cannot write {path}: {_reason(e)}") from None

@@ -1,0 +1,162 @@
+"""The local run folder at start-up: a file, read-only, an unwritable metrics.jsonl, a full disk — each a clear
+error naming the path before training (exit status 2), never a traceback; TensorBoard failing never stops a run."""
+
+import contextlib
+import io as text_io
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from nanoflow import io, load_config
+from nanoflow.io.runfolder import RunFolderError, RunFolderWriteError
+from nanoflow.loop import train
+from nanoflow.tensorboard import TensorBoardLog, available
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = REPO / "schedules" / "tiny.toml"
+
+
+def train_command(run: Path, *overrides: str) -> list[str]:
+    sets = [a for o in (f'checkpoints.checkpoints_path="{run}"', *overrides) for a in ("--set", o)]
+    return [sys.executable, "bin/train", str(TINY), *sets]
+
+
+def run_train(run: Path, *overrides: str) -> subprocess.CompletedProcess:
+    return subprocess.run(train_command(run, *overrides), cwd=REPO, capture_output=True, text=True, timeout=180)
+
+
+def mount(*args: str) -> None:
+    result = subprocess.run(["mount", *args], capture_output=True, text=True)
+    if result.returncode != 0:
+        pytest.skip(f"cannot mount here (mount {' '.join(args)}: {result.stderr.strip()})")
+
+
+@contextlib.contextmanager
+def read_only(path: Path):
+    """`path` (a file or folder) made unwritable: by a read-only bind mount as root (root ignores file modes),
+    by its mode otherwise."""
+    if os.geteuid() != 0:
+        mode = path.stat().st_mode
+        path.chmod(0o555 if path.is_dir() else 0o444)
+        try:
+            yield
+        finally:
+            path.chmod(mode)
+        return
+    mount("--bind", str(path), str(path))
+    try:
+        mount("-o", "remount,bind,ro", str(path))
+        yield
+    finally:
+        subprocess.run(["umount", str(path)], check=True)
+
+
+@contextlib.contextmanager
+def small_disk(path: Path, size: str = "2m"):
+    path.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    mount("-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path))
+    try:
+        yield
+    finally:
+        subprocess.run(["umount", str(path)], check=True)
+
+
+def fill(disk: Path) -> None:
+    with contextlib.suppress(OSError), open(disk / "filler", "wb") as f:
+        while True:
+            f.write(b"\0" * 4096)
+            f.flush()
+
+
+def test_checkpoints_path_that_is_a_file_is_refused_before_anything(tmp_path):
+    path = tmp_path / "notes.txt"
+    path.write_text("my notes")
+    result = run_train(path)
+    assert result.returncode == 2, result.stderr
+    assert f"checkpoints.checkpoints_path = {path} is a file, not a folder" in result.stderr
+    assert "Traceback" not in result.stderr and path.read_text() == "my notes"
+
+
+@pytest.mark.slow
+def test_a_read_only_run_folder_is_refused_before_training(tmp_path):
+    run = tmp_path / "run"
+    train(load_config(TINY, [f'checkpoints.checkpoints_path="{run}"']), until_step=4, out=text_io.StringIO())
+    before = sorted(p.name for p in run.rglob("*"))
+    with read_only(run):
+        result = run_train(run)
+        finished = run_train(run, "tokens.train_steps=4")   # a finished run has nothing to write: not an error
+    assert finished.returncode == 0 and "nothing to do" in finished.stdout, finished.stderr
+    assert result.returncode == 2, result.stderr
+    assert f"cannot write into the run folder {run}" in result.stderr and "Traceback" not in result.stderr
+    assert "step  5" not in result.stdout and sorted(p.name for p in run.rglob("*")) == before
+
+
+@pytest.mark.slow
+def test_an_unwritable_metrics_jsonl_is_refused_before_training(tmp_path):
+    run = tmp_path / "run"
+    train(load_config(TINY, [f'checkpoints.checkpoints_path="{run}"']), until_step=4, out=text_io.StringIO())
+    metrics = run / "metrics.jsonl"
+    with read_only(metrics):
+        result = run_train(run)
+        with pytest.raises(RunFolderError, match=f"cannot write {metrics}"):
+            train(load_config(TINY, [f'checkpoints.checkpoints_path="{run}"']), out=text_io.StringIO())
+    assert result.returncode == 2, result.stderr
+    assert f"cannot write {metrics}" in result.stderr and "Traceback" not in result.stderr
+    assert io.read_metadata(str(run))["step"] == 4    # nothing trained, nothing saved
+
+
+@pytest.mark.slow
+def test_a_full_disk_on_a_rerun_is_a_clear_error_before_training(tmp_path):
+    disk = tmp_path / "disk"
+    with small_disk(disk):
+        run = disk / "run"
+        assert run_train(run, "tokens.train_steps=4").returncode == 0
+        fill(disk)
+        result = run_train(run)
+        assert result.returncode == 2, result.stderr
+        assert f"{run}: 0 bytes free, but the next checkpoint needs about" in result.stderr
+        assert "Traceback" not in result.stderr and io.read_metadata(str(run))["step"] == 4
+
+
+@pytest.mark.slow
+def test_a_disk_that_fills_mid_run_says_the_commit_stands(tmp_path):
+    disk = tmp_path / "disk"
+    with small_disk(disk, "1m"):
+        run = disk / "run"
+        # About three checkpoints' room: the saves at steps 1, 2, ... fill the disk until one cannot be written.
+        result = run_train(run, "checkpoints.checkpoint_interval=1")
+        assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr
+        assert "No space left on device" in result.stderr
+        assert "run the same command again" in result.stderr
+        committed = io.read_metadata(str(run))["step"]
+        assert committed >= 1
+        io.read_checkpoint(str(run))   # what was committed is whole
+
+
+@pytest.mark.skipif(not available(), reason="tensorboard is not installed")
+def test_tensorboard_failing_stops_tensorboard_not_the_run(tmp_path, capfd):
+    warnings = []
+    with small_disk(tmp_path / "disk", "64k"):
+        fill(tmp_path / "disk")
+        with TensorBoardLog(tmp_path / "disk", 0, warn=warnings.append) as log:
+            log.write({"step": 1, "stage": "s", "loss": 1.0, "lr": 0.1, "grad_norm": 1.0})
+    assert len(warnings) == 1 and "TensorBoard logging stopped" in warnings[0] and "No space left" in warnings[0]
+    assert "Traceback" not in capfd.readouterr().err
+
+
+def test_metrics_write_failing_mid_run_is_a_storage_error(tmp_path):
+    from nanoflow.errors import EXIT_STORAGE
+    from nanoflow.loop import MetricsLog
+
+    with small_disk(tmp_path / "disk", "64k"):
+        path = tmp_path / "disk" / "metrics.jsonl"
+        with MetricsLog(path, 0) as log:
+            fill(tmp_path / "disk")
+            with pytest.raises(RunFolderWriteError, match=f"cannot write {path} after step 3: No space left") as error:
+                log.write({"step": 3, "loss": 1.0})
+    assert error.value.exit_status == EXIT_STORAGE and "run the same command again" in str(error.value)
