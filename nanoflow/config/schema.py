@@ -400,6 +400,8 @@ def _structure_clip_grad(value, _cls):
         raise TypeError("true is not a max norm: give the max gradient norm (e.g. 1.0), or false for no clipping")
     if value is False:
         return False
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"expected a finite number, got {value!r} (false means no clipping)")
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
         raise ValueError(CLIP_GRAD_EXPECTED + f", got {value!r}")
     return float(value)
