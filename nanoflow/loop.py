@@ -58,6 +58,7 @@ def train(config: Config, *, fresh: bool = False, until_step: int | None = None,
     lock (io/lock.py) is held from before anything is read until the end, or the error.
     """
     topology = init_topology(config) if topology is None else topology
+    _on_main(topology, lambda: check_folder(str(run_dir(config))))  # a file, or unwritable: said before the lock
     with run_lock(config, topology, out):
         return _train(config, fresh=fresh, until_step=until_step, out=out, progress=progress, topology=topology)
 
@@ -100,7 +101,6 @@ def _train(config: Config, *, fresh: bool, until_step: int | None, out: TextIO, 
               file=out)
 
     directory = run_dir(config)
-    _on_main(topology, lambda: check_folder(str(directory)))  # before any checkpoint is read
     fingerprints = Fingerprints(config, tokenizer)
     state = start_state(config, topology, fresh=fresh, out=out, fingerprints=fingerprints)
     schedule = state.schedule
