@@ -141,7 +141,8 @@ def _train(config: Config, *, fresh: bool, until_step: int | None, out: TextIO, 
     except (StoreError, io.CheckpointError) as e:
         if isinstance(e, io.CheckpointError) and not isinstance(e.__cause__, StoreError):
             raise
-        raise StorageLostError(f"{e}\nthe last committed checkpoint stands; rerun to resume") from None
+        raise StorageLostError(f"{e}\nthe last committed checkpoint stands: run the same command again to resume "
+                               "from it") from None
     finally:
         if loader is not None:
             loader.close()

@@ -114,8 +114,8 @@ def test_storage_lost_mid_run_exits_4_and_the_committed_checkpoint_stands(tmp_pa
     folder.mkdir()
     (folder / "4").write_text("a file where step 4's folder must go: its save fails")
     result = run("bin/train", TINY, *run_arg(folder), "--set", "checkpoints.checkpoint_interval=2")
-    assert_clean_failure(result, errors.EXIT_STORAGE, f"{folder}/4", "the last committed checkpoint stands; rerun "
-                                                                     "to resume")
+    assert_clean_failure(result, errors.EXIT_STORAGE, f"{folder}/4", "the last committed checkpoint stands: run "
+                                                                     "the same command again to resume")
     assert "saved step 2:" in result.stdout and committed_step(folder) == 2
     intact = checkpoint_bytes(folder, 2)
     assert intact and (folder / "4").is_file()
@@ -128,10 +128,10 @@ def test_storage_lost_mid_run_exits_4_and_the_committed_checkpoint_stands(tmp_pa
 
 @pytest.mark.slow
 def test_storage_unreadable_before_the_first_step_exits_2(tmp_path):
-    folder = tmp_path / "run"
-    (folder / "latest.txt").mkdir(parents=True)   # cannot be read as the pointer to the latest checkpoint
+    (tmp_path / "notes.txt").write_text("a file where the run folder's parent must be")
+    folder = tmp_path / "notes.txt" / "run"   # cannot be created, so nothing can be read or written there
     result = run("bin/train", TINY, *run_arg(folder))
-    assert_clean_failure(result, errors.EXIT_BAD_INPUT, f"{folder}/latest.txt")
+    assert_clean_failure(result, errors.EXIT_BAD_INPUT, str(folder))
     assert "step 1/" not in result.stdout and not (folder / "metrics.jsonl").exists()
 
 
@@ -371,13 +371,13 @@ def test_fresh_says_which_checkpoints_it_ignores_and_keeps_them(tmp_path):
 
 
 @pytest.mark.slow
-def test_verify_resume_prints_checkpoint_warnings_as_plain_lines(tmp_path):
-    # seed 0's first kill lands inside a checkpoint write: the next look at the run skips that step, with a warning
-    result = run("bin/verify-resume", TINY, "--kills", "1", "--seed", "0", "--workdir", str(tmp_path), timeout=600)
+def test_verify_resume_prints_no_raw_python_warnings(tmp_path):
+    # Its kills land mid-step and mid-save; whatever the runs warn about comes out as plain lines (the plain
+    # line itself is tested with guarded() above): no raw Python warning with its source file and line.
+    result = run("bin/verify-resume", TINY, "--kills", "2", "--seed", "0", "--workdir", str(tmp_path), timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "PASS" in result.stdout
-    warned = [line for line in result.stderr.splitlines() if line.startswith("warning: ")]
-    assert warned and "is incomplete" in warned[0], result.stderr
+    assert "PASS: after 2 kills" in result.stdout
+    assert "Warning:" not in result.stderr, result.stderr
     assert "CheckpointWarning" not in result.stderr and "verify.py:" not in result.stderr, result.stderr
 
 

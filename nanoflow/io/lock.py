@@ -24,6 +24,7 @@ against the object's Last-Modified). A stale lock is taken over, and the takeove
 from __future__ import annotations
 
 import atexit
+import contextlib
 import datetime
 import errno
 import json
@@ -182,6 +183,10 @@ def _acquire_local(store: Store, record: dict, say):
         age = datetime.datetime.now().timestamp() - os.fstat(f.fileno()).st_mtime
         _take_over_if_stale(path, previous, age, say, locked=True)
         _write_file(f, record)
+    except OSError as e:  # a full disk, a file system turned read-only: nothing trained, nothing else written
+        with contextlib.suppress(OSError):  # closing flushes what could not be written: the same error again
+            f.close()
+        raise CheckpointError(f"cannot write the run lock {path}: {e.strerror or e}") from e
     except BaseException:
         f.close()
         raise
