@@ -1,7 +1,6 @@
 """bin/verify-resume's kill plan: exactly the kills asked, spread over the whole run and over every save."""
 
 import random
-import sys
 from pathlib import Path
 
 import pytest
