@@ -25,7 +25,7 @@ from nanoflow.data import check_stages, load_run_tokenizer, open_stage
 from nanoflow.data.fingerprint import Fingerprints
 from nanoflow.errors import EXIT_STORAGE, NanoflowError
 from nanoflow.io.runfolder import RunFolderError, RunFolderWriteError, check_folder, check_room, open_for_append
-from nanoflow.io.store import StoreError
+from nanoflow.io.store import StoreError, check_root
 from nanoflow.parallel import SINGLE, Topology, broadcast_object, device, init_topology
 from nanoflow.schedule import TrainingMetadata, active_stage, begun_stages, resume_point, stage_steps
 from nanoflow.snapshot import checkpoint_blocks, checkpoint_bytes, read_on_every_rank, restore_state
@@ -58,6 +58,7 @@ def train(config: Config, *, fresh: bool = False, until_step: int | None = None,
     lock (io/lock.py) is held from before anything is read until the end, or the error.
     """
     topology = init_topology(config) if topology is None else topology
+    check_root(config.checkpoints.checkpoints_path)  # "s3:/b/x" is refused, never made a local folder "s3:"
     _on_main(topology, lambda: check_folder(str(run_dir(config))))  # a file, or unwritable: said before the lock
     with run_lock(config, topology, out):
         return _train(config, fresh=fresh, until_step=until_step, out=out, progress=progress, topology=topology)
