@@ -23,6 +23,7 @@ from nanoflow import cli, errors, load_config
 from nanoflow.config import ConfigError
 from nanoflow.config.load import looks_local
 from nanoflow.io import CheckpointWarning
+from process_helpers import signal_when_ready
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = "schedules/tiny.toml"
@@ -301,19 +302,15 @@ def _big_text_config(tmp_path: Path) -> Path:
 def test_ctrl_c_during_start_up_exits_130_with_one_line(tmp_path):
     config = _big_text_config(tmp_path)
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_DATASETS_CACHE": str(tmp_path / "cache")}
-    process = subprocess.Popen([sys.executable, "bin/train", str(config)], cwd=ROOT, env=env,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
+    def started(process) -> bool:
         first = process.stdout.readline()   # said before the data loads and tokenizes
         assert 'stage "late" starts after train_steps' in first, first
         time.sleep(0.5)
-        process.send_signal(signal.SIGINT)
-        stdout, stderr = process.communicate(timeout=60)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.communicate()
-    assert process.returncode == errors.EXIT_INTERRUPTED, (stdout, stderr)
+        return True
+
+    returncode, stdout, stderr = signal_when_ready([sys.executable, "bin/train", str(config)], started,
+                                                   signal.SIGINT, cwd=ROOT, env=env)
+    assert returncode == errors.EXIT_INTERRUPTED, (stdout, stderr)
     assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr
     assert stderr.strip().splitlines() == ["interrupted: stopped at once, without saving; the last committed "
                                            "checkpoint (if any) is untouched"]
@@ -325,19 +322,10 @@ def test_a_signal_stop_after_saving_exits_75(tmp_path):
     folder = tmp_path / "run"
     command = [sys.executable, "bin/train", TINY, *run_arg(folder), "--set", "tokens.train_steps=400",
                "--set", "data_stages.sft.start_training_step=390", "--set", "checkpoints.checkpoint_interval=1000"]
-    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline, metrics = time.monotonic() + 60, folder / "metrics.jsonl"
-        while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 2):
-            assert process.poll() is None and time.monotonic() < deadline, process.communicate()
-            time.sleep(0.02)
-        process.send_signal(signal.SIGTERM)
-        stdout, stderr = process.communicate(timeout=60)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.communicate()
-    assert process.returncode == errors.EXIT_STOPPED, (stdout, stderr)
+    metrics = folder / "metrics.jsonl"
+    returncode, stdout, stderr = signal_when_ready(
+        command, lambda _: metrics.exists() and len(metrics.read_text().splitlines()) >= 2, signal.SIGTERM, cwd=ROOT)
+    assert returncode == errors.EXIT_STOPPED, (stdout, stderr)
     assert "stopped by SIGTERM" in stdout and "Traceback" not in stderr
     stopped = committed_step(folder)
     assert 2 <= stopped < 400

@@ -9,13 +9,13 @@ import json
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from nanoflow import load_config
 from nanoflow.schedule import Schedule, consumed_tokens, stage_steps
+from process_helpers import signal_when_ready
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = "schedules/tiny.toml"
@@ -150,24 +150,13 @@ def test_stage_after_train_steps_is_not_reached(tmp_path):
 
 def test_sigint_stops_cleanly_after_the_current_step(tmp_path):
     metrics_path = tmp_path / "run" / "metrics.jsonl"
-    process = subprocess.Popen(
-        [sys.executable, "bin/train", TINY, "--set", "tokens.train_steps=400",
-         "--set", "data_stages.sft.start_training_step=500", "--set", "logging.iteration_step_info_interval=1",
-         *run_arg(tmp_path)],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 60
-        while not (metrics_path.exists() and len(metrics_path.read_text().splitlines()) >= 3):
-            assert process.poll() is None, f"bin/train exited early: {process.communicate()}"
-            assert time.monotonic() < deadline, "no 3 steps within 60 s"
-            time.sleep(0.02)
-        process.send_signal(signal.SIGINT)
-        stdout, stderr = process.communicate(timeout=60)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.communicate()
-    assert process.returncode == 75, stderr   # EXIT_STOPPED: saved, not finished; a finished run exits 0
+    command = [sys.executable, "bin/train", TINY, "--set", "tokens.train_steps=400",
+               "--set", "data_stages.sft.start_training_step=500", "--set", "logging.iteration_step_info_interval=1",
+               *run_arg(tmp_path)]
+    returncode, stdout, stderr = signal_when_ready(
+        command, lambda _: metrics_path.exists() and len(metrics_path.read_text().splitlines()) >= 3, signal.SIGINT,
+        cwd=ROOT)
+    assert returncode == 75, stderr   # EXIT_STOPPED: saved, not finished; a finished run exits 0
     assert "Traceback" not in stderr
     assert "stopped" in stdout and "SIGINT" in stdout
     steps = [json.loads(line)["step"] for line in metrics_path.read_text().splitlines() if line]

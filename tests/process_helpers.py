@@ -1,0 +1,25 @@
+"""Running bin/* as a real process and signalling it at a moment the test chooses."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+
+
+def signal_when_ready(command: list[str], ready, signum: int, *, cwd, env=None, timeout: float = 60):
+    """Start `command`, poll ready(process) until it is true (the process still running, within `timeout`
+    seconds), send `signum`, and wait for the end: (returncode, stdout, stderr). Never leaves it running."""
+    process = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + timeout
+        while not ready(process):
+            assert process.poll() is None, f"{command[1]} exited early: {process.communicate()}"
+            assert time.monotonic() < deadline, f"{command[1]} was not ready within {timeout} s"
+            time.sleep(0.02)
+        process.send_signal(signum)
+        stdout, stderr = process.communicate(timeout=timeout)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    return process.returncode, stdout, stderr
