@@ -91,7 +91,7 @@ def verify_resume_main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="bin/verify-resume",
         description="Train CONFIG straight, then again with kill -9 at random moments (mid-step and mid-save) and "
-                    "a resume after each; PASS if both end bit-identical (weights, optimizer moments, RNG).")
+                    "a resume after each; PASS if both end bit-identical (weights and optimizer moments).")
     parser.add_argument("config")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
     parser.add_argument("--kills", type=int, default=6, help="how many times to kill the run (default 6)")

@@ -13,23 +13,23 @@ import os
 import signal
 import sys
 import time
-import warnings
 from pathlib import Path
 from typing import TextIO
 
 import torch
 
 from nanoflow import io
+from nanoflow.checkpointer import Checkpointer
 from nanoflow.config import Config, unreached_stages
 from nanoflow.data import check_stages, load_run_tokenizer, open_stage
 from nanoflow.data.fingerprint import Fingerprints
 from nanoflow.errors import EXIT_STORAGE, NanoflowError
 from nanoflow.io.runfolder import RunFolderError, RunFolderWriteError, check_folder, check_room, open_for_append
 from nanoflow.io.store import StoreError, check_root
-from nanoflow.parallel import SINGLE, Topology, broadcast_object, device, init_topology
-from nanoflow.schedule import TrainingMetadata, active_stage, begun_stages, resume_point, stage_steps
-from nanoflow.snapshot import checkpoint_blocks, checkpoint_bytes, read_on_every_rank, restore_state
-from nanoflow.state import TrainState, init_state
+from nanoflow.parallel import SINGLE, Topology, device, init_topology
+from nanoflow.schedule import active_stage, stage_steps
+from nanoflow.shards import state_bytes
+from nanoflow.state import TrainState
 from nanoflow.step import train_step
 from nanoflow.tensorboard import TensorBoardLog
 
@@ -59,40 +59,14 @@ def train(config: Config, *, fresh: bool = False, until_step: int | None = None,
     """
     topology = init_topology(config) if topology is None else topology
     check_root(config.checkpoints.checkpoints_path)  # "s3:/b/x" is refused, never made a local folder "s3:"
-    _on_main(topology, lambda: check_folder(str(run_dir(config))))  # a file, or unwritable: said before the lock
-    with run_lock(config, topology, out):
-        return _train(config, fresh=fresh, until_step=until_step, out=out, progress=progress, topology=topology)
+    checkpointer = Checkpointer(config, topology, out=out)
+    checkpointer.on_main(lambda: check_folder(str(run_dir(config))))  # a file, or unwritable: said before the lock
+    with checkpointer.locked():
+        return _train(config, checkpointer, fresh=fresh, until_step=until_step, out=out, progress=progress,
+                      topology=topology)
 
 
-@contextlib.contextmanager
-def run_lock(config: Config, topology: Topology, out: TextIO):
-    """Rank 0 holds checkpoints_path's lock for the run; every rank fails together if it cannot."""
-    path, held = config.checkpoints.checkpoints_path, []
-    _on_main(topology, lambda: held.append(io.RunLock.acquire(path, run=config.general.run,
-                                                              say=lambda text: print(text, file=out, flush=True))))
-    try:
-        yield
-    finally:
-        for lock in held:
-            problem = lock.release()
-            if problem:
-                print(f"warning: {problem}", file=out)
-
-
-def _on_main(topology: Topology, action) -> None:
-    """Run `action` on rank 0; a NanoflowError it raises is raised on every rank (never a rank left waiting)."""
-    failure = None
-    if topology.is_main:
-        try:
-            action()
-        except NanoflowError as e:
-            failure = e
-    failure = broadcast_object(failure, topology)
-    if failure is not None:
-        raise failure
-
-
-def _train(config: Config, *, fresh: bool, until_step: int | None, out: TextIO, progress: bool | None,
+def _train(config: Config, checkpointer: Checkpointer, *, fresh: bool, until_step: int | None, out: TextIO, progress: bool | None,
            topology: Topology) -> TrainState:
     if not topology.is_main:
         out = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the process
@@ -102,13 +76,13 @@ def _train(config: Config, *, fresh: bool, until_step: int | None, out: TextIO, 
               file=out)
 
     directory = run_dir(config)
-    fingerprints = Fingerprints(config, tokenizer)
-    state = start_state(config, topology, fresh=fresh, out=out, fingerprints=fingerprints)
+    fingerprints = checkpointer.fingerprints = Fingerprints(config, tokenizer)  # shared: each stage's, once
+    state = checkpointer.restore(fresh=fresh)
     schedule = state.schedule
-    if state.step >= schedule.train_steps:  # start_state said "nothing to do"
+    if state.step >= schedule.train_steps:  # restore said "nothing to do"
         return state
-    needed = 0 if "://" in config.checkpoints.checkpoints_path else checkpoint_bytes(state)
-    _on_main(topology, lambda: check_room(str(directory), needed))
+    needed = 0 if "://" in config.checkpoints.checkpoints_path else state_bytes(state.model)
+    checkpointer.on_main(lambda: check_room(str(directory), needed))
     _check_stages_ahead(config, schedule, state.step, tokenizer, out)
     report = Progress(schedule.train_steps, state.step, out, progress, config.logging.iteration_step_info_interval)
     stop = StopRequest(topology)
@@ -133,8 +107,8 @@ def _train(config: Config, *, fresh: bool, until_step: int | None, out: TextIO, 
                 if until_step is not None and step >= until_step:
                     stop.requested = stop.requested or f"until_step = {until_step} (a planned stop, not a signal)"
                 stopping = stop.agreed()
-                if step % config.checkpoints.checkpoint_interval == 0 or step == schedule.train_steps or stopping:
-                    report.message(f"saved step {step}: {save(state, fingerprints)}")
+                if checkpointer.should_save(step, stopping):
+                    report.message(f"saved step {step}: {checkpointer.save(state)}")
                 if stopping:
                     report.message(f"stopped by {stopping} after step {step} of {schedule.train_steps}; "
                                    "run the same command again to resume from the checkpoint just saved")
@@ -160,115 +134,6 @@ def _check_stages_ahead(config: Config, schedule, completed: int, tokenizer, out
     stages = [index for index in range(active_stage(schedule, completed + 1), len(schedule.stages))
               if stage_steps(schedule, index)]
     check_stages(config, stages, tokenizer, schedule, log=lambda message: print(message, file=out))
-
-
-def save(state: TrainState, fingerprints: Fingerprints | None = None) -> str:
-    fingerprint = None
-    if state.topology.is_main:  # only rank 0 writes the metadata
-        fingerprints = fingerprints or Fingerprints(state.config, load_run_tokenizer(state.config))
-        fingerprint = fingerprints.of([s.name for s in begun_stages(state.schedule, state.step)])
-    groups, info = checkpoint_blocks(state, fingerprint)
-    checkpoints = state.config.checkpoints
-    _on_main(state.topology, lambda: io.confirm_held(checkpoints.checkpoints_path))  # still ours: renewed now
-    return io.save_checkpoint(checkpoints.checkpoints_path, state.step, groups, info, keep=checkpoints.keep,
-                              topology=state.topology)
-
-
-def start_state(config: Config, topology: Topology = SINGLE, *, fresh: bool = False,
-                out: TextIO = sys.stdout, fingerprints: Fingerprints | None = None) -> TrainState:
-    """A fresh state, or the one the checkpoint to resume from recorded, on this topology.
-
-    resume_checkpoint_path, when set, must hold a committed checkpoint (never a silent fresh
-    start); otherwise the run's own checkpoints_path is resumed from when it holds one, so
-    rerunning the same command after a crash continues the run. `fresh` ignores both. Rank 0
-    lists the checkpoints to try; every rank then reads, and checks, just the shards it holds. A
-    checkpoint found damaged on any rank gives way, on all of them, to the next older intact one
-    of a run folder (a step folder named on its own has none: its damage is the error).
-    """
-    checkpoints = config.checkpoints
-    folders, failure = [], None
-    if topology.is_main:
-        try:
-            folders = _checkpoints_to_try(config, fresh, out)
-        except io.CheckpointError as e:
-            failure = (isinstance(e, io.DamagedCheckpointError), str(e))
-    failure, folders = broadcast_object((failure, folders), topology)
-    if failure is not None:
-        damaged, message = failure
-        raise (io.DamagedCheckpointError if damaged else io.CheckpointError)(message)
-    if not folders:
-        return init_state(config, topology)
-    fingerprints = fingerprints or Fingerprints(config, load_run_tokenizer(config))
-    damaged = []
-    for folder in folders:
-        try:
-            reader = read_on_every_rank(lambda: io.CheckpointReader(folder), topology)  # noqa: B023 - called now
-            state = restore_state(config, reader, topology, load_optimizer=checkpoints.load_optimizer,
-                                  load_lr_scheduler=checkpoints.load_lr_scheduler, fingerprints=fingerprints,
-                                  log=lambda text: print(text, file=out))
-            break
-        except io.DamagedCheckpointError as e:
-            if len(folders) == 1:
-                raise
-            damaged.append(str(e))
-            if topology.is_main:
-                print(f"warning: {folder} is damaged, trying an older checkpoint: {e}", file=out)
-    else:
-        raise io.DamagedCheckpointError("no checkpoint to resume from reads back intact: " + "; ".join(damaged))
-    point = resume_point(state.schedule, TrainingMetadata.from_dict(reader.metadata["training"]))
-    if state.step >= state.schedule.train_steps:
-        print(f"nothing to do: {reader.path} has all {state.schedule.train_steps} steps done", file=out)
-        return state
-    skipped = [what for what, loaded in (("optimizer moments", checkpoints.load_optimizer),
-                                         ("LR schedule position", checkpoints.load_lr_scheduler)) if not loaded]
-    print(f"resuming from {reader.path}: step {state.step} done, next step {point.step} "
-          f'(stage "{state.schedule.stages[point.stage].name}", {point.samples_in_stage} samples in)'
-          + (f"; fresh {' and '.join(skipped)}" if skipped else ""), file=out)
-    return state
-
-
-def _checkpoints_to_try(config: Config, fresh: bool, out: TextIO) -> list[str]:
-    """The step folders to resume from, in the order to try them; none for a fresh start."""
-    checkpoints = config.checkpoints
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", io.CheckpointWarning)
-        if fresh:
-            folders = []
-            _say_what_fresh_ignores(checkpoints, out)
-        elif checkpoints.resume_checkpoint_path is not None:
-            folders = io.checkpoints_to_try(checkpoints.resume_checkpoint_path)
-            if not folders:
-                raise io.CheckpointError(
-                    f"checkpoints.resume_checkpoint_path = {checkpoints.resume_checkpoint_path} holds no committed "
-                    "checkpoint; refusing to start from scratch (unset it, or pass --fresh)")
-        else:
-            try:
-                folders = io.checkpoints_to_try(checkpoints.checkpoints_path)
-            except io.DamagedCheckpointError as e:
-                raise io.DamagedCheckpointError(f"{e}\nRefusing to start from scratch over them: repair or move "
-                                                "them, or pass --fresh") from None
-    for warning in caught:
-        print(f"warning: {warning.message}", file=out)
-    return folders
-
-
-def _say_what_fresh_ignores(checkpoints, out: TextIO) -> None:
-    """Name the committed checkpoints --fresh passes over, so that nobody takes a fresh start for a resume."""
-    seen = set()
-    for key in ("checkpoints_path", "resume_checkpoint_path"):
-        where = getattr(checkpoints, key)
-        if where is None or where in seen:
-            continue
-        seen.add(where)
-        try:
-            steps = sorted(int(folder.rstrip("/").rpartition("/")[2]) for folder in io.checkpoints_to_try(where))
-        except Exception as e:  # noqa: BLE001 - only a message: what cannot be listed must not stop a fresh start
-            print(f"--fresh: could not list checkpoints.{key} = {where} ({type(e).__name__}: {e})", file=out)
-            continue
-        if steps:
-            print(f"--fresh: starting from step 1, ignoring the committed checkpoints of checkpoints.{key} = {where} "
-                  f"(step{'s' * (len(steps) > 1)} {', '.join(map(str, steps))}); they are not deleted: a step is "
-                  "replaced only when this run commits its own", file=out)
 
 
 class StopRequest:

@@ -3,7 +3,8 @@
 Trains the config once straight through, then again while killing it with SIGKILL at random
 moments — during steps and in the middle of checkpoint writes, at random byte offsets — and
 rerunning the same command after each kill, as an operator would. The two final checkpoints
-must agree exactly: weights, AdamW moments and RNG state.
+must agree exactly: weights and AdamW moments (nothing in training draws randomness, so there is no
+RNG state to compare: the data order is a pure function of the seed).
 
 `--kills N` performs exactly N kills, planned in run order: half inside saves (stratified over
 every save of the run, each at a random byte before that save's commit), half inside steps
@@ -100,7 +101,7 @@ STEP_LINE = re.compile(r"^step\s+(\d+)/\d+\s")
 
 def first_difference(a: io.Checkpoint, b: io.Checkpoint) -> str | None:
     """The first tensor that differs between two checkpoints, or None if they are identical."""
-    for group in ("model", "optimizer", "rng"):
+    for group in ("model", "optimizer"):
         names = sorted(set(a.groups[group]) | set(b.groups[group]))
         for name in names:
             x, y = a.groups[group].get(name), b.groups[group].get(name)
@@ -170,7 +171,7 @@ def verify_resume(config: str, overrides: list[str], workdir: Path, *, kills: in
     difference = first_difference(io.read_checkpoint(str(straight)), io.read_checkpoint(str(interrupted)))
     if difference is None:
         log(f"PASS: after {performed} kills the resumed run ends bit-identical to the straight run "
-            "(weights, optimizer moments, RNG)")
+            "(weights and optimizer moments)")
         return True
     log(f"FAIL: {difference}")
     return False

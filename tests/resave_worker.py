@@ -9,13 +9,14 @@ import sys
 from pathlib import Path
 
 from nanoflow import load_config
-from nanoflow.loop import save, start_state
+from nanoflow.checkpointer import Checkpointer
 from nanoflow.parallel import exit_process, init_topology, shutdown
 
 source, destination, *overrides = sys.argv[1:]
 config = load_config(Path(__file__).parent.parent / "schedules" / "tiny.toml", [
     *overrides, f'checkpoints.resume_checkpoint_path="{source}"', f'checkpoints.checkpoints_path="{destination}"'])
 topology = init_topology(config)
-save(start_state(config, topology))
+checkpointer = Checkpointer(config, topology)
+checkpointer.save(checkpointer.restore())
 shutdown()
 exit_process(0)

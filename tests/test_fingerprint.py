@@ -15,7 +15,8 @@ from nanoflow import io, load_config
 from nanoflow.data import ByteTokenizer
 from nanoflow.data import fingerprint as fp
 from nanoflow.data.fingerprint import DataChangedError, fingerprint_changes, stage_fingerprint
-from nanoflow.loop import start_state, train
+from nanoflow.checkpointer import Checkpointer
+from nanoflow.loop import train
 from test_data import write_word_level_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -44,7 +45,7 @@ def run(tmp_path):
 
 
 def resume(config: Path, *overrides: str, out=None):
-    return start_state(load_config(config, list(overrides)), out=out or quiet())
+    return Checkpointer(load_config(config, list(overrides)), out=out or quiet()).restore()
 
 
 def test_the_checkpoint_records_the_begun_stages_only(run):
@@ -113,7 +114,7 @@ def test_the_accept_key_resumes_with_a_loud_warning_and_records_the_new_data(run
     (run.parent / "corpus" / "b.txt").write_text("changed")
     out = quiet()
     config = load_config(run, ["checkpoints.ignore_fingerprint_mismatch=true", "checkpoints.checkpoint_interval=2"])
-    before = start_state(config, out=quiet())
+    before = Checkpointer(config, out=quiet()).restore()
     state = train(config, until_step=6, out=out)
     assert state.step == 6 and before.step == 4
     assert "WARNING" in out.getvalue() and "b.txt: was 2200 bytes" in out.getvalue()

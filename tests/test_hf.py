@@ -18,7 +18,8 @@ import nanoflow
 from nanoflow import ConfigError, load_config
 from nanoflow.io import export_hf, read_hf, read_model
 from nanoflow.io.hf import HFFormatError, HFWeights, is_hf_folder, read_init_weights
-from nanoflow.loop import save, train
+from nanoflow.checkpointer import Checkpointer
+from nanoflow.loop import train
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ROOT / "schedules" / "tiny.toml"
@@ -166,7 +167,7 @@ def test_import_then_export_is_an_identity(tmp_path, shard):
 
     config = tiny(tmp_path, f"model.init_from={json.dumps(str(tmp_path / 'hf_in'))}")
     state = nanoflow.init_state(config)   # step 0: the HF weights, untouched
-    save(state)
+    Checkpointer(config).save(state)
     export_hf(str(tmp_path / "run"), str(tmp_path / "hf_out"), max_shard_size=20_000 if shard else 5 * 10**9)
     _, exported = read_hf(str(tmp_path / "hf_out"))
     assert set(exported) == set(tensors)

