@@ -144,8 +144,8 @@ def run_loop(config, timers: Timers, plain: bool, alone: Alone) -> tuple[float, 
 
     loop.train_step = interleaved
     timers.wrap(loop, "open_stage", "data: stage switch (open, close)", result_hook=timers.wrap_loader)
-    timers.wrap(loop, "save", "checkpoint saves")
-    timers.wrap(loop, "start_state", "start: fresh state")
+    timers.wrap(loop.Checkpointer, "save", "checkpoint saves")
+    timers.wrap(loop.Checkpointer, "restore", "start: fresh state")
     timers.wrap(loop, "load_tokenizer", "start: tokenizer")
     timers.wrap(loop.MetricsLog, "write", "metrics.jsonl")
     timers.wrap(loop.MetricsLog, "__init__", "metrics.jsonl")
@@ -185,7 +185,7 @@ def main() -> int:
         warm = nanoflow.init_state(config)  # both batch shapes once, so neither side pays torch's first-call costs
         warm, _ = nanoflow.train_step(warm, batches[1])
         warm = nanoflow.TrainState.create(step=args.steps - 1, model=warm.model, optimizer=warm.optimizer,
-                                          rng_state=warm.rng_state, lr_origin=0, config=config, schedule=schedule)
+                                          lr_origin=0, run=warm.run)
         nanoflow.train_step(warm, batches[args.steps])
         del warm
 

@@ -101,7 +101,7 @@ def worker_train(args, run: str, resume: bool) -> dict:
 
         setattr(owner, name, wrapper)
 
-    sampled(loop, "start_state", "state ready (fresh or restored)")
+    sampled(loop.Checkpointer, "restore", "state ready (fresh or restored)")
     step_of_loop = loop.train_step
     count = [0]
 

@@ -7,7 +7,7 @@ stage at step 1,500,000 (where the WSD decay starts too) and the SFT stage at 1,
 folders resume it, one at step 10 and one at step 1,000,000. Each holds one committed checkpoint
 of a real state — `nanoflow.init_state`, one `train_step` so that the AdamW moments exist, then the
 same model and optimizer wrapped by `TrainState.create(step=S, ...)` (AdamW's step counts set to S
-too) and saved through `nanoflow.snapshot.checkpoint_blocks` and `nanoflow.io.save_checkpoint`,
+too) and saved through `nanoflow.shards.state_blocks` and `nanoflow.io.save_checkpoint`,
 exactly as the loop saves — and the metrics.jsonl such a run leaves: one line per step, S lines,
 plus K more (default 37) from an attempt that was killed after the checkpoint, which the resume
 drops (1,000,037 lines, about 190 MB, for the late run).
@@ -20,7 +20,7 @@ clock (CLOCK_MONOTONIC, shared by all processes) starts just before the parent s
 Early and late alternate, the order flipping every round; medians over the rounds.
 
 Also measured, in the same processes: the time the resume spends choosing the checkpoint
-(`_checkpoints_to_try`: listing, metadata, file sizes) and restoring it (`restore_state`: the model
+(`Checkpointer._checkpoints_to_try`: listing, metadata, file sizes) and restoring it (`Checkpointer._restore_from`: the model
 and optimizer built, every shard read by byte range, its XXH3-128 checked, and copied in), against the raw read
 of the same files (open + one readinto each, as fast as Python reads a file), timed in the same
 process right after its first step. The curriculum's model gives a 10 MB checkpoint; unless
@@ -90,7 +90,7 @@ def worker(argv: list[str]) -> None:
         original = getattr(owner, name)
 
         def timed(*args, **kwargs):
-            if name == "start_state":
+            if name == "restore":
                 marks.setdefault("start_state_begins", time.monotonic())
             result = original(*args, **kwargs)
             if not (first_only and mark in marks):
@@ -103,9 +103,9 @@ def worker(argv: list[str]) -> None:
         after(loader, "batch_at", "first_batch")
         return loader
 
-    after(loop, "_checkpoints_to_try", "checkpoint_chosen")
-    after(loop, "restore_state", "restored")
-    after(loop, "start_state", "start_state_done")
+    after(loop.Checkpointer, "_checkpoints_to_try", "checkpoint_chosen")
+    after(loop.Checkpointer, "_restore_from", "restored")
+    after(loop.Checkpointer, "restore", "start_state_done")
     after(loop.Progress, "__init__", "progress_ready")
     after(loop.MetricsLog, "__init__", "metrics_log_ready")
     after(loop.TensorBoardLog, "__enter__", "tensorboard_ready")
@@ -177,8 +177,9 @@ def make_run(folder: str, step: int, extra: list[str], lines_after: int) -> tupl
     import torch
 
     import nanoflow
+    from nanoflow.checkpointer import checkpoint_info
     from nanoflow.io import save_checkpoint
-    from nanoflow.snapshot import checkpoint_blocks
+    from nanoflow.shards import state_blocks
 
     overrides = LONG_SCHEDULE + extra + [f'checkpoints.checkpoints_path="{folder}"']
     config = nanoflow.load_config(CONFIG, overrides)
@@ -190,9 +191,9 @@ def make_run(folder: str, step: int, extra: list[str], lines_after: int) -> tupl
     state, _ = nanoflow.train_step(state, {"input_ids": ids[:, :-1], "labels": ids[:, 1:]})  # moments exist now
     for moments in state.optimizer.state.values():
         moments["step"].fill_(step)
-    state = nanoflow.TrainState.create(step=step, model=state.model, optimizer=state.optimizer,
-                                       rng_state=state.rng_state, lr_origin=0, config=config, schedule=state.schedule)
-    groups, info = checkpoint_blocks(state)
+    state = nanoflow.TrainState.create(step=step, model=state.model, optimizer=state.optimizer, lr_origin=0,
+                                       run=state.run)
+    groups, info = state_blocks(state.model, state.optimizer, state.topology), checkpoint_info(state)
     save_checkpoint(folder, step, groups, info)
     write_metrics(os.path.join(folder, "metrics.jsonl"), step + lines_after)
     return folder, overrides

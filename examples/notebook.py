@@ -2,8 +2,8 @@
 
     python examples/notebook.py
 
-Trains the two-stage tiny schedule (schedules/tiny.toml) for a few seconds on a CPU and writes nothing:
-no checkpoint and no metrics.jsonl are written here, and the run folder points into a temporary directory anyway.
+Trains the two-stage tiny schedule (schedules/tiny.toml) for a few seconds on a CPU, saves a checkpoint through
+the Checkpointer and restores it; the run folder is a temporary directory, removed at the end.
 """
 
 import os
@@ -12,8 +12,11 @@ import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # works without `pip install -e .`
 
+import io  # noqa: E402
+
+import torch  # noqa: E402
+
 import nanoflow  # noqa: E402
-from nanoflow.data import load_tokenizer, open_stage  # noqa: E402
 from nanoflow.schedule import active_stage, remaining_steps, stage_steps  # noqa: E402
 
 TINY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "schedules", "tiny.toml")
@@ -36,22 +39,30 @@ with tempfile.TemporaryDirectory() as tmp:
     print("active_stage(schedule, 1) =", active_stage(schedule, 1), "  active_stage(schedule, 8) =",
           active_stage(schedule, 8))
 
-    # 4. Step every stage by hand. A stage's loader gives the batch of any global step directly.
-    tokenizer = load_tokenizer("bytes")
+    # 4. Step every stage by hand. stage_data(state) opens the data of the stage the state is at (the stage of
+    #    step state.step + 1); its loader gives the batch of any global step of that stage directly.
     for index, stage in enumerate(schedule.stages):
         steps = stage_steps(schedule, index)
         print(f'stage "{stage.name}": steps {steps[0]}–{steps[-1]}; '
               f"remaining_steps(schedule, {state.step}) = {remaining_steps(schedule, state.step)}")
-        with open_stage(config, index, tokenizer, schedule) as loader:
+        with nanoflow.stage_data(state) as loader:
             for step in steps:
                 state, metrics = nanoflow.train_step(state, loader.batch_at(step))
                 print(f"step {metrics['step']:>2}  {metrics['stage']:<8}  loss {metrics['loss']:.4f}  "
                       f"lr {metrics['lr']:.2e}  grad norm {metrics['grad_norm']:.3f}")
 
-    # 5. train_step consumes the state it is given (the model and optimizer are updated in place):
+    # 5. Save through the Checkpointer (the run folder's lock held while it writes) and restore: the same weights.
+    checkpointer = nanoflow.Checkpointer(config, out=io.StringIO())
+    with checkpointer.locked():
+        folder = checkpointer.save(state)
+    restored = checkpointer.restore()
+    same = all(torch.equal(p, q) for p, q in zip(state.model.parameters(), restored.model.parameters()))
+    print(f"saved {folder}; restored step {restored.step}, the same weights: {same}")
+
+    # 6. train_step consumes the state it is given (the model and optimizer are updated in place):
     #    the old state is stale and refuses to train again. Shown on a fresh state at step 0.
     state = nanoflow.init_state(config)
-    with open_stage(config, 0, tokenizer, schedule) as loader:
+    with nanoflow.stage_data(state) as loader:
         batch = loader.batch_at(1)
         new_state, _ = nanoflow.train_step(state, batch)
         try:

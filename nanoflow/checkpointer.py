@@ -37,6 +37,20 @@ ARCHITECTURE = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_la
                 "num_key_value_heads", "tie_word_embeddings")
 
 
+def checkpoint_info(state: TrainState, data_fingerprint: dict | None = None) -> dict:
+    """What a checkpoint of `state` records besides its tensors (with `data_fingerprint`, {stage name:
+    fingerprint} of the begun stages, when given)."""
+    info = {
+        "training": training_metadata(state.schedule, state.step).to_dict(),
+        "lr_origin": state.lr_origin,
+        "topology": state.topology.to_dict(),
+        "config": state.config.to_dict(),
+    }
+    if data_fingerprint is not None:
+        info["data_fingerprint"] = data_fingerprint
+    return info
+
+
 class Checkpointer:
     """The checkpoints of `config`'s run (checkpoints_path, resume_checkpoint_path) on this `topology`.
 
@@ -231,16 +245,11 @@ class Checkpointer:
         keeps; no rank goes on before the commit has landed.
         """
         state.check_live()
-        topology, schedule, checkpoints = self.topology, state.schedule, self.config.checkpoints
-        info = {
-            "training": training_metadata(schedule, state.step).to_dict(),
-            "lr_origin": state.lr_origin,
-            "topology": topology.to_dict(),
-            "config": state.config.to_dict(),
-        }
+        topology, checkpoints = self.topology, self.config.checkpoints
+        fingerprint = None
         if topology.is_main:  # only rank 0 writes the metadata
-            names = [s.name for s in begun_stages(schedule, state.step)]
-            info["data_fingerprint"] = self._fingerprints().of(names)
+            fingerprint = self._fingerprints().of([s.name for s in begun_stages(state.schedule, state.step)])
+        info = checkpoint_info(state, fingerprint)
         groups = state_blocks(state.model, state.optimizer, topology)
         root, step = checkpoints.checkpoints_path, state.step
         self.on_main(lambda: io.confirm_held(root))  # still ours: renewed now

@@ -307,7 +307,7 @@ def read_hf(folder: str) -> tuple[dict, dict[str, torch.Tensor]]:
 
 
 class HFWeights:
-    """An HF model folder's weights, read box by box as nanoflow.snapshot.load_weights asks (the same
+    """An HF model folder's weights, read box by box as nanoflow.shards.load_weights asks (the same
     names / shape / fetch / read as a CheckpointReader): each file's header once, then only the bytes
     of the rows a box covers, so each rank of a sharded model reads its own slice, not the model."""
 
@@ -375,7 +375,7 @@ def _header(store: Store, file: str) -> tuple[int, dict]:
 
 
 def read_init_weights(path: str, model=None) -> CheckpointReader | HFWeights:
-    """The weights `[model] init_from = path` starts from, as `nanoflow.snapshot.load_weights` takes them:
+    """The weights `[model] init_from = path` starts from, as `nanoflow.shards.load_weights` takes them:
     a reader of an HF folder (config.json + safetensors) or of a nanoflow checkpoint (run or step
     folder), local or s3://. Either reads only the boxes asked for.
 
