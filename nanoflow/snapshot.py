@@ -10,6 +10,8 @@ The bytes themselves go through nanoflow.io.
 
 from __future__ import annotations
 
+import logging
+
 import torch
 from torch.distributed.tensor import DTensor
 
@@ -20,6 +22,8 @@ from nanoflow.model import Llama
 from nanoflow.parallel import Topology, gather_objects
 from nanoflow.schedule import Schedule, TrainingMetadata, resume_point, training_metadata
 from nanoflow.state import TrainState, build_optimizer, new_model
+
+log = logging.getLogger(__name__)
 
 MOMENTS = ("exp_avg", "exp_avg_sq")   # per-element AdamW state, sharded like the parameter
 STEP = "step"                          # AdamW's per-parameter step count, a scalar
@@ -150,7 +154,7 @@ def _check_architecture(config: Config, reader: CheckpointReader) -> None:
         raise CheckpointError(f"{reader.path} holds a different model:\n  " + "\n  ".join(differences))
 
 
-def _check_data(config: Config, reader: CheckpointReader, fingerprints: Fingerprints | None, log) -> None:
+def _check_data(config: Config, reader: CheckpointReader, fingerprints: Fingerprints | None) -> None:
     """Refuse, before any tensor is read, to resume a begun stage on other data, tokenizer or seeds
     (unless checkpoints.ignore_fingerprint_mismatch, then warn). A checkpoint without fingerprints
     (written before nanoflow recorded them) is not checked."""
@@ -165,13 +169,12 @@ def _check_data(config: Config, reader: CheckpointReader, fingerprints: Fingerpr
     if not config.checkpoints.ignore_fingerprint_mismatch:
         raise DataChangedError(text + "\nTo resume on the changed data anyway, set [checkpoints] "
                                       "ignore_fingerprint_mismatch = true (or start a new run)")
-    if log is not None:
-        log(f"WARNING: {text}\n  resuming anyway, as checkpoints.ignore_fingerprint_mismatch = true says; "
-            "the next checkpoint records the new fingerprints")
+    log.warning(f"{text}\n  resuming anyway, as checkpoints.ignore_fingerprint_mismatch = true says; "
+                "the next checkpoint records the new fingerprints")
 
 
 def restore_state(config: Config, reader: CheckpointReader, topology: Topology, *, load_optimizer: bool = True,
-                  load_lr_scheduler: bool = True, fingerprints: Fingerprints | None = None, log=None) -> TrainState:
+                  load_lr_scheduler: bool = True, fingerprints: Fingerprints | None = None) -> TrainState:
     """The TrainState a checkpoint recorded, under `config` and on this `topology`, whatever layout saved it.
 
     The config's begun stages must match the checkpoint's (ScheduleDriftError otherwise).
@@ -182,7 +185,7 @@ def restore_state(config: Config, reader: CheckpointReader, topology: Topology, 
     trained = TrainingMetadata.from_dict(reader.metadata["training"])
     resume_point(schedule, trained)  # raises ScheduleDriftError if the config rewrites trained history
     _check_architecture(config, reader)
-    _check_data(config, reader, fingerprints, log)
+    _check_data(config, reader, fingerprints)
     return read_on_every_rank(lambda: _restore(config, reader, topology, schedule, trained, load_optimizer,
                                                load_lr_scheduler), topology)
 

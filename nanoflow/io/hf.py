@@ -179,8 +179,7 @@ def _write_tokenizer(store: Store, tokenizer: dict | str, max_length: int) -> tu
                 with open(own) as f:
                     tokenizer_config = json.load(f)
     except (NanoflowError, OSError, ValueError) as e:
-        import warnings
-        warnings.warn(f"the run's tokenizer {name} cannot be read ({e}); exporting without a tokenizer", stacklevel=3)
+        log.warning(f"the run's tokenizer {name} cannot be read ({e}); exporting without a tokenizer")
         return None, None, []
     tokenizer_config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
