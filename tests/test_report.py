@@ -15,7 +15,7 @@ import pytest
 from nanoflow import load_config
 from nanoflow import tensorboard as nanoflow_tensorboard
 from nanoflow.loop import train
-from nanoflow.metrics import MetricsError, read_metrics
+from nanoflow.metrics import MetricsError, read_metrics, step_seconds, tokens_per_second
 from nanoflow.report import HEIGHT, WIDTH, format_summary, read_run_metadata, stage_spans, stage_summary, write_report
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -103,6 +103,9 @@ def test_tensorboard_events_are_tagged_per_stage(run):
     assert [e.step for e in events.Scalars("sft/loss")] == [8, 9, 10]
     metrics = read_metrics(run)
     assert [e.value for e in events.Scalars("all/loss")] == pytest.approx([m["loss"] for m in metrics])
+    # tokens/s: the same definition as the report's and the progress line's (nanoflow.metrics)
+    rates = [tokens_per_second(m["tokens"], seconds) for m, seconds in zip(metrics, step_seconds(metrics))]
+    assert [e.value for e in events.Scalars("all/tokens_per_s")] == pytest.approx([r for r in rates if r == r])
 
 
 def test_tensorboard_is_a_no_op_without_the_package(tmp_path, monkeypatch):
