@@ -19,6 +19,7 @@ rank, only the rows of each weight that rank holds.
 from __future__ import annotations
 
 import json
+import logging
 import os
 
 import numpy
@@ -31,6 +32,8 @@ from nanoflow.io.checkpoint import CheckpointError
 from nanoflow.io.reader import CheckpointReader, open_checkpoint, read_checkpoint
 from nanoflow.io.store import Store, StoreError
 from nanoflow.io.tensorfile import TensorFileError, header_length, parse, parse_header, tensor_at
+
+log = logging.getLogger(__name__)
 
 CONFIG = "config.json"
 WEIGHTS = "model.safetensors"
