@@ -16,11 +16,10 @@ others waiting. The bytes, the layout and the commit protocol are nanoflow.io's.
 from __future__ import annotations
 
 import contextlib
-import sys
-import warnings
+import logging
 from typing import TextIO
 
-from nanoflow import io
+from nanoflow import console, io
 from nanoflow.build import build_model, build_optimizer, init_state
 from nanoflow.config import Config
 from nanoflow.data import load_run_tokenizer
@@ -31,6 +30,8 @@ from nanoflow.parallel import Topology, broadcast_object, gather_objects, init_t
 from nanoflow.schedule import ResumePoint, Schedule, TrainingMetadata, begun_stages, resume_point, training_metadata
 from nanoflow.shards import load_moments, load_weights, read_on_every_rank, state_blocks
 from nanoflow.state import Run, TrainState
+
+log = logging.getLogger(__name__)
 
 # The model keys a checkpoint's weights must match to be restored into this config's model.
 ARCHITECTURE = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
@@ -55,7 +56,8 @@ class Checkpointer:
     """The checkpoints of `config`'s run (checkpoints_path, resume_checkpoint_path) on this `topology`.
 
     `fingerprints` (the data fingerprints of the stages, nanoflow.data.fingerprint) may be shared with
-    the caller; it is built from the run's tokenizer when first needed otherwise. Messages go to `out`.
+    the caller; it is built from the run's tokenizer when first needed otherwise. Messages go through
+    logging (nanoflow/console.py), to `out` alone when given.
     """
 
     def __init__(self, config: Config, topology: Topology | None = None, *, fingerprints: Fingerprints | None = None,
@@ -63,7 +65,7 @@ class Checkpointer:
         self.config = config
         self.topology = init_topology(config) if topology is None else topology
         self.fingerprints = fingerprints
-        self.out = sys.stdout if out is None else out
+        self.out = out
         self.run = Run(config, Schedule.from_config(config), self.topology)
 
     # -- agreement across ranks ------------------------------------------------------------------
@@ -84,7 +86,15 @@ class Checkpointer:
 
     def _say(self, text: str) -> None:
         if self.topology.is_main:
-            print(text, file=self.out, flush=True)
+            log.info(text)
+
+    def _warn(self, text: str) -> None:
+        if self.topology.is_main:
+            log.warning(text)
+
+    def _messages(self):
+        """Where this call's messages go: to `out` when given, else wherever logging sends them."""
+        return console.routed(self.out, enabled=self.topology.is_main) if self.out is not None else contextlib.nullcontext()
 
     def _fingerprints(self) -> Fingerprints:
         if self.fingerprints is None:
@@ -98,14 +108,16 @@ class Checkpointer:
         """Rank 0 holds checkpoints_path's lock (nanoflow.io.lock) inside the block; every rank fails together
         if it cannot be taken."""
         path, held = self.config.checkpoints.checkpoints_path, []
-        self.on_main(lambda: held.append(io.RunLock.acquire(path, run=self.config.general.run, say=self._say)))
+        with self._messages():
+            self.on_main(lambda: held.append(io.RunLock.acquire(path, run=self.config.general.run, say=self._say)))
         try:
             yield self
         finally:
-            for lock in held:
-                problem = lock.release()
-                if problem:
-                    print(f"warning: {problem}", file=self.out)
+            with self._messages():
+                for lock in held:
+                    problem = lock.release()
+                    if problem:
+                        self._warn(problem)
 
     # -- restoring -------------------------------------------------------------------------------
 
@@ -119,12 +131,16 @@ class Checkpointer:
         checkpoint found damaged on any rank gives way, on all of them, to the next older intact one
         of a run folder (a step folder named on its own has none: its damage is the error).
         """
+        with self._messages():
+            return self._restore(fresh)
+
+    def _restore(self, fresh: bool) -> TrainState:
         root, folders = self.on_main(lambda: self._checkpoints_to_try(fresh))
         if not folders:
             return init_state(self.config, self.topology)
         state, reader, point = first_readable(
             root, self._restore_from, folders=folders,
-            announce=lambda folder, e: self._say(f"warning: {folder} is damaged, trying an older checkpoint: {e}"))
+            announce=lambda folder, e: self._warn(f"{folder} is damaged, trying an older checkpoint: {e}"))
         checkpoints, schedule = self.config.checkpoints, self.run.schedule
         if state.step >= schedule.train_steps:
             self._say(f"nothing to do: {reader.path} has all {schedule.train_steps} steps done")
@@ -140,25 +156,21 @@ class Checkpointer:
         """(the folder listed, the step folders to resume from in the order to try them); none for a fresh start."""
         checkpoints = self.config.checkpoints
         root, folders = checkpoints.checkpoints_path, []
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always", io.CheckpointWarning)
-            if fresh:
-                self._say_what_fresh_ignores()
-            elif checkpoints.resume_checkpoint_path is not None:
-                root = checkpoints.resume_checkpoint_path
+        if fresh:
+            self._say_what_fresh_ignores()
+        elif checkpoints.resume_checkpoint_path is not None:
+            root = checkpoints.resume_checkpoint_path
+            folders = io.checkpoints_to_try(root)
+            if not folders:
+                raise io.CheckpointError(
+                    f"checkpoints.resume_checkpoint_path = {root} holds no committed checkpoint; refusing to "
+                    "start from scratch (unset it, or pass --fresh)")
+        else:
+            try:
                 folders = io.checkpoints_to_try(root)
-                if not folders:
-                    raise io.CheckpointError(
-                        f"checkpoints.resume_checkpoint_path = {root} holds no committed checkpoint; refusing to "
-                        "start from scratch (unset it, or pass --fresh)")
-            else:
-                try:
-                    folders = io.checkpoints_to_try(root)
-                except io.DamagedCheckpointError as e:
-                    raise io.DamagedCheckpointError(f"{e}\nRefusing to start from scratch over them: repair or "
-                                                    "move them, or pass --fresh") from None
-        for warning in caught:
-            self._say(f"warning: {warning.message}")
+            except io.DamagedCheckpointError as e:
+                raise io.DamagedCheckpointError(f"{e}\nRefusing to start from scratch over them: repair or "
+                                                "move them, or pass --fresh") from None
         return root, folders
 
     def _say_what_fresh_ignores(self) -> None:
@@ -226,8 +238,8 @@ class Checkpointer:
         if not self.config.checkpoints.ignore_fingerprint_mismatch:
             raise DataChangedError(text + "\nTo resume on the changed data anyway, set [checkpoints] "
                                           "ignore_fingerprint_mismatch = true (or start a new run)")
-        self._say(f"WARNING: {text}\n  resuming anyway, as checkpoints.ignore_fingerprint_mismatch = true says; "
-                  "the next checkpoint records the new fingerprints")
+        self._warn(f"{text}\n  resuming anyway, as checkpoints.ignore_fingerprint_mismatch = true says; "
+                   "the next checkpoint records the new fingerprints")
 
     # -- saving ----------------------------------------------------------------------------------
 

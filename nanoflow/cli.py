@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
-import warnings
 from pathlib import Path
 from typing import Callable
 
+from nanoflow import console
 from nanoflow.config import load_config
 from nanoflow.errors import EXIT_BAD_INPUT, EXIT_BUG, EXIT_DONE, EXIT_INTERRUPTED, EXIT_STOPPED, NanoflowError
+
+# What a command says as it works (and its closing summary line) is a message, through logging; what a command
+# is asked to produce — the --plan table, bin/report's table, the converted TOML — is printed, for piping.
+log = logging.getLogger(__name__)
 
 
 def exit_process(code: int) -> None:
@@ -25,8 +30,7 @@ def guarded(work: Callable[[], int], where: str | None = None) -> int:
     stderr, prefixed with `where` (the file the command was given) unless the message names it
     already, and the error's exit_status; Ctrl-C, one line and 130. Never a traceback for either."""
     try:
-        with warnings.catch_warnings():
-            warnings.showwarning = _show_warning
+        with console.installed():
             return work()
     except NanoflowError as e:
         message = str(e)
@@ -38,18 +42,6 @@ def guarded(work: Callable[[], int], where: str | None = None) -> int:
         print("interrupted: stopped at once, without saving; the last committed checkpoint (if any) is untouched",
               file=sys.stderr)
         return EXIT_INTERRUPTED
-
-
-def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
-    """nanoflow's own warnings (a checkpoint skipped for an older one, …) are news for the user, not for a
-    developer: one plain "warning: …" line, without the source file and line Python adds."""
-    if category.__module__.split(".")[0] == "nanoflow":
-        print(f"warning: {message}", file=sys.stderr if file is None else file)
-    else:
-        _python_show_warning(message, category, filename, lineno, file, line)
-
-
-_python_show_warning = warnings.showwarning
 
 
 def train_main(argv: list[str] | None = None) -> int:
@@ -143,9 +135,9 @@ def _prepare(args: argparse.Namespace) -> int:
     except FileNotFoundError as e:  # an input that is not there
         raise PrepareError(str(e)) from None
     resumed = f" ({summary['resumed']} already done by an earlier run)" if summary["resumed"] else ""
-    print(f"{summary['output']}: {summary['documents']:,} documents, {summary['tokens']:,} tokens in "
-          f"{summary['files']} files{resumed}; tokenizer {summary['tokenizer']}, {summary['token_size']}-byte tokens; "
-          f"read back and verified in {summary['seconds']:.1f}s")
+    log.info(f"{summary['output']}: {summary['documents']:,} documents, {summary['tokens']:,} tokens in "
+             f"{summary['files']} files{resumed}; tokenizer {summary['tokenizer']}, {summary['token_size']}-byte "
+             f"tokens; read back and verified in {summary['seconds']:.1f}s")
     return EXIT_DONE
 
 
@@ -171,8 +163,8 @@ def _export(args: argparse.Namespace) -> int:
     from nanoflow.io import export_hf
     summary = export_hf(args.checkpoint, args.out_dir, max_shard_size=args.max_shard_size, dtype=args.dtype)
     tokenizer = f"; tokenizer: {summary['tokenizer']}" if summary["tokenizer"] else "; no tokenizer"
-    print(f"exported step {summary['step']} to {summary['path']}: {len(summary['files'])} files, "
-          f"{summary['dtype']}{tokenizer}")
+    log.info(f"exported step {summary['step']} to {summary['path']}: {len(summary['files'])} files, "
+             f"{summary['dtype']}{tokenizer}")
     return EXIT_DONE
 
 

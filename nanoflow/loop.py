@@ -1,39 +1,35 @@
 """The driver: runs steps state.step+1 .. train_steps, switching stage loaders as the schedule says.
 
-It orchestrates and reports; the stage math lives in schedule.py, the step in step.py, the data
-in data/. Progress goes to a live bar on a terminal and to plain lines otherwise; every step is
-one JSON line in metrics.jsonl.
+It orchestrates; the stage math lives in schedule.py, the step in step.py, the data in data/, what the
+user watches in progress.py, the record of every step (metrics.jsonl) in metrics.py, and stop
+signals in signals.py. Every message goes through logging (nanoflow/console.py).
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
-import signal
-import sys
-import time
+import logging
 from pathlib import Path
 from typing import TextIO
 
-import torch
-
-from nanoflow import io
+from nanoflow import console, io
 from nanoflow.checkpointer import Checkpointer
 from nanoflow.config import Config, unreached_stages
 from nanoflow.data import check_stages, load_run_tokenizer, open_stage
 from nanoflow.data.fingerprint import Fingerprints
 from nanoflow.errors import EXIT_STORAGE, NanoflowError
-from nanoflow.io.runfolder import RunFolderError, RunFolderWriteError, check_folder, check_room, open_for_append
+from nanoflow.io.runfolder import check_folder, check_room
 from nanoflow.io.store import StoreError, check_root
-from nanoflow.parallel import SINGLE, Topology, device, init_topology
+from nanoflow.metrics import FILE, MetricsLog
+from nanoflow.parallel import Topology, init_topology
+from nanoflow.progress import Progress
 from nanoflow.schedule import active_stage, stage_steps
 from nanoflow.shards import state_bytes
+from nanoflow.signals import StopRequest
 from nanoflow.state import TrainState
 from nanoflow.step import train_step
 from nanoflow.tensorboard import TensorBoardLog
 
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
+log = logging.getLogger(__name__)
 
 
 class StorageLostError(NanoflowError):
@@ -48,32 +44,31 @@ def run_dir(config: Config) -> Path:
     return Path("runs", config.general.run) if "://" in path else Path(path)
 
 
-def train(config: Config, *, fresh: bool = False, until_step: int | None = None, out: TextIO = sys.stdout,
+def train(config: Config, *, fresh: bool = False, until_step: int | None = None, out: TextIO | None = None,
           progress: bool | None = None, topology: Topology | None = None) -> TrainState:
     """Train `config` to train_steps, resuming from its latest committed checkpoint unless `fresh`.
 
     Saves every checkpoint_interval steps, at the end, when a stop signal arrives, and after
     `until_step` (stop there, as a planned interruption, without changing the schedule). Under
-    torchrun every rank runs this; only rank 0 prints and writes metrics.jsonl. The run folder's
-    lock (io/lock.py) is held from before anything is read until the end, or the error.
+    torchrun every rank runs this; only rank 0 says anything and writes metrics.jsonl. Every
+    message of the call goes to `out` when given, else through logging (nanoflow/console.py). The
+    run folder's lock (io/lock.py) is held from before anything is read until the end, or the error.
     """
     topology = init_topology(config) if topology is None else topology
-    check_root(config.checkpoints.checkpoints_path)  # "s3:/b/x" is refused, never made a local folder "s3:"
-    checkpointer = Checkpointer(config, topology, out=out)
-    checkpointer.on_main(lambda: check_folder(str(run_dir(config))))  # a file, or unwritable: said before the lock
-    with checkpointer.locked():
-        return _train(config, checkpointer, fresh=fresh, until_step=until_step, out=out, progress=progress,
-                      topology=topology)
+    with console.routed(out, enabled=topology.is_main):
+        check_root(config.checkpoints.checkpoints_path)  # "s3:/b/x" is refused, never made a local folder "s3:"
+        checkpointer = Checkpointer(config, topology)
+        checkpointer.on_main(lambda: check_folder(str(run_dir(config))))  # a file, or unwritable: said before the lock
+        with checkpointer.locked():
+            return _train(config, checkpointer, fresh=fresh, until_step=until_step, progress=progress,
+                          topology=topology)
 
 
-def _train(config: Config, checkpointer: Checkpointer, *, fresh: bool, until_step: int | None, out: TextIO, progress: bool | None,
+def _train(config: Config, checkpointer: Checkpointer, *, fresh: bool, until_step: int | None, progress: bool | None,
            topology: Topology) -> TrainState:
-    if not topology.is_main:
-        out = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the process
     tokenizer = load_run_tokenizer(config)
     for name in unreached_stages(config):
-        print(f'warning: stage "{name}" starts after train_steps = {config.tokens.train_steps}: not reached',
-              file=out)
+        log.warning(f'stage "{name}" starts after train_steps = {config.tokens.train_steps}: not reached')
 
     directory = run_dir(config)
     fingerprints = checkpointer.fingerprints = Fingerprints(config, tokenizer)  # shared: each stage's, once
@@ -83,13 +78,14 @@ def _train(config: Config, checkpointer: Checkpointer, *, fresh: bool, until_ste
         return state
     needed = 0 if "://" in config.checkpoints.checkpoints_path else state_bytes(state.model)
     checkpointer.on_main(lambda: check_room(str(directory), needed))
-    _check_stages_ahead(config, schedule, state.step, tokenizer, out)
-    report = Progress(schedule.train_steps, state.step, out, progress, config.logging.iteration_step_info_interval)
+    _check_stages_ahead(config, schedule, state.step, tokenizer)
+    report = Progress(schedule.train_steps, state.step, progress if topology.is_main else False,
+                      config.logging.iteration_step_info_interval)
     stop = StopRequest(topology)
     loader, loader_index = None, None
     try:
-        with stop.installed(), MetricsLog(directory / "metrics.jsonl", state.step, topology.is_main) as metrics_log, \
-                TensorBoardLog(directory, state.step, topology.is_main, warn=report.message) as tensorboard_log:
+        with stop.installed(), MetricsLog(directory / FILE, state.step, topology.is_main) as metrics_log, \
+                TensorBoardLog(directory, state.step, topology.is_main) as tensorboard_log:
             for step in range(state.step + 1, schedule.train_steps + 1):
                 index = active_stage(schedule, step)
                 if index != loader_index:
@@ -97,7 +93,7 @@ def _train(config: Config, checkpointer: Checkpointer, *, fresh: bool, until_ste
                         loader.close()  # free the finished stage's data before the next one loads
                     if topology.is_main:  # the fingerprint of the files as this stage reads them, not as at its save
                         fingerprints.of([schedule.stages[index].name])
-                    loader, loader_index = open_stage(config, index, tokenizer, schedule, log=report.message), index
+                    loader, loader_index = open_stage(config, index, tokenizer, schedule), index
                     report.stage_started(schedule, index)
                 state, metrics = train_step(state, loader.batch_at(step, topology.dp_rank, topology.dp))
                 metrics["elapsed"] = round(report.elapsed(), 3)
@@ -108,10 +104,10 @@ def _train(config: Config, checkpointer: Checkpointer, *, fresh: bool, until_ste
                     stop.requested = stop.requested or f"until_step = {until_step} (a planned stop, not a signal)"
                 stopping = stop.agreed()
                 if checkpointer.should_save(step, stopping):
-                    report.message(f"saved step {step}: {checkpointer.save(state)}")
+                    log.info(f"saved step {step}: {checkpointer.save(state)}")
                 if stopping:
-                    report.message(f"stopped by {stopping} after step {step} of {schedule.train_steps}; "
-                                   "run the same command again to resume from the checkpoint just saved")
+                    log.info(f"stopped by {stopping} after step {step} of {schedule.train_steps}; "
+                             "run the same command again to resume from the checkpoint just saved")
                     break
     except (StoreError, io.CheckpointError) as e:
         if isinstance(e, io.CheckpointError) and not isinstance(e.__cause__, StoreError):
@@ -123,172 +119,14 @@ def _train(config: Config, checkpointer: Checkpointer, *, fresh: bool, until_ste
             loader.close()
         report.close()
     if state.step == schedule.train_steps:
-        report.message(f"done: {state.step} steps in {report.elapsed():.1f}s; metrics in {directory / 'metrics.jsonl'}")
+        log.info(f"done: {state.step} steps in {report.elapsed():.1f}s; metrics in {directory / FILE}")
     return state
 
 
-def _check_stages_ahead(config: Config, schedule, completed: int, tokenizer, out: TextIO) -> None:
+def _check_stages_ahead(config: Config, schedule, completed: int, tokenizer) -> None:
     """Open, and close again, the data of the current stage and of every later one this run reaches: a missing
     column, a short or truncated file or a wrong tokenizer there stops the run before its next step, not at the
     stage switch hours in, and the problems of all of them come in one error."""
     stages = [index for index in range(active_stage(schedule, completed + 1), len(schedule.stages))
               if stage_steps(schedule, index)]
-    check_stages(config, stages, tokenizer, schedule, log=lambda message: print(message, file=out))
-
-
-class StopRequest:
-    """Ctrl-C, SIGTERM or SIGUSR1 ask the loop to stop after the current step; a second Ctrl-C stops at once.
-
-    Under torchrun the ranks may see a signal at different steps, so they agree each step (one
-    tiny all-reduce) and all stop, and save, after the same one.
-    """
-
-    def __init__(self, topology: Topology = SINGLE):
-        self.requested: str | None = None
-        self.topology = topology
-
-    def agreed(self) -> str | None:
-        if self.topology.mesh is None:
-            return self.requested
-        flag = torch.tensor([1.0 if self.requested else 0.0], device=device())
-        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
-        return (self.requested or "a signal to another rank") if flag.item() else None
-
-    def _handle(self, signum, _frame):
-        if self.requested and signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        self.requested = signal.Signals(signum).name
-
-    def installed(self):
-        stop = self
-
-        class _Installed:
-            def __enter__(self):
-                self.previous = {s: signal.signal(s, stop._handle) for s in STOP_SIGNALS}
-
-            def __exit__(self, *exc):
-                for s, handler in self.previous.items():
-                    signal.signal(s, handler)
-
-        return _Installed()
-
-
-class MetricsLog:
-    """metrics.jsonl: one JSON object per step. Lines after `start_step` (from an abandoned attempt) are dropped.
-
-    Written by rank 0 only (`enabled`); the metrics are global, the same on every rank.
-    """
-
-    def __init__(self, path: Path, start_step: int, enabled: bool = True):
-        self.enabled = enabled
-        self.file = None
-        if not enabled:
-            return
-        try:
-            with open(path, "a+b") as f:  # created when missing
-                f.truncate(_kept_length(f, start_step))
-        except OSError as e:
-            raise RunFolderError(f"cannot write {path}: {e.strerror or e}") from None
-        self.path = path
-
-    def __enter__(self) -> MetricsLog:
-        if self.enabled:
-            self.file = open_for_append(self.path)
-        return self
-
-    def write(self, metrics: dict) -> None:
-        if self.file is not None:
-            try:
-                self.file.write(json.dumps(metrics) + "\n")
-                self.file.flush()
-            except OSError as e:
-                with contextlib.suppress(OSError):   # closing flushes the unwritten line again, into the same error
-                    self.file.close()
-                self.file = None
-                raise RunFolderWriteError(
-                    f"cannot write {self.path} after step {metrics['step']}: {e.strerror or e}; the checkpoints "
-                    "committed before stand: make room and run the same command again to resume") from None
-
-    def __exit__(self, *exc) -> None:
-        if self.file is not None:
-            self.file.close()
-
-
-def _kept_length(f, step: int, block: int = 1 << 16) -> int:
-    """The byte length of metrics.jsonl up to the end of its last line of a step ≤ `step`.
-
-    The lines are in step order (each run drops those after its start and appends), so this reads
-    backwards from the end, only as far as the lines it drops: a resume late in a long run does not
-    read the run's whole history. A line that does not parse (cut by a kill) counts as one to drop.
-    """
-    if step <= 0:
-        return 0
-    position = f.seek(0, os.SEEK_END)
-    buffer, limit = b"", 0  # the file's bytes from `position` on; buffer[:limit] is what is still in question
-    while True:
-        end = buffer.rfind(b"\n", 0, limit)                # the newline ending the last line in question
-        start = buffer.rfind(b"\n", 0, max(end, 0)) + 1    # where that line begins, if buffer reaches it
-        if (end < 0 or start == 0) and position > 0:
-            size = min(block, position)
-            position -= size
-            f.seek(position)
-            buffer, limit = f.read(size) + buffer[:limit], limit + size
-            continue
-        if end < 0:
-            return 0
-        try:
-            if json.loads(buffer[start:end])["step"] <= step:
-                return position + end + 1
-        except (ValueError, KeyError, TypeError):
-            pass
-        limit = start
-
-
-class Progress:
-    """A tqdm bar on a terminal; plain lines every logging interval elsewhere (CI logs, files)."""
-
-    def __init__(self, train_steps: int, start_step: int, out: TextIO, live: bool | None, interval: int = 10):
-        self.out, self.interval, self.train_steps, self.start_step = out, interval, train_steps, start_step
-        self.start_time = self.last_time = time.perf_counter()
-        self.step_time = 0.0  # time spent in steps (batch + train_step), not in loading a stage's data
-        self.tokens = 0
-        live = out.isatty() if live is None else live
-        self.bar = None
-        if live:
-            from tqdm import tqdm
-            self.bar = tqdm(total=train_steps, initial=start_step, file=out, unit="step", dynamic_ncols=True)
-
-    def elapsed(self) -> float:
-        return time.perf_counter() - self.start_time
-
-    def message(self, text: str) -> None:
-        if self.bar is not None:
-            self.bar.write(text, file=self.out)
-        else:
-            print(text, file=self.out, flush=True)
-
-    def stage_started(self, schedule, index: int) -> None:
-        self.last_time = time.perf_counter()
-        stage, steps = schedule.stages[index], stage_steps(schedule, index)
-        self.message(f'stage "{stage.name}": steps {steps[0]}–{steps[-1]}, global batch {stage.global_batch_size}, '
-                     f"sequence length {stage.sequence_length}")
-
-    def step_done(self, m: dict) -> None:
-        now = time.perf_counter()
-        self.step_time += now - self.last_time
-        self.last_time = now
-        self.tokens += m["tokens"]
-        rate = self.tokens / self.step_time
-        if self.bar is not None:
-            self.bar.set_description(m["stage"], refresh=False)
-            self.bar.set_postfix(loss=f"{m['loss']:.3f}", lr=f"{m['lr']:.2e}", tok_s=f"{rate:,.0f}", refresh=False)
-            self.bar.update(1)
-        elif m["step"] % self.interval == 0 or m["step"] == self.train_steps:
-            remaining = (self.train_steps - m["step"]) * self.step_time / (m["step"] - self.start_step)
-            print(f"step {m['step']:>{len(str(self.train_steps))}}/{self.train_steps}  {m['stage']:<12} "
-                  f"loss {m['loss']:.4f}  lr {m['lr']:.2e}  grad {m['grad_norm']:.3f}  {rate:,.0f} tok/s  "
-                  f"eta {remaining:.0f}s", file=self.out, flush=True)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
+    check_stages(config, stages, tokenizer, schedule)

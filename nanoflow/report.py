@@ -1,6 +1,6 @@
 """The run report: `bin/report RUN_DIR` → RUN_DIR/report.png and a per-stage summary table.
 
-Reads RUN_DIR/metrics.jsonl (one JSON object per step: step, stage, loss, lr, tokens, elapsed …)
+Reads RUN_DIR/metrics.jsonl (nanoflow.metrics: one JSON object per step: step, stage, loss, lr, tokens, elapsed …)
 and, when RUN_DIR holds a committed checkpoint, its metadata: the configured stages and
 train_steps, so that a report drawn mid-run shows the whole curriculum, stages not reached yet
 included. matplotlib (the `report` extra) is imported only to draw, without pyplot.
@@ -8,20 +8,16 @@ included. matplotlib (the `report` extra) is imported only to draw, without pypl
 
 from __future__ import annotations
 
-import json
+import math
 import os
 from pathlib import Path
 
 import attrs
 
-from nanoflow.errors import NanoflowError
+from nanoflow.metrics import read_metrics, step_seconds, tokens_per_second
 
 WIDTH, HEIGHT, DPI = 1200, 900, 100   # report.png's size in pixels
 COLORS = ("#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860")
-
-
-class ReportError(NanoflowError, ValueError):
-    """A run folder without usable metrics."""
 
 
 @attrs.frozen
@@ -48,42 +44,6 @@ class StageSpan:
     trained: bool
 
 
-def load_metrics(run_dir: str | os.PathLike) -> list[dict]:
-    """The run's metrics.jsonl, one dict per step, in step order (a last line cut by a kill is skipped)."""
-    path = Path(run_dir) / "metrics.jsonl"
-    try:
-        lines = path.read_text().splitlines()
-    except FileNotFoundError:
-        raise ReportError(f"{path}: no such file (bin/train writes it into the run folder, "
-                          "checkpoints.checkpoints_path; runs/<run>/ when checkpoints go to S3)") from None
-    metrics = []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            metrics.append(json.loads(line))
-        except ValueError:
-            if number == len(lines):
-                continue
-            raise ReportError(f"{path}:{number}: not a JSON line") from None
-    if not metrics:
-        raise ReportError(f"{path} holds no steps yet")
-    return sorted(metrics, key=lambda m: m["step"])
-
-
-def step_seconds(metrics: list[dict]) -> list[float]:
-    """Wall time of each step, from `elapsed` (seconds since the start of the process that trained it).
-
-    A resumed run's process starts its clock again: its first step counts from 0.
-    """
-    seconds, previous = [], 0.0
-    for m in metrics:
-        elapsed = float(m.get("elapsed", 0.0))
-        seconds.append(elapsed - previous if elapsed >= previous else elapsed)
-        previous = elapsed
-    return seconds
-
-
 def stage_summary(metrics: list[dict]) -> list[StageSummary]:
     """One row per stretch of consecutive steps of the same stage, in step order."""
     rows: list[StageSummary] = []
@@ -101,7 +61,7 @@ def format_summary(rows: list[StageSummary]) -> str:
     """The summary as an aligned text table, with a total line."""
     header = ("stage", "steps", "n steps", "tokens", "first loss", "last loss", "time", "tok/s")
     body = [(r.name, f"{r.first_step}–{r.last_step}", f"{r.steps:,}", f"{r.tokens:,}", f"{r.first_loss:.4f}",
-             f"{r.last_loss:.4f}", f"{r.seconds:.1f}s", f"{r.tokens / r.seconds:,.0f}" if r.seconds > 0 else "–")
+             f"{r.last_loss:.4f}", f"{r.seconds:.1f}s", _rate(r.tokens, r.seconds))
             for r in rows]
     widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(header)]
 
@@ -111,6 +71,11 @@ def format_summary(rows: list[StageSummary]) -> str:
     tokens, seconds = sum(r.tokens for r in rows), sum(r.seconds for r in rows)
     return "\n".join([line(header), "  ".join("─" * w for w in widths), *map(line, body), "",
                       f"total: {sum(r.steps for r in rows):,} steps, {tokens:,} tokens, {seconds:.1f}s"])
+
+
+def _rate(tokens: int, seconds: float) -> str:
+    rate = tokens_per_second(tokens, seconds)
+    return "–" if math.isnan(rate) else f"{rate:,.0f}"
 
 
 def stage_spans(metrics: list[dict], metadata: dict | None = None) -> list[StageSpan]:
@@ -132,13 +97,10 @@ def stage_spans(metrics: list[dict], metadata: dict | None = None) -> list[Stage
 
 def read_run_metadata(run_dir: str | os.PathLike) -> dict | None:
     """The metadata of a local run folder's latest intact checkpoint, or None when it holds none."""
-    import warnings
-
-    from nanoflow import io
+    from nanoflow import console, io
 
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", io.CheckpointWarning)
+        with console.silenced("nanoflow.io.checkpoint"):
             return io.read_metadata(os.fspath(run_dir)) if io.latest(os.fspath(run_dir)) else None
     except io.CheckpointError:
         return None
@@ -161,7 +123,7 @@ def plot(metrics: list[dict], spans: list[StageSpan], path: str | os.PathLike, *
     figure = _figure()
     axes = figure.subplots(3, 1, sharex=True, gridspec_kw={"height_ratios": [3, 2, 2]})
     steps = [m["step"] for m in metrics]
-    rate = [m["tokens"] / s if s > 0 else float("nan") for m, s in zip(metrics, step_seconds(metrics))]
+    rate = [tokens_per_second(m["tokens"], s) for m, s in zip(metrics, step_seconds(metrics))]
     panels = ((axes[0], [m["loss"] for m in metrics], "loss", "tab:blue"),
               (axes[1], [m["lr"] for m in metrics], "learning rate", "tab:orange"),
               (axes[2], rate, "tokens / s", "tab:green"))
@@ -196,7 +158,7 @@ def plot(metrics: list[dict], spans: list[StageSpan], path: str | os.PathLike, *
 
 def write_report(run_dir: str | os.PathLike, out: str | os.PathLike | None = None) -> tuple[Path, list[StageSummary]]:
     """Draw RUN_DIR/report.png (or `out`) and return its path with the per-stage summary."""
-    metrics = load_metrics(run_dir)
+    metrics = read_metrics(run_dir)
     metadata = read_run_metadata(run_dir)
     general = ((metadata or {}).get("config") or {}).get("general", {})
     title = "/".join(x for x in (general.get("project"), general.get("run")) if x) or os.fspath(run_dir)

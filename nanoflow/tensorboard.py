@@ -10,8 +10,14 @@ no doubled curve.
 
 from __future__ import annotations
 
+import logging
+import math
 import threading
 from pathlib import Path
+
+from nanoflow.metrics import Throughput, tokens_per_second
+
+log = logging.getLogger(__name__)
 
 SCALARS = ("loss", "lr", "grad_norm")
 
@@ -30,16 +36,15 @@ class TensorBoardLog:
     tokens, elapsed). Does nothing when tensorboard is not installed or `enabled` is false (ranks other than 0).
 
     The event files are a view, not the record (metrics.jsonl is): when they cannot be written (a full disk),
-    `warn` says so once and TensorBoard logging stops, without a traceback, rather than the run.
+    one warning says so and TensorBoard logging stops, without a traceback, rather than the run.
     """
 
-    def __init__(self, run_dir: str | Path, start_step: int, enabled: bool = True, warn=print):
+    def __init__(self, run_dir: str | Path, start_step: int, enabled: bool = True):
         self.directory = Path(run_dir)
         self.start_step = start_step
         self.enabled = enabled and available()
         self.writer = None
-        self.warn = warn
-        self._last_elapsed = 0.0
+        self.throughput = Throughput()
         self._previous_hook = None
 
     def __enter__(self) -> TensorBoardLog:
@@ -67,7 +72,7 @@ class TensorBoardLog:
 
     def _give_up(self, error: OSError) -> None:
         self.writer = None   # not closed: closing flushes again, into the same error
-        self.warn(f"warning: TensorBoard logging stopped, cannot write its event file in {self.directory}: "
+        log.warning(f"TensorBoard logging stopped, cannot write its event file in {self.directory}: "
                   f"{error.strerror or error} (metrics.jsonl goes on)")
 
     def write(self, metrics: dict) -> None:
@@ -81,12 +86,10 @@ class TensorBoardLog:
     def _write(self, metrics: dict) -> None:
         step, stage = metrics["step"], metrics["stage"]
         values = {key: metrics[key] for key in SCALARS if key in metrics}
-        elapsed = metrics.get("elapsed")
-        if elapsed is not None and "tokens" in metrics:
-            seconds = elapsed - self._last_elapsed
-            if seconds > 0:
-                values["tokens_per_s"] = metrics["tokens"] / seconds
-            self._last_elapsed = elapsed
+        if "elapsed" in metrics and "tokens" in metrics:
+            rate = tokens_per_second(metrics["tokens"], self.throughput.add(metrics))
+            if not math.isnan(rate):
+                values["tokens_per_s"] = rate
         for key, value in values.items():
             self.writer.add_scalar(f"{stage}/{key}", value, step)
             self.writer.add_scalar(f"all/{key}", value, step)

@@ -19,14 +19,16 @@ import random
 import re
 import signal
 import subprocess
+import logging
 import sys
-import warnings
 from pathlib import Path
 
 import attrs
 import torch
 
-from nanoflow import io
+from nanoflow import console, io
+
+log = logging.getLogger(__name__)
 
 TRAIN = str(Path(__file__).resolve().parent.parent / "bin" / "train")
 
@@ -90,8 +92,7 @@ def _aimed(kill: Kill, committed: int, saves: list[int], train_steps: int) -> Ki
 
 def _committed(run: Path) -> int:
     """The run's latest committed step (0 for none); the unfinished saves the kills leave are expected, not news."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", io.CheckpointWarning)
+    with console.silenced("nanoflow.io.checkpoint"):
         folder = io.latest(str(run))
     return int(Path(folder).name) if folder else 0
 
@@ -115,8 +116,7 @@ def first_difference(a: io.Checkpoint, b: io.Checkpoint) -> str | None:
     return None
 
 
-def verify_resume(config: str, overrides: list[str], workdir: Path, *, kills: int = 6, seed: int = 0,
-                  log=print) -> bool:
+def verify_resume(config: str, overrides: list[str], workdir: Path, *, kills: int = 6, seed: int = 0) -> bool:
     from nanoflow.config import load_config
 
     settings = load_config(config, overrides)
@@ -125,11 +125,11 @@ def verify_resume(config: str, overrides: list[str], workdir: Path, *, kills: in
     rng = random.Random(seed)
     straight, interrupted = workdir / "straight", workdir / "interrupted"
 
-    log(f"straight run → {straight}")
+    log.info(f"straight run → {straight}")
     done = subprocess.run(_train_command(config, overrides, straight) + ["--fresh"], stdout=subprocess.DEVNULL,
                           stderr=subprocess.PIPE, text=True)
     if done.returncode != 0:
-        log(f"FAIL: the straight run failed:\n{done.stderr}")
+        log.info(f"FAIL: the straight run failed:\n{done.stderr}")
         return False
     per_save, before_commit = _save_bytes(straight)
     plan = plan_kills(kills, saves, train_steps, before_commit, rng)
@@ -156,22 +156,22 @@ def verify_resume(config: str, overrides: list[str], workdir: Path, *, kills: in
                 process.send_signal(signal.SIGKILL)
                 break
         output.append(process.communicate()[0] or "")
-        log(f"attempt {attempt}: {how}: exit {process.returncode}; latest committed: step {_committed(interrupted)}")
+        log.info(f"attempt {attempt}: {how}: exit {process.returncode}; latest committed: step {_committed(interrupted)}")
         if process.returncode == -signal.SIGKILL:
             performed += 1
             continue
         if process.returncode != 0:
-            log(f"FAIL: the run failed by itself:\n{''.join(output)}")
+            log.info(f"FAIL: the run failed by itself:\n{''.join(output)}")
             return False
         if kill is not None:
-            log(f"FAIL: the run finished before kill {performed + 1} of {kills} could land ({how})")
+            log.info(f"FAIL: the run finished before kill {performed + 1} of {kills} could land ({how})")
             return False
         break
 
     difference = first_difference(io.read_checkpoint(str(straight)), io.read_checkpoint(str(interrupted)))
     if difference is None:
-        log(f"PASS: after {performed} kills the resumed run ends bit-identical to the straight run "
-            "(weights and optimizer moments)")
+        log.info(f"PASS: after {performed} kills the resumed run ends bit-identical to the straight run "
+                 "(weights and optimizer moments)")
         return True
-    log(f"FAIL: {difference}")
+    log.info(f"FAIL: {difference}")
     return False

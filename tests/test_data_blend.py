@@ -1,5 +1,6 @@
 """Blends and loaders over token folders: O(1) mixture, seek, dp slices, workers, epochs, continue_from, memory."""
 
+import logging
 import subprocess
 import sys
 import textwrap
@@ -13,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from data_helpers import BYTES, documents, load, stage, write_folder
+from log_helpers import logged
 from nanoflow.data import Blend, open_stage, sample_order
 from nanoflow.schedule import Schedule
 
@@ -192,13 +194,13 @@ def test_a_worker_error_reaches_the_caller_with_the_file_and_sample(tmp_path, fo
 
 def test_epochs_wrap_in_a_fresh_deterministic_order_and_say_so_once(tmp_path, folders):
     root, _ = folders
-    logs = []
     config = load(tmp_path, [stage("pretrain", 1, {"dataset_folder": [str(root / "a"), str(root / "c")],
                                                    "dataset_weights": [0.5, 0.5]})], train_steps=700)
-    with open_stage(config, 0, BYTES, log=logs.append) as loader, open_stage(config, 0, BYTES) as again:
+    with open_stage(config, 0, BYTES) as loader, open_stage(config, 0, BYTES) as again:
         c = loader.parts[1]
         n = len(c.source)
-        reads = [loader.batch_at(step)["input_ids"] for step in loader.steps[:3 * n // 2 + 2]]   # c: 2 a step
+        with logged(logging.INFO) as logs:
+            reads = [loader.batch_at(step)["input_ids"] for step in loader.steps[:3 * n // 2 + 2]]   # c: 2 a step
         rows = torch.cat(reads)
         from_c = [row for row in rows if folder_of(row) == 2]
         epochs = [from_c[e * n:(e + 1) * n] for e in range(3)]

@@ -15,8 +15,8 @@ import pytest
 from nanoflow import load_config
 from nanoflow import tensorboard as nanoflow_tensorboard
 from nanoflow.loop import train
-from nanoflow.report import (HEIGHT, WIDTH, ReportError, format_summary, load_metrics, read_run_metadata,
-                             stage_spans, stage_summary, write_report)
+from nanoflow.metrics import MetricsError, read_metrics, step_seconds, tokens_per_second
+from nanoflow.report import HEIGHT, WIDTH, format_summary, read_run_metadata, stage_spans, stage_summary, write_report
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ROOT / "schedules" / "tiny.toml"
@@ -66,7 +66,7 @@ def test_report_png_and_table_match_metrics(run):
 
 
 def test_stage_bands_come_from_the_checkpoint_when_there_is_one(run):
-    metrics = load_metrics(run)
+    metrics = read_metrics(run)
     spans = stage_spans(metrics, read_run_metadata(run))
     assert [(s.name, s.start, s.end, s.trained) for s in spans] == [("pretrain", 1, 7, True), ("sft", 8, 12, True)]
     assert [(s.name, s.start, s.end) for s in stage_spans(metrics, None)] == [("pretrain", 1, 7), ("sft", 8, 10)]
@@ -81,13 +81,13 @@ def test_resumed_run_times_restart_the_clock(tmp_path):
              {"step": 3, "stage": "a", "loss": 1.5, "lr": 1.0, "tokens": 10, "elapsed": 0.5},   # a new process
              {"step": 4, "stage": "b", "loss": 1.0, "lr": 1.0, "tokens": 20, "elapsed": 1.5}]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in lines) + '{"step": 5, "sta')
-    rows = stage_summary(load_metrics(tmp_path))   # the line cut by a kill is skipped
+    rows = stage_summary(read_metrics(tmp_path))   # the line cut by a kill is skipped
     assert [(r.name, r.steps, r.tokens, r.seconds) for r in rows] == [("a", 3, 30, 3.5), ("b", 1, 20, 1.0)]
 
 
 def test_missing_metrics_is_a_clear_error(tmp_path):
-    with pytest.raises(ReportError, match="metrics.jsonl: no such file"):
-        load_metrics(tmp_path)
+    with pytest.raises(MetricsError, match="metrics.jsonl: no such file"):
+        read_metrics(tmp_path)
 
 
 def test_tensorboard_events_are_tagged_per_stage(run):
@@ -101,8 +101,11 @@ def test_tensorboard_events_are_tagged_per_stage(run):
     assert {"pretrain/loss", "pretrain/lr", "sft/loss", "sft/grad_norm", "all/loss", "all/tokens_per_s"} <= tags
     assert [e.step for e in events.Scalars("pretrain/loss")] == list(range(1, 8))
     assert [e.step for e in events.Scalars("sft/loss")] == [8, 9, 10]
-    metrics = load_metrics(run)
+    metrics = read_metrics(run)
     assert [e.value for e in events.Scalars("all/loss")] == pytest.approx([m["loss"] for m in metrics])
+    # tokens/s: the same definition as the report's and the progress line's (nanoflow.metrics)
+    rates = [tokens_per_second(m["tokens"], seconds) for m, seconds in zip(metrics, step_seconds(metrics))]
+    assert [e.value for e in events.Scalars("all/tokens_per_s")] == pytest.approx([r for r in rates if r == r])
 
 
 def test_tensorboard_is_a_no_op_without_the_package(tmp_path, monkeypatch):

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from log_helpers import logged
 
 from nanoflow import io, load_config
 from nanoflow.io.runfolder import RunFolderError, RunFolderWriteError
@@ -141,10 +142,9 @@ def test_a_disk_that_fills_mid_run_says_the_commit_stands(tmp_path):
 
 @pytest.mark.skipif(not available(), reason="tensorboard is not installed")
 def test_tensorboard_failing_stops_tensorboard_not_the_run(tmp_path, capfd):
-    warnings = []
-    with small_disk(tmp_path / "disk", "64k"):
+    with small_disk(tmp_path / "disk", "64k"), logged() as warnings:
         fill(tmp_path / "disk")
-        with TensorBoardLog(tmp_path / "disk", 0, warn=warnings.append) as log:
+        with TensorBoardLog(tmp_path / "disk", 0) as log:
             log.write({"step": 1, "stage": "s", "loss": 1.0, "lr": 0.1, "grad_norm": 1.0})
     assert len(warnings) == 1 and "TensorBoard logging stopped" in warnings[0] and "No space left" in warnings[0]
     assert "Traceback" not in capfd.readouterr().err
@@ -152,7 +152,7 @@ def test_tensorboard_failing_stops_tensorboard_not_the_run(tmp_path, capfd):
 
 def test_metrics_write_failing_mid_run_is_a_storage_error(tmp_path):
     from nanoflow.errors import EXIT_STORAGE
-    from nanoflow.loop import MetricsLog
+    from nanoflow.metrics import MetricsLog
 
     with small_disk(tmp_path / "disk", "64k"):
         path = tmp_path / "disk" / "metrics.jsonl"

@@ -22,8 +22,9 @@ raised by `batch_at` in the caller, naming the stage, the sample, the source and
 
 from __future__ import annotations
 
+import logging
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import attrs
@@ -38,6 +39,8 @@ from nanoflow.data.tokenizer import Tokenizer
 from nanoflow.data.tokens import DataInputError, TokenFolder
 from nanoflow.errors import NanoflowError
 from nanoflow.schedule import Schedule, stage_steps
+
+log = logging.getLogger(__name__)
 
 
 class DataError(NanoflowError, RuntimeError):
@@ -120,11 +123,10 @@ class StageLoader:
     """Batches of stage `index` (the index `active_stage` returns; `Config.data_stages` is in the same order)."""
 
     def __init__(self, config, index: int, tokenizer: Tokenizer, schedule: Schedule | None = None,
-                 *, cache_dir: str | None = None, log: Callable[[str], None] | None = None):
+                 *, cache_dir: str | None = None):
         schedule = Schedule.from_config(config) if schedule is None else schedule
         self.stage = schedule.stages[index]
         self.steps = stage_steps(schedule, index)
-        self.log = log
         self.vocab_size = config.model.vocab_size
         self.parts: list[Part] | None = None
         self._pool: ThreadPoolExecutor | None = None
@@ -133,7 +135,7 @@ class StageLoader:
         data = config.data_stages[index].data
         self.workers = data.num_loading_workers
         named = open_sources(data.dataset, self.stage.name, tokenizer, self.stage.sequence_length, cache_dir,
-                             self.vocab_size, config.tokenizer.accept_recorded_names or (), log)
+                             self.vocab_size, config.tokenizer.accept_recorded_names or ())
         try:
             weights = [len(n.source) if n.weight is None else n.weight for n in named]
             self.blend = Blend(weights)
@@ -260,11 +262,10 @@ class StageLoader:
         for k, epoch in epochs.items():
             if epoch > 0 and k not in self._wrapped:
                 self._wrapped.add(k)
-                if self.log is not None:
-                    part = self.parts[k]
-                    self.log(f'stage "{self.stage.name}": {part.named.label} wrapped around '
-                             f"({len(part.source):,} samples an epoch); now reading epoch {epoch + 1}, each epoch in a "
-                             "fresh order (said once per source)")
+                part = self.parts[k]
+                log.info(f'stage "{self.stage.name}": {part.named.label} wrapped around '
+                         f"({len(part.source):,} samples an epoch); now reading epoch {epoch + 1}, each epoch in a "
+                         "fresh order (said once per source)")
 
     # -- lifetime --
 
@@ -297,19 +298,19 @@ class StageLoader:
 
 
 def open_stage(config, index: int, tokenizer: Tokenizer, schedule: Schedule | None = None,
-               *, cache_dir: str | None = None, log: Callable[[str], None] | None = None) -> StageLoader:
-    """The loader of stage `index`; `log` receives the once-per-source epoch messages."""
-    return StageLoader(config, index, tokenizer, schedule, cache_dir=cache_dir, log=log)
+               *, cache_dir: str | None = None) -> StageLoader:
+    """The loader of stage `index`."""
+    return StageLoader(config, index, tokenizer, schedule, cache_dir=cache_dir)
 
 
 def check_stages(config, indices: Iterable[int], tokenizer: Tokenizer, schedule: Schedule | None = None,
-                 *, cache_dir: str | None = None, log: Callable[[str], None] | None = None) -> None:
+                 *, cache_dir: str | None = None) -> None:
     """Open, and close again, the data of each of these stages; the problems of all of them (a missing column, a
     short or truncated file, a folder of another tokenizer) are raised together, as one DataInputError."""
     problems = []
     for index in indices:
         try:
-            open_stage(config, index, tokenizer, schedule, cache_dir=cache_dir, log=log).close()
+            open_stage(config, index, tokenizer, schedule, cache_dir=cache_dir).close()
         except DataInputError as e:
             problems.append(e)
     if len(problems) == 1:

@@ -11,7 +11,8 @@ run, or the next run over the same data, maps them in without tokenizing again. 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import logging
+from collections.abc import Sequence
 
 import attrs
 import numpy as np
@@ -34,6 +35,8 @@ from nanoflow.data.tokens import (
     recorded_tokenizer,
     token_size_for,
 )
+
+log = logging.getLogger(__name__)
 
 IGNORE_INDEX = -100     # the label PyTorch's cross-entropy skips
 
@@ -181,8 +184,8 @@ def open_hf_source(spec: HFSpec, stage_name: str, tokenizer: Tokenizer, sequence
                       sequence_length, where)
 
 
-def check_folder_tokenizer(tokens: TokenFolder, tokenizer: Tokenizer, where: str, accepted_names: Sequence[str] = (),
-                           log: Callable[[str], None] | None = None) -> None:
+def check_folder_tokenizer(tokens: TokenFolder, tokenizer: Tokenizer, where: str,
+                           accepted_names: Sequence[str] = ()) -> None:
     """Whether `tokens` was written with `tokenizer`, decided by what the recorded tokenizer is (its content hash),
     not by how it was named; a name that cannot be resolved here passes only when listed in accepted_names."""
     recorded = recorded_tokenizer(tokens)
@@ -193,7 +196,7 @@ def check_folder_tokenizer(tokens: TokenFolder, tokenizer: Tokenizer, where: str
         if tokens.tokenizer_name in accepted_names:
             message = (f"{where}: tokenized with {shown}, which cannot be resolved here; taken as this run's "
                        f"tokenizer {tokenizer.name} because tokenizer.accept_recorded_names lists it")
-            (log or print)(f"note: {message}")
+            log.info(f"note: {message}")
             return
         raise TokenFolderError(
             f"{where}: tokenized with {shown}, a name that cannot be resolved on this machine (no such file or "
@@ -221,15 +224,14 @@ _CHECKED_AT_OPEN = 1 << 16
 
 
 def open_token_folder(folder: str, stage_name: str, tokenizer: Tokenizer, sequence_length: int,
-                      vocab_size: int | None = None, accepted_names: Sequence[str] = (),
-                      log: Callable[[str], None] | None = None) -> PackedText:
+                      vocab_size: int | None = None, accepted_names: Sequence[str] = ()) -> PackedText:
     """A token folder as packed windows, after checking that it was written for this run's tokenizer and model."""
     where = f'stage "{stage_name}" (dataset_folder {folder})'
     try:
         tokens = TokenFolder(folder, where)
     except TokenFolderError as e:
         raise TokenFolderError(str(e)) from None
-    check_folder_tokenizer(tokens, tokenizer, where, accepted_names, log)
+    check_folder_tokenizer(tokens, tokenizer, where, accepted_names)
     expected = token_size_for(tokenizer.vocab_size)
     if tokens.token_size != expected:
         raise TokenFolderError(f"{where}: stores {tokens.token_size}-byte tokens, but the tokenizer's vocabulary of "
@@ -246,14 +248,14 @@ def open_token_folder(folder: str, stage_name: str, tokenizer: Tokenizer, sequen
 
 def open_sources(dataset: DatasetArgs | NanosetDatasetsArgs, stage_name: str, tokenizer: Tokenizer,
                  sequence_length: int, cache_dir: str | None = None, vocab_size: int | None = None,
-                 accepted_names: Sequence[str] = (), log: Callable[[str], None] | None = None) -> list[NamedSource]:
+                 accepted_names: Sequence[str] = ()) -> list[NamedSource]:
     """Every source of one stage, opened (HF ones tokenized or taken from the cache), in config order.
     Sources of weight 0 are left out: they would never be read. `accepted_names`: tokenizer.accept_recorded_names."""
     if isinstance(dataset, NanosetDatasetsArgs):
         weights = dataset.dataset_weights or [None] * len(dataset.folders)
         return [NamedSource(f"dataset_folder {folder}", dataset.source_key(folder), weight,
                             open_token_folder(folder, stage_name, tokenizer, sequence_length, vocab_size,
-                                              accepted_names, log))
+                                              accepted_names))
                 for folder, weight in zip(dataset.folders, weights) if weight != 0]
     try:
         specs = hf_specs(dataset)

@@ -11,7 +11,6 @@ without copies; `hf` exports checkpoints as transformers Llama folders and reads
 from nanoflow.io.checkpoint import (
     Block,
     CheckpointError,
-    CheckpointWarning,
     DamagedCheckpointError,
     checkpoints_to_try,
     latest,
@@ -22,6 +21,6 @@ from nanoflow.io.hf import export_hf, read_hf, read_init_weights
 from nanoflow.io.lock import LockLostError, RunLock, RunLockedError, confirm_held
 from nanoflow.io.reader import Checkpoint, CheckpointReader, open_checkpoint, read_checkpoint, read_model
 
-__all__ = ["Block", "Checkpoint", "CheckpointError", "CheckpointReader", "CheckpointWarning", "DamagedCheckpointError",
+__all__ = ["Block", "Checkpoint", "CheckpointError", "CheckpointReader", "DamagedCheckpointError",
            "LockLostError", "RunLock", "RunLockedError", "checkpoints_to_try", "confirm_held", "latest", "open_checkpoint", "read_checkpoint", "read_metadata", "read_model",
            "save_checkpoint", "export_hf", "read_hf", "read_init_weights"]

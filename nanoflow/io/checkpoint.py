@@ -26,10 +26,10 @@ Endpoint and credentials come from the standard AWS environment and are never wr
 from __future__ import annotations
 
 import datetime
+import logging
 import platform
 import re
 import secrets
-import warnings
 
 import attrs
 import torch
@@ -39,7 +39,9 @@ from nanoflow.io.marker import (CHECKSUM, FORMAT, METADATA, CheckpointError, Dam
 from nanoflow.io.store import Store, StoreError
 from nanoflow.io.tensorfile import tensor_chunks
 
-__all__ = ["CHECKSUM", "FORMAT", "LATEST", "METADATA", "SAVE_MARKER", "Block", "CheckpointError", "CheckpointWarning",
+log = logging.getLogger(__name__)
+
+__all__ = ["CHECKSUM", "FORMAT", "LATEST", "METADATA", "SAVE_MARKER", "Block", "CheckpointError",
            "DamagedCheckpointError", "checkpoints_to_try", "commit", "first_readable", "latest", "new_save",
            "read_metadata", "save_checkpoint", "write_files"]
 
@@ -49,10 +51,6 @@ SAVE_MARKER = ".nanoflow-save"
 _OURS = re.compile(r"(?:[A-Za-z0-9_]+/rank[0-9]{5}(?:\.[0-9a-f]{8})?\.safetensors|" + re.escape(METADATA) + "|"
                    + re.escape(SAVE_MARKER) + r")(?:\.tmp-[0-9]+)?")
 _TEMPORARY = re.compile(r".*\.tmp-[0-9]+")
-
-
-class CheckpointWarning(UserWarning):
-    """A checkpoint was skipped in favour of an older intact one, or a cleanup after a commit failed."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -70,7 +68,7 @@ def latest(path: str) -> str | None:
 
 def checkpoints_to_try(path: str) -> list[str]:
     """The committed step folders of a run folder whose marker checks out and whose files are all there,
-    in the order to try them: the most recently committed first (a CheckpointWarning names any skipped,
+    in the order to try them: the most recently committed first (a logged warning names any skipped,
     and a latest.txt that names another). None for a folder with nothing committed; committed
     checkpoints none of which is intact are an error, never "none". For a step folder: just it, or a
     CheckpointError saying what is wrong with it. Storage that cannot be listed is a CheckpointError."""
@@ -113,14 +111,14 @@ def _checkpoints_to_try(store: Store) -> list[str]:
                                      + "; ".join(skipped))
     if skipped:
         heading = f"using {store.url(str(order[0]))}" if order else "no intact checkpoint"
-        warnings.warn(f"{store.root}: {heading}; skipped: " + "; ".join(skipped), CheckpointWarning, stacklevel=4)
+        log.warning(f"{store.root}: {heading}; skipped: " + "; ".join(skipped))
     return [store.url(str(s)) for s in order]
 
 
 def first_readable(path: str, use, *, folders: list[str] | None = None, announce=None):
     """use(folder) for the first of checkpoints_to_try(path) — or of `folders`, that list as found before —
     it succeeds on: one found damaged while `use` reads it (DamagedCheckpointError) gives way to the next.
-    `announce(folder, error)` is told of each one passed over; without it, one CheckpointWarning names them.
+    `announce(folder, error)` is told of each one passed over; without it, one logged warning names them.
     A step folder named on its own has no next: its error is raised."""
     folders = checkpoints_to_try(path) if folders is None else folders
     if not folders:
@@ -137,8 +135,7 @@ def first_readable(path: str, use, *, folders: list[str] | None = None, announce
                 announce(folder, e)
             continue
         if damaged and announce is None:
-            warnings.warn(f"{Store(path).root}: using {folder}; skipped: " + "; ".join(damaged),
-                          CheckpointWarning, stacklevel=3)
+            log.warning(f"{Store(path).root}: using {folder}; skipped: " + "; ".join(damaged))
         return result
     raise DamagedCheckpointError(f"{path}: no checkpoint reads back intact: " + "; ".join(damaged))
 
@@ -153,12 +150,11 @@ def _latest_pointer(store: Store, objects: dict) -> int | None:
     try:
         text = store.read(LATEST).decode(errors="replace").strip()
     except StoreError as e:
-        warnings.warn(f"ignoring {LATEST}: {e}", CheckpointWarning, stacklevel=5)
+        log.warning(f"ignoring {LATEST}: {e}")
         return None
     step = step_of(text)
     if step is None:
-        warnings.warn(f"{store.url(LATEST)} holds {text[:40]!r}, not a step number; ignoring it",
-                      CheckpointWarning, stacklevel=5)
+        log.warning(f"{store.url(LATEST)} holds {text[:40]!r}, not a step number; ignoring it")
     return step
 
 
@@ -211,7 +207,7 @@ def save_checkpoint(root: str, step: int, groups: dict[str, dict[str, Block | to
 
     Plain tensors are whole blocks. `info` goes into the metadata as is (schedule position, config …);
     its "training" record says how many steps were completed (`step`). Returns the step folder. A
-    cleanup that fails after the commit is a CheckpointWarning: the commit stands. With several
+    cleanup that fails after the commit is a logged warning: the commit stands. With several
     ranks, nanoflow.checkpointer runs the three phases below with the collectives between them.
     """
     _check_info(step, info)
@@ -286,8 +282,7 @@ def commit(root: str, step: int, gathered: list[tuple[dict, dict]], info: dict, 
         store.write(LATEST, f"{step}\n".encode())
         _clean_up(store, objects, folder, {*files, METADATA, SAVE_MARKER}, keep)
     except StoreError as e:
-        warnings.warn(f"step {step} is committed, and stands; but cleaning up after it failed: {e}",
-                      CheckpointWarning, stacklevel=2)
+        log.warning(f"step {step} is committed, and stands; but cleaning up after it failed: {e}")
     return store.url(folder)
 
 
@@ -338,7 +333,7 @@ def _commit_times(store: Store, objects: dict, steps: list[int]) -> dict[int, da
                 _COMMITTED[key] = committed_at(_read_metadata(store, str(step)))
             except DamagedCheckpointError as e:
                 if isinstance(e.__cause__, StoreError):
-                    warnings.warn(f"{e}; deleting no old checkpoint this time", CheckpointWarning, stacklevel=4)
+                    log.warning(f"{e}; deleting no old checkpoint this time")
                     return None
                 _COMMITTED[key] = _NEVER
         times[step] = _COMMITTED[key]

@@ -19,6 +19,7 @@ rank, only the rows of each weight that rank holds.
 from __future__ import annotations
 
 import json
+import logging
 import os
 
 import numpy
@@ -31,6 +32,8 @@ from nanoflow.io.checkpoint import CheckpointError
 from nanoflow.io.reader import CheckpointReader, open_checkpoint, read_checkpoint
 from nanoflow.io.store import Store, StoreError
 from nanoflow.io.tensorfile import TensorFileError, header_length, parse, parse_header, tensor_at
+
+log = logging.getLogger(__name__)
 
 CONFIG = "config.json"
 WEIGHTS = "model.safetensors"
@@ -179,8 +182,7 @@ def _write_tokenizer(store: Store, tokenizer: dict | str, max_length: int) -> tu
                 with open(own) as f:
                     tokenizer_config = json.load(f)
     except (NanoflowError, OSError, ValueError) as e:
-        import warnings
-        warnings.warn(f"the run's tokenizer {name} cannot be read ({e}); exporting without a tokenizer", stacklevel=3)
+        log.warning(f"the run's tokenizer {name} cannot be read ({e}); exporting without a tokenizer")
         return None, None, []
     tokenizer_config = {
         "tokenizer_class": "PreTrainedTokenizerFast",

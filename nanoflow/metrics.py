@@ -1,0 +1,149 @@
+"""metrics.jsonl, the record of a run: one JSON object per step (step, stage, loss, lr, grad_norm, tokens,
+elapsed …), written by `MetricsLog` during training and read back by `read_metrics`, and the one
+definition of tokens/s that the progress line, TensorBoard and bin/report all show.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+from pathlib import Path
+
+from nanoflow.errors import NanoflowError
+from nanoflow.io.runfolder import RunFolderError, RunFolderWriteError, open_for_append
+
+FILE = "metrics.jsonl"
+
+
+class MetricsError(NanoflowError, ValueError):
+    """A run folder without usable metrics."""
+
+
+class MetricsLog:
+    """metrics.jsonl: one JSON object per step. Lines after `start_step` (from an abandoned attempt) are dropped.
+
+    Written by rank 0 only (`enabled`); the metrics are global, the same on every rank.
+    """
+
+    def __init__(self, path: Path, start_step: int, enabled: bool = True):
+        self.enabled = enabled
+        self.file = None
+        if not enabled:
+            return
+        try:
+            with open(path, "a+b") as f:  # created when missing
+                f.truncate(_kept_length(f, start_step))
+        except OSError as e:
+            raise RunFolderError(f"cannot write {path}: {e.strerror or e}") from None
+        self.path = path
+
+    def __enter__(self) -> MetricsLog:
+        if self.enabled:
+            self.file = open_for_append(self.path)
+        return self
+
+    def write(self, metrics: dict) -> None:
+        if self.file is not None:
+            try:
+                self.file.write(json.dumps(metrics) + "\n")
+                self.file.flush()
+            except OSError as e:
+                with contextlib.suppress(OSError):   # closing flushes the unwritten line again, into the same error
+                    self.file.close()
+                self.file = None
+                raise RunFolderWriteError(
+                    f"cannot write {self.path} after step {metrics['step']}: {e.strerror or e}; the checkpoints "
+                    "committed before stand: make room and run the same command again to resume") from None
+
+    def __exit__(self, *exc) -> None:
+        if self.file is not None:
+            self.file.close()
+
+
+def _kept_length(f, step: int, block: int = 1 << 16) -> int:
+    """The byte length of metrics.jsonl up to the end of its last line of a step ≤ `step`.
+
+    The lines are in step order (each run drops those after its start and appends), so this reads
+    backwards from the end, only as far as the lines it drops: a resume late in a long run does not
+    read the run's whole history. A line that does not parse (cut by a kill) counts as one to drop.
+    """
+    if step <= 0:
+        return 0
+    position = f.seek(0, os.SEEK_END)
+    buffer, limit = b"", 0  # the file's bytes from `position` on; buffer[:limit] is what is still in question
+    while True:
+        end = buffer.rfind(b"\n", 0, limit)                # the newline ending the last line in question
+        start = buffer.rfind(b"\n", 0, max(end, 0)) + 1    # where that line begins, if buffer reaches it
+        if (end < 0 or start == 0) and position > 0:
+            size = min(block, position)
+            position -= size
+            f.seek(position)
+            buffer, limit = f.read(size) + buffer[:limit], limit + size
+            continue
+        if end < 0:
+            return 0
+        try:
+            if json.loads(buffer[start:end])["step"] <= step:
+                return position + end + 1
+        except (ValueError, KeyError, TypeError):
+            pass
+        limit = start
+
+
+def read_metrics(run_dir: str | os.PathLike) -> list[dict]:
+    """A run folder's metrics.jsonl, one dict per step, in step order (a last line cut by a kill is skipped)."""
+    path = Path(run_dir) / FILE
+    try:
+        lines = path.read_text().splitlines()
+    except FileNotFoundError:
+        raise MetricsError(f"{path}: no such file (bin/train writes it into the run folder, "
+                           "checkpoints.checkpoints_path; runs/<run>/ when checkpoints go to S3)") from None
+    metrics = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            metrics.append(json.loads(line))
+        except ValueError:
+            if number == len(lines):
+                continue
+            raise MetricsError(f"{path}:{number}: not a JSON line") from None
+    if not metrics:
+        raise MetricsError(f"{path} holds no steps yet")
+    return sorted(metrics, key=lambda m: m["step"])
+
+
+def tokens_per_second(tokens: float, seconds: float) -> float:
+    """The rate, or nan when no time was measured (a step faster than `elapsed`'s millisecond)."""
+    return tokens / seconds if seconds > 0 else math.nan
+
+
+class Throughput:
+    """Tokens and wall time of the steps added so far, as their records say: a step took the difference of its
+    `elapsed` (seconds since its process began) and the step before's; a resumed process starts its clock again,
+    so its first step counts from 0. The time a step waited for its stage's data to load is the step's."""
+
+    def __init__(self):
+        self.tokens, self.seconds, self._elapsed = 0, 0.0, 0.0
+
+    def add(self, metrics: dict) -> float:
+        """Count one step in; returns its wall time."""
+        elapsed = float(metrics.get("elapsed", 0.0))
+        seconds = elapsed - self._elapsed if elapsed >= self._elapsed else elapsed
+        self._elapsed = elapsed
+        self.tokens += metrics["tokens"]
+        self.seconds += seconds
+        return seconds
+
+    @property
+    def rate(self) -> float:
+        """tokens/s over every step added."""
+        return tokens_per_second(self.tokens, self.seconds)
+
+
+def step_seconds(metrics: list[dict]) -> list[float]:
+    """The wall time of each step of a run's record, in order."""
+    throughput = Throughput()
+    return [throughput.add(m) for m in metrics]
