@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import os
 
-import numpy
 import torch
 from safetensors.torch import save as save_safetensors  # for the {"format": "pt"} header transformers wants
 
@@ -30,7 +29,7 @@ from nanoflow.errors import NanoflowError
 from nanoflow.io.checkpoint import CheckpointError
 from nanoflow.io.reader import CheckpointReader, open_checkpoint, read_checkpoint
 from nanoflow.io.store import Store, StoreError
-from nanoflow.io.tensorfile import TensorFileError, header_length, parse, parse_header, tensor_at
+from nanoflow.io.tensorfile import TensorFileError, parse, parse_header, read_head, tensor_at
 
 CONFIG = "config.json"
 WEIGHTS = "model.safetensors"
@@ -362,11 +361,7 @@ def _header(store: Store, file: str) -> tuple[int, dict]:
         size = store.size(file)
         if size is None:
             raise HFFormatError(f"{where} is missing")
-        head = store.read_range(file, 0, min(size, 1 << 16))
-        length = header_length(head, where)
-        if length > len(head):
-            rest = store.read_range(file, len(head), min(length, size) - len(head))
-            head = numpy.concatenate([head, rest])  # (arrays: + would add them element-wise)
+        length, head = read_head(lambda start, n: store.read_range(file, start, n), size, where)
         return length, parse_header(head, size, where)
     except StoreError as e:
         raise HFFormatError(str(e)) from e
