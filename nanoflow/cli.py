@@ -73,9 +73,9 @@ def train_main(argv: list[str] | None = None) -> int:
 def _train(args: argparse.Namespace) -> int:
     config = load_config(args.config, args.overrides)
     if args.plan:
-        from nanoflow.data.tokenizer import load_run_tokenizer
         from nanoflow.plan import render_plan
-        print(render_plan(config, load_run_tokenizer(config)))
+        from nanoflow.preflight import preflight
+        print(render_plan(config, preflight(config).tokenizer))   # the checks a training run would pass first
         return EXIT_DONE
     from nanoflow.loop import train  # the training machinery, once the config is known to be good
     from nanoflow.parallel import shutdown
@@ -168,7 +168,7 @@ def export_main(argv: list[str] | None = None) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from nanoflow.io import export_hf
+    from nanoflow.export import export_hf
     summary = export_hf(args.checkpoint, args.out_dir, max_shard_size=args.max_shard_size, dtype=args.dtype)
     tokenizer = f"; tokenizer: {summary['tokenizer']}" if summary["tokenizer"] else "; no tokenizer"
     print(f"exported step {summary['step']} to {summary['path']}: {len(summary['files'])} files, "

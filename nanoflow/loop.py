@@ -27,6 +27,7 @@ from nanoflow.errors import EXIT_STORAGE, NanoflowError
 from nanoflow.io.runfolder import RunFolderError, RunFolderWriteError, check_folder, check_room, open_for_append
 from nanoflow.io.store import StoreError, check_root
 from nanoflow.parallel import SINGLE, Topology, broadcast_object, device, init_topology
+from nanoflow.preflight import preflight
 from nanoflow.schedule import TrainingMetadata, active_stage, begun_stages, resume_point, stage_steps
 from nanoflow.snapshot import checkpoint_blocks, checkpoint_bytes, read_on_every_rank, restore_state
 from nanoflow.state import TrainState, init_state
@@ -57,11 +58,13 @@ def train(config: Config, *, fresh: bool = False, until_step: int | None = None,
     torchrun every rank runs this; only rank 0 prints and writes metrics.jsonl. The run folder's
     lock (io/lock.py) is held from before anything is read until the end, or the error.
     """
+    tokenizer = preflight(config).tokenizer   # before the run folder is locked or anything is read
     topology = init_topology(config) if topology is None else topology
     check_root(config.checkpoints.checkpoints_path)  # "s3:/b/x" is refused, never made a local folder "s3:"
     _on_main(topology, lambda: check_folder(str(run_dir(config))))  # a file, or unwritable: said before the lock
     with run_lock(config, topology, out):
-        return _train(config, fresh=fresh, until_step=until_step, out=out, progress=progress, topology=topology)
+        return _train(config, fresh=fresh, until_step=until_step, out=out, progress=progress, topology=topology,
+                      tokenizer=tokenizer)
 
 
 @contextlib.contextmanager
@@ -93,10 +96,9 @@ def _on_main(topology: Topology, action) -> None:
 
 
 def _train(config: Config, *, fresh: bool, until_step: int | None, out: TextIO, progress: bool | None,
-           topology: Topology) -> TrainState:
+           topology: Topology, tokenizer) -> TrainState:
     if not topology.is_main:
         out = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the process
-    tokenizer = load_run_tokenizer(config)
     for name in unreached_stages(config):
         print(f'warning: stage "{name}" starts after train_steps = {config.tokens.train_steps}: not reached',
               file=out)

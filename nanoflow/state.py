@@ -110,10 +110,12 @@ def init_state(config: Config, topology: Topology | None = None) -> TrainState:
     model = new_model(config, topology)
     if config.model.init_from is not None:
         from nanoflow.io import read_init_weights  # nanoflow.io reads the bytes: a checkpoint or an HF folder
+        from nanoflow.preflight import check_init_from
         from nanoflow.snapshot import load_weights, read_on_every_rank
 
         source = config.model.init_from
-        read_on_every_rank(lambda: load_weights(model, read_init_weights(source, config.model), source), topology)
+        check_init_from(config)   # an HF folder's config.json against [model], before a weight is read
+        read_on_every_rank(lambda: load_weights(model, read_init_weights(source), source), topology)
     generator = torch.Generator().manual_seed(config.general.seed)
     return TrainState.create(step=0, model=model, optimizer=build_optimizer(model, config.optimizer),
                              rng_state=generator.get_state(), lr_origin=0, config=config,

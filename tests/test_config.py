@@ -254,10 +254,19 @@ def test_stage_global_batch_size_inconsistent(tmp_path):
 
 
 def test_dp_times_tp_differs_from_world_size(tmp_path, monkeypatch):
+    """Checked once, where the processes join (init_topology), before anything is read or written."""
+    from nanoflow.parallel import init_topology
+
+    config = load_config(write_config(tmp_path))
     monkeypatch.setenv("WORLD_SIZE", "4")
-    message = config_error(tmp_path, VALID)
+    with pytest.raises(ConfigError) as info:
+        init_topology(config)
+    message = str(info.value)
     assert "parallelism.dp" in message and "parallelism.tp" in message
     assert "4" in message
+    monkeypatch.delenv("WORLD_SIZE")
+    with pytest.raises(ConfigError, match=r"= 2 processes, but launch with torchrun --nproc_per_node=2"):
+        init_topology(load_config(write_config(tmp_path, replace(VALID, "dp = 1", "dp = 2"))))
 
 
 def test_world_size_matching_dp_times_tp_is_fine(tmp_path, monkeypatch):

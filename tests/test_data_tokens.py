@@ -25,6 +25,7 @@ def test_writer_follows_the_documented_layout(tmp_path):
     with pytest.raises(ValueError, match="does not fit in 2 bytes"):
         write_token_file(tmp_path, "big", [np.array([70_000])], tokenizer_name="x", token_size=2)
     assert not (tmp_path / "big.ds").exists()
+    assert sorted(os.listdir(tmp_path)) == ["part.ds", "part.ds.index", "part.ds.metadata"]   # nor of a failed one
 
 
 def _datatrove_file(folder: Path, name: str, docs: list[list[int]], first_line: str, fmt: str) -> None:
