@@ -21,7 +21,8 @@ import torch
 
 from nanoflow import io
 from nanoflow.config import Config, unreached_stages
-from nanoflow.data import check_stages, load_run_tokenizer, open_stage
+from nanoflow.data import load_run_tokenizer, open_stage
+from nanoflow.data.loader import check_stages
 from nanoflow.data.fingerprint import Fingerprints
 from nanoflow.errors import EXIT_STORAGE, NanoflowError
 from nanoflow.io.runfolder import RunFolderError, RunFolderWriteError, check_folder, check_room, open_for_append

@@ -9,7 +9,8 @@ import pytest
 
 from data_helpers import BYTES, EOS, documents, load, stage, write_folder
 from nanoflow.config import ConfigError
-from nanoflow.data import DataError, PackedText, TokenFolder, TokenFolderError, open_stage, write_token_file
+from nanoflow.data import DataError, TokenFolder, TokenFolderError, open_stage, write_token_file
+from nanoflow.data.sources import PackedText
 
 
 def test_writer_follows_the_documented_layout(tmp_path):
@@ -198,7 +199,7 @@ def test_continue_from_mistakes_are_config_errors(tmp_path, folder):
 
 
 def test_batched_gathers_equal_one_sample_at_a_time(tmp_path):
-    from nanoflow.data import SFTExamples
+    from nanoflow.data.sources import SFTExamples
 
     rng = np.random.default_rng(3)
     write_folder(tmp_path / "f", documents(rng, 40, 0, 250, length=(1, 30)), files=5)   # many file boundaries
