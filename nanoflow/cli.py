@@ -244,3 +244,31 @@ def _convert_nanotron_config(args: argparse.Namespace) -> int:
     for line in report.lines():
         print(f"{args.config}: {line}", file=sys.stderr)
     return EXIT_DONE
+
+
+# ---------------------------------------------------------------------------------------------
+# The console scripts ([project.scripts] in pyproject.toml: nanoflow-train, …) and what bin/* run.
+# Each ends the process with its front end's exit status, through exit_process (see above).
+
+def train_command() -> None:
+    exit_process(train_main())
+
+
+def verify_resume_command() -> None:
+    exit_process(verify_resume_main())
+
+
+def prepare_command() -> None:
+    exit_process(prepare_main())
+
+
+def export_command() -> None:
+    exit_process(export_main())
+
+
+def report_command() -> None:
+    exit_process(report_main())
+
+
+def convert_nanotron_config_command() -> None:
+    exit_process(convert_nanotron_config_main())
