@@ -78,9 +78,8 @@ def init_topology(config: Config) -> Topology:
     Without torchrun (no WORLD_SIZE) this is a single process, which needs dp = tp = 1.
     """
     dp, tp = config.parallelism.dp, config.parallelism.tp
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    check_world_size(config, world)
-    if world == 1:
+    check_world_size(config, os.environ.get("WORLD_SIZE"))
+    if dp * tp == 1:
         return SINGLE
     if not dist.is_initialized():
         backend = "nccl" if torch.cuda.is_available() else "gloo"

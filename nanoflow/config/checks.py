@@ -44,7 +44,6 @@ def validate(config: Config) -> list[str]:
             if length % par.tp:
                 problems.append(f"{stage_label(index)}: sequence_length = {length} is not divisible by "
                                 f'parallelism.tp = {par.tp}, which parallelism.tp_mode = "REDUCE_SCATTER" needs')
-
     too_long = "sequence_length = {} exceeds model.max_position_embeddings = " + str(model.max_position_embeddings)
     if config.tokens.sequence_length > model.max_position_embeddings:
         problems.append("tokens: " + too_long.format(config.tokens.sequence_length))
@@ -321,13 +320,16 @@ def _continue_from_problems(config: Config, index: int) -> list[str]:
     return []
 
 
-def check_world_size(config: Config, world: int | None) -> None:
-    """torchrun started `world` processes (None: no torchrun, one process); parallelism.dp × tp must match."""
+def check_world_size(config: Config, world: str | None) -> None:
+    """torchrun's WORLD_SIZE (None without torchrun: one process) must be parallelism.dp × parallelism.tp.
+    Checked where the processes join (nanoflow.parallel.init_topology), not at load: a config for many
+    processes loads, and --plan prints its plan, from a single one."""
     dp, tp = config.parallelism.dp, config.parallelism.tp
-    if (world or 1) != dp * tp:
-        how = (f"launch with torchrun --nproc_per_node={dp * tp}" if world is None or world == 1
-               else f"torchrun started {world} processes")
-        raise ConfigError(f"parallelism.dp × parallelism.tp = {dp} × {tp} = {dp * tp} processes, but {how}")
+    if world in (None, "1") and dp * tp == 1 or world == str(dp * tp):
+        return
+    how = (f"launch with torchrun --nproc_per_node={dp * tp}" if world in (None, "1")
+           else f"torchrun started {world} processes")
+    raise ConfigError(f"parallelism.dp × parallelism.tp = {dp} × {tp} = {dp * tp} processes, but {how}")
 
 
 def unreached_stages(config: Config) -> list[str]:
