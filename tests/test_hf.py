@@ -267,6 +267,14 @@ def test_export_and_import_on_s3(trained, s3_bucket):
     weights = HFWeights(s3_bucket + "/hf")                     # box reads: ranged GETs of the rows
     assert all(torch.equal(weights.read("model", k, (1,) + (0,) * (p.dim() - 1), (2, *p.shape[1:])), p.detach()[1:3])
                for k, p in params.items())
+    # An s3:// HF folder is checked against [model] by the same preflight as a local one, and by --plan.
+    init = f"model.init_from={json.dumps(s3_bucket + '/hf')}"
+    checked(run.parent, init)
+    with pytest.raises(ConfigError, match=r"model.init_from: model.num_hidden_layers = 3, but s3://.*/hf/config.json"):
+        checked(run.parent, init, "model.num_hidden_layers=3")
+    from nanoflow.cli import train_main
+
+    assert train_main([str(TINY), "--plan", "--set", init, "--set", "model.num_hidden_layers=3"]) == 2
 
 
 @pytest.mark.slow
