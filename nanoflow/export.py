@@ -20,7 +20,6 @@ from nanoflow.io.hf import (CONFIG, DEFAULT_MAX_SHARD_SIZE, DTYPES, GENERATION_C
 from nanoflow.io.reader import read_checkpoint
 from nanoflow.io.store import Store
 
-
 log = logging.getLogger(__name__)
 
 
@@ -60,8 +59,6 @@ def export_hf(checkpoint_path: str, out_dir: str, *, max_shard_size: int = DEFAU
     store.write(CONFIG, (json.dumps(config, indent=2) + "\n").encode())   # last: a folder with config.json is whole
     return {"step": meta["step"], "path": store.root, "files": files + tokenizer_files + [GENERATION_CONFIG, CONFIG],
             "dtype": out_dtype, "tokenizer": tokenizer_name if tokenizer_files else None}
-
-
 
 
 def _write_tokenizer(store: Store, tokenizer: dict | str, max_length: int) -> tuple[int | None, int | None, list[str]]:
