@@ -8,6 +8,7 @@ from nanoflow.config import Config, OptimizerArgs
 from nanoflow.data import StageLoader, load_run_tokenizer, open_stage
 from nanoflow.data.tokenizer import Tokenizer
 from nanoflow.io import read_init_weights
+from nanoflow.preflight import check_init_from
 from nanoflow.model import Llama
 from nanoflow.parallel import SINGLE, Topology, device, init_topology, parallelize
 from nanoflow.schedule import Schedule, active_stage
@@ -63,7 +64,8 @@ def init_state(config: Config, topology: Topology | None = None) -> TrainState:
     model = build_model(config, topology)
     if config.model.init_from is not None:
         source = config.model.init_from
-        read_on_every_rank(lambda: load_weights(model, read_init_weights(source, config.model), source), topology)
+        check_init_from(config)  # an HF folder's config.json against [model], before a weight is read
+        read_on_every_rank(lambda: load_weights(model, read_init_weights(source), source), topology)
     return TrainState.create(step=0, model=model, optimizer=build_optimizer(model, config.optimizer), lr_origin=0,
                              run=Run(config, Schedule.from_config(config), topology))
 

@@ -65,9 +65,9 @@ def train_main(argv: list[str] | None = None) -> int:
 def _train(args: argparse.Namespace) -> int:
     config = load_config(args.config, args.overrides)
     if args.plan:
-        from nanoflow.data.tokenizer import load_run_tokenizer
         from nanoflow.plan import render_plan
-        print(render_plan(config, load_run_tokenizer(config)))
+        from nanoflow.preflight import preflight
+        print(render_plan(config, preflight(config).tokenizer))   # the checks a training run would pass first
         return EXIT_DONE
     from nanoflow.loop import train  # the training machinery, once the config is known to be good
     from nanoflow.parallel import shutdown
@@ -160,7 +160,7 @@ def export_main(argv: list[str] | None = None) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from nanoflow.io import export_hf
+    from nanoflow.export import export_hf
     summary = export_hf(args.checkpoint, args.out_dir, max_shard_size=args.max_shard_size, dtype=args.dtype)
     tokenizer = f"; tokenizer: {summary['tokenizer']}" if summary["tokenizer"] else "; no tokenizer"
     log.info(f"exported step {summary['step']} to {summary['path']}: {len(summary['files'])} files, "
@@ -236,3 +236,31 @@ def _convert_nanotron_config(args: argparse.Namespace) -> int:
     for line in report.lines():
         print(f"{args.config}: {line}", file=sys.stderr)
     return EXIT_DONE
+
+
+# ---------------------------------------------------------------------------------------------
+# The console scripts ([project.scripts] in pyproject.toml: nanoflow-train, …) and what bin/* run.
+# Each ends the process with its front end's exit status, through exit_process (see above).
+
+def train_command() -> None:
+    exit_process(train_main())
+
+
+def verify_resume_command() -> None:
+    exit_process(verify_resume_main())
+
+
+def prepare_command() -> None:
+    exit_process(prepare_main())
+
+
+def export_command() -> None:
+    exit_process(export_main())
+
+
+def report_command() -> None:
+    exit_process(report_main())
+
+
+def convert_nanotron_config_command() -> None:
+    exit_process(convert_nanotron_config_main())

@@ -14,13 +14,15 @@ from typing import TextIO
 from nanoflow import console, io
 from nanoflow.checkpointer import Checkpointer
 from nanoflow.config import Config, unreached_stages
-from nanoflow.data import check_stages, load_run_tokenizer, open_stage
+from nanoflow.data import open_stage
+from nanoflow.data.loader import check_stages
 from nanoflow.data.fingerprint import Fingerprints
 from nanoflow.errors import EXIT_STORAGE, NanoflowError
 from nanoflow.io.runfolder import check_folder, check_room
 from nanoflow.io.store import StoreError, check_root
 from nanoflow.metrics import FILE, MetricsLog
 from nanoflow.parallel import Topology, init_topology
+from nanoflow.preflight import preflight
 from nanoflow.progress import Progress
 from nanoflow.schedule import active_stage, stage_steps
 from nanoflow.shards import state_bytes
@@ -56,17 +58,17 @@ def train(config: Config, *, fresh: bool = False, until_step: int | None = None,
     """
     topology = init_topology(config) if topology is None else topology
     with console.routed(out, enabled=topology.is_main):
+        tokenizer = preflight(config).tokenizer  # before the run folder is locked or anything is read
         check_root(config.checkpoints.checkpoints_path)  # "s3:/b/x" is refused, never made a local folder "s3:"
         checkpointer = Checkpointer(config, topology)
         checkpointer.on_main(lambda: check_folder(str(run_dir(config))))  # a file, or unwritable: said before the lock
         with checkpointer.locked():
             return _train(config, checkpointer, fresh=fresh, until_step=until_step, progress=progress,
-                          topology=topology)
+                          topology=topology, tokenizer=tokenizer)
 
 
 def _train(config: Config, checkpointer: Checkpointer, *, fresh: bool, until_step: int | None, progress: bool | None,
-           topology: Topology) -> TrainState:
-    tokenizer = load_run_tokenizer(config)
+           topology: Topology, tokenizer) -> TrainState:
     for name in unreached_stages(config):
         log.warning(f'stage "{name}" starts after train_steps = {config.tokens.train_steps}: not reached')
 

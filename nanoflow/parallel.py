@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from nanoflow.config import Config, ConfigError
+from nanoflow.config import Config, check_world_size
 
 TP_PLAN = {
     "self_attn.q_proj": "colwise", "self_attn.k_proj": "colwise", "self_attn.v_proj": "colwise",
@@ -78,12 +78,8 @@ def init_topology(config: Config) -> Topology:
     Without torchrun (no WORLD_SIZE) this is a single process, which needs dp = tp = 1.
     """
     dp, tp = config.parallelism.dp, config.parallelism.tp
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world != dp * tp:
-        how = (f"launch with torchrun --nproc_per_node={dp * tp}" if world == 1
-               else f"torchrun started {world} processes")
-        raise ConfigError(f"parallelism.dp × parallelism.tp = {dp} × {tp} = {dp * tp} processes, but {how}")
-    if world == 1:
+    check_world_size(config, os.environ.get("WORLD_SIZE"))
+    if dp * tp == 1:
         return SINGLE
     if not dist.is_initialized():
         backend = "nccl" if torch.cuda.is_available() else "gloo"

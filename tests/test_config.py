@@ -1,4 +1,4 @@
-"""load_config: one test per validation rule, each checking that the message names the culprit."""
+"""load_config: a table of validation rules, each row checking that the message names the culprit."""
 
 from __future__ import annotations
 
@@ -117,115 +117,78 @@ def test_template_is_valid(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------
-# Structure errors
+# One row per validation rule: the template with one change (or --set overrides) → a ConfigError naming
+# the file (config_error checks that) and every fragment of `named`, and none of `not_named`.
+
+def edit(old: str, new: str):
+    return lambda text: replace(text, old, new)
 
 
-def test_unknown_key_suggests_nearest(tmp_path):
-    message = config_error(tmp_path, replace(VALID, "train_steps = 12", "trian_steps = 12"))
-    assert "trian_steps" in message
-    assert "did you mean 'train_steps'" in message
-    assert "tokens" in message
+def without_stages(text: str) -> str:
+    return text[: text.index("[[data_stages]]")]
 
 
-def test_unknown_key_in_stage_dataset_names_stage(tmp_path):
-    text = replace(VALID, 'completion_column_name = "completion"\n',
-                   'completion_column_name = "completion"\nbogus_option = 1\n')
-    message = config_error(tmp_path, text)
-    assert "bogus_option" in message
-    assert "sft" in message
-    assert "dataset" in message
+# id, change of the template, --set overrides, fragments the message names, fragments it must not name
+RULES = [
+    # structure
+    ("unknown key suggests the nearest", edit("train_steps = 12", "trian_steps = 12"), [],
+     ["trian_steps", "did you mean 'train_steps'", "tokens"], []),
+    ("unknown key in a stage's dataset names the stage",
+     edit('completion_column_name = "completion"\n', 'completion_column_name = "completion"\nbogus_option = 1\n'), [],
+     ["bogus_option", "sft", "dataset"], []),
+    ("a string for an int", edit("micro_batch_size = 2", 'micro_batch_size = "2"'), [],
+     ["tokens.micro_batch_size", "int"], []),
+    ("no stages: an empty list", lambda text: replace(without_stages(text), "[general]", "data_stages = []\n\n[general]"),
+     [], ["data_stages", "no stages"], []),
+    ("no stages: no table", without_stages, [], ["data_stages"], []),
+    # the schedule
+    ("two stages of one name", edit('name = "sft"', 'name = "pretrain"'), [], ['"pretrain"', "name", "data_stages["], []),
+    ("two stages at one step", edit("start_training_step = 8", "start_training_step = 1"), [],
+     ["start_training_step", "sft", "pretrain"], []),
+    ("the first stage not at step 1", edit("start_training_step = 1", "start_training_step = 2"), [],
+     ["pretrain", "start_training_step", "step 1"], []),
+    ("a start step below 1", edit("start_training_step = 1", "start_training_step = 0"), [],
+     ["pretrain", "start_training_step"], []),
+    ("micro_batch_size 0", edit("micro_batch_size = 2", "micro_batch_size = 0"), [],
+     ["tokens", "micro_batch_size", "> 0"], []),
+    ("a stage's sequence_length 0", edit("sequence_length = 24", "sequence_length = 0"), [], ["sft", "sequence_length"], []),
+    ("a stage's sequence_length above max_position_embeddings", edit("sequence_length = 24", "sequence_length = 65"), [],
+     ["sft", "sequence_length = 65", "max_position_embeddings"], []),
+    ("tokens.sequence_length above max_position_embeddings", edit("sequence_length = 32", "sequence_length = 128"), [],
+     ["tokens", "max_position_embeddings"], []),
+    # model and parallelism
+    ("heads not divisible by kv heads", edit("num_key_value_heads = 2", "num_key_value_heads = 3"), [],
+     ["num_attention_heads", "num_key_value_heads"], []),
+    ("heads not divisible by tp", edit("tp = 1", "tp = 3"), [], ["num_attention_heads", "parallelism.tp"], []),
+    ("global_batch_size off", edit("batch_accumulation_per_replica = 2",
+                                   "batch_accumulation_per_replica = 2\nglobal_batch_size = 5"), [],
+     ["global_batch_size = 5", "pretrain", "micro_batch_size"], []),
+    ("a stage's global_batch_size off", edit("micro_batch_size = 4", "micro_batch_size = 4\nglobal_batch_size = 4"), [],
+     ["sft", "global_batch_size = 4"], ["pretrain"]),
+    # files
+    ("a data pattern matching nothing", edit('"corpus/*.txt"', '"corpus/*.missing"'), [],
+     ["pretrain", "hf_data_files", "corpus/*.missing"], []),
+    ("a missing tokenizer file", edit('tokenizer_name_or_path = "bytes"', 'tokenizer_name_or_path = "tok/tokenizer.json"'),
+     [], ["tokenizer.tokenizer_name_or_path", "tokenizer.json"], []),
+    ("an SFT stage with only a prompt column", edit('completion_column_name = "completion"\n', ""), [],
+     ["sft", "prompt_column_name", "completion_column_name"], []),
+    # --set
+    ("a misspelt --set key", lambda text: text, ["tokens.trian_steps=10"], ["did you mean 'train_steps'"], []),
+    ("a --set value of the wrong type", lambda text: text, ["tokens.train_steps=ten"], ["tokens.train_steps"], []),
+]
 
 
-def test_wrong_type_string_for_int(tmp_path):
-    message = config_error(tmp_path, replace(VALID, "micro_batch_size = 2", 'micro_batch_size = "2"'))
-    assert "tokens.micro_batch_size" in message
-    assert "int" in message
-
-
-def test_no_stages_empty_list(tmp_path):
-    text = VALID[: VALID.index("[[data_stages]]")]
-    text = replace(text, "[general]", "data_stages = []\n\n[general]")
-    message = config_error(tmp_path, text)
-    assert "data_stages" in message
-    assert "no stages" in message
-
-
-def test_no_stages_missing_table(tmp_path):
-    text = VALID[: VALID.index("[[data_stages]]")]
-    message = config_error(tmp_path, text)
-    assert "data_stages" in message
-
-
-# ---------------------------------------------------------------------------------------------
-# Schedule rules
-
-
-def test_duplicate_stage_names(tmp_path):
-    message = config_error(tmp_path, replace(VALID, 'name = "sft"', 'name = "pretrain"'))
-    assert '"pretrain"' in message
-    assert "name" in message
-    assert "data_stages[" in message
-
-
-def test_duplicate_start_steps(tmp_path):
-    message = config_error(tmp_path, replace(VALID, "start_training_step = 8", "start_training_step = 1"))
-    assert "start_training_step" in message
-    assert "sft" in message and "pretrain" in message
-
-
-def test_first_stage_not_at_step_one(tmp_path):
-    message = config_error(tmp_path, replace(VALID, "start_training_step = 1", "start_training_step = 2"))
-    assert "pretrain" in message
-    assert "start_training_step" in message
-    assert "step 1" in message
-
-
-def test_start_step_below_one(tmp_path):
-    message = config_error(tmp_path, replace(VALID, "start_training_step = 1", "start_training_step = 0"))
-    assert "pretrain" in message
-    assert "start_training_step" in message
-
-
-def test_micro_batch_size_zero(tmp_path):
-    message = config_error(tmp_path, replace(VALID, "micro_batch_size = 2", "micro_batch_size = 0"))
-    assert "tokens" in message
-    assert "micro_batch_size" in message
-    assert "> 0" in message
-
-
-def test_stage_sequence_length_zero(tmp_path):
-    message = config_error(tmp_path, replace(VALID, "sequence_length = 24", "sequence_length = 0"))
-    assert "sft" in message
-    assert "sequence_length" in message
-
-
-def test_stage_sequence_length_above_max_position_embeddings(tmp_path):
-    message = config_error(tmp_path, replace(VALID, "sequence_length = 24", "sequence_length = 65"))
-    assert "sft" in message
-    assert "sequence_length = 65" in message
-    assert "max_position_embeddings" in message
-
-
-def test_tokens_sequence_length_above_max_position_embeddings(tmp_path):
-    message = config_error(tmp_path, replace(VALID, "sequence_length = 32", "sequence_length = 128"))
-    assert "tokens" in message
-    assert "max_position_embeddings" in message
+@pytest.mark.parametrize("change, overrides, named, not_named", [row[1:] for row in RULES], ids=[row[0] for row in RULES])
+def test_each_rule_names_its_culprit(tmp_path, change, overrides, named, not_named):
+    message = config_error(tmp_path, change(VALID), overrides)
+    for fragment in named:
+        assert fragment in message, (fragment, message)
+    for fragment in not_named:
+        assert fragment not in message, (fragment, message)
 
 
 # ---------------------------------------------------------------------------------------------
-# Model and parallelism rules
-
-
-def test_heads_not_divisible_by_kv_heads(tmp_path):
-    message = config_error(tmp_path, replace(VALID, "num_key_value_heads = 2", "num_key_value_heads = 3"))
-    assert "num_attention_heads" in message
-    assert "num_key_value_heads" in message
-
-
-def test_heads_not_divisible_by_tp(tmp_path):
-    message = config_error(tmp_path, replace(VALID, "tp = 1", "tp = 3"))
-    assert "num_attention_heads" in message
-    assert "parallelism.tp" in message
+# Rules that take more than one row
 
 
 def test_sequence_parallel_needs_every_stage_length_divisible_by_tp(tmp_path):
@@ -236,58 +199,26 @@ def test_sequence_parallel_needs_every_stage_length_divisible_by_tp(tmp_path):
     assert 'stage "pretrain"' not in message                       # 32 splits in two
 
 
-def test_global_batch_size_inconsistent(tmp_path):
-    text = replace(VALID, "batch_accumulation_per_replica = 2",
-                   "batch_accumulation_per_replica = 2\nglobal_batch_size = 5")
-    message = config_error(tmp_path, text)
-    assert "global_batch_size = 5" in message
-    assert "pretrain" in message
-    assert "micro_batch_size" in message
-
-
-def test_stage_global_batch_size_inconsistent(tmp_path):
-    text = replace(VALID, "micro_batch_size = 4", "micro_batch_size = 4\nglobal_batch_size = 4")
-    message = config_error(tmp_path, text)
-    assert "sft" in message
-    assert "global_batch_size = 4" in message
-    assert "pretrain" not in message
-
-
 def test_dp_times_tp_differs_from_world_size(tmp_path, monkeypatch):
+    """Checked once, where the processes join (init_topology), before anything is read or written."""
+    from nanoflow.parallel import init_topology
+
+    config = load_config(write_config(tmp_path))
     monkeypatch.setenv("WORLD_SIZE", "4")
-    message = config_error(tmp_path, VALID)
+    with pytest.raises(ConfigError) as info:
+        init_topology(config)
+    message = str(info.value)
     assert "parallelism.dp" in message and "parallelism.tp" in message
     assert "4" in message
+    monkeypatch.delenv("WORLD_SIZE")
+    with pytest.raises(ConfigError, match=r"= 2 processes, but launch with torchrun --nproc_per_node=2"):
+        init_topology(load_config(write_config(tmp_path, replace(VALID, "dp = 1", "dp = 2"))))
 
 
 def test_world_size_matching_dp_times_tp_is_fine(tmp_path, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     config = load_config(write_config(tmp_path, replace(VALID, "dp = 1", "dp = 2")))
     assert config.parallelism.dp == 2
-
-
-# ---------------------------------------------------------------------------------------------
-# Files
-
-
-def test_data_pattern_matching_nothing(tmp_path):
-    message = config_error(tmp_path, replace(VALID, '"corpus/*.txt"', '"corpus/*.missing"'))
-    assert "pretrain" in message
-    assert "hf_data_files" in message
-    assert "corpus/*.missing" in message
-
-
-def test_missing_tokenizer_file(tmp_path):
-    message = config_error(tmp_path, replace(VALID, 'tokenizer_name_or_path = "bytes"',
-                                             'tokenizer_name_or_path = "tok/tokenizer.json"'))
-    assert "tokenizer.tokenizer_name_or_path" in message
-    assert "tokenizer.json" in message
-
-
-def test_sft_with_only_prompt_column(tmp_path):
-    message = config_error(tmp_path, replace(VALID, 'completion_column_name = "completion"\n', ""))
-    assert "sft" in message
-    assert "prompt_column_name" in message and "completion_column_name" in message
 
 
 def test_missing_config_file(tmp_path):
@@ -388,11 +319,6 @@ def test_override_float_and_new_section_key(tmp_path):
     assert config.logging.iteration_step_info_interval == 5
 
 
-def test_override_misspelt_key(tmp_path):
-    message = config_error(tmp_path, VALID, overrides=["tokens.trian_steps=10"])
-    assert "did you mean 'train_steps'" in message
-
-
 def test_override_unknown_stage(tmp_path):
     path = write_config(tmp_path)
     with pytest.raises(ConfigError) as info:
@@ -405,11 +331,6 @@ def test_override_unknown_stage(tmp_path):
 def test_override_without_equals(tmp_path):
     with pytest.raises(ConfigError):
         load_config(write_config(tmp_path), overrides=["tokens.train_steps"])
-
-
-def test_override_type_checked(tmp_path):
-    message = config_error(tmp_path, VALID, overrides=["tokens.train_steps=ten"])
-    assert "tokens.train_steps" in message
 
 
 # ---------------------------------------------------------------------------------------------

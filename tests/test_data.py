@@ -14,10 +14,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nanoflow.config import load_config
-from nanoflow.data import (
-    IGNORE_INDEX, ByteTokenizer, HFTokenizer, PackedText, SFTExamples, TokenizerError, expand_data_files,
-    load_tokenizer, open_stage, sample_order,
-)
+from nanoflow.data import IGNORE_INDEX, ByteTokenizer, TokenizerError, load_tokenizer, open_stage, sample_order
+from nanoflow.data.hf_datasets import expand_data_files
+from nanoflow.data.sources import PackedText, SFTExamples
+from nanoflow.data.tokenizer import HFTokenizer
 from nanoflow.schedule import Schedule
 
 REPO = Path(__file__).resolve().parents[1]
@@ -227,7 +227,7 @@ def test_batches_differ_between_steps_and_wrap_around_epochs(curriculum, hf_cach
     batch = loader.stage.global_batch_size
     first, second = loader.batch_at(1), loader.batch_at(2)
     assert not torch.equal(first["input_ids"], second["input_ids"])
-    n = len(loader.source)
+    n = len(loader.parts[0].source)
     assert n < batch * len(loader.steps)              # the stage reads more than one epoch
     one_epoch = loader.samples(0, n)["input_ids"]
     assert len({tuple(row.tolist()) for row in one_epoch}) == n   # each window once per epoch
@@ -256,7 +256,7 @@ def test_loader_rejects_foreign_steps_and_uneven_splits(curriculum, hf_cache):
 
 
 def test_packed_text_windows(curriculum, hf_cache):
-    source = open_loader(curriculum, 0, hf_cache).source
+    source = open_loader(curriculum, 0, hf_cache).parts[0].source
     seq = source.sequence_length
     expected_stream = []
     for name in sorted(DOCUMENTS, key=lambda name: str(Path("corpus") / name)):
@@ -286,7 +286,7 @@ def test_too_little_text_names_the_stage_and_files(tmp_path, hf_cache):
 
 
 def test_sft_labels_by_hand(curriculum, hf_cache):
-    source = open_loader(curriculum, 1, hf_cache).source
+    source = open_loader(curriculum, 1, hf_cache).parts[0].source
     assert isinstance(source, SFTExamples) and len(source) == len(SFT_ROWS)
     eos, x = BYTES.eos_id, IGNORE_INDEX
     a, b, c, d = (ord(ch) for ch in "abcd")
@@ -299,7 +299,7 @@ def test_sft_labels_by_hand(curriculum, hf_cache):
 
 
 def test_sft_targets_are_exactly_completion_and_one_eos(curriculum, hf_cache):
-    source = open_loader(curriculum, 1, hf_cache).source
+    source = open_loader(curriculum, 1, hf_cache).parts[0].source
     seq = source.sequence_length
     for i, row in enumerate(SFT_ROWS):
         prompt, completion = BYTES.encode(row["question"]), BYTES.encode(row["answer"])

@@ -1,6 +1,7 @@
 """Blends and loaders over token folders: O(1) mixture, seek, dp slices, workers, epochs, continue_from, memory."""
 
 import logging
+import math
 import subprocess
 import sys
 import textwrap
@@ -15,7 +16,8 @@ from hypothesis import strategies as st
 
 from data_helpers import BYTES, documents, load, stage, write_folder
 from log_helpers import logged
-from nanoflow.data import Blend, open_stage, sample_order
+from nanoflow.data import open_stage, sample_order
+from nanoflow.data.blend import Blend
 from nanoflow.schedule import Schedule
 
 REPO = Path(__file__).resolve().parents[1]
@@ -50,8 +52,9 @@ def test_any_window_of_10000_samples_is_within_2_percent_of_the_weights(weights,
     for start in starts:
         sources, _ = blend.assign(np.arange(start, start + 10_000))
         realised = np.bincount(sources, minlength=len(weights))
-        # The proven bound: within depth samples (+ the weights' rounding to 2**-20) of the exact share.
-        assert np.all(np.abs(realised - 10_000 * target) <= blend.depth + 1), (start, realised, 10_000 * target)
+        # The proven bound: within depth = ceil(log2 k) samples (+ the weights' rounding to 2**-20) of the exact share.
+        depth = math.ceil(math.log2(len(weights)))
+        assert np.all(np.abs(realised - 10_000 * target) <= depth + 1), (start, realised, 10_000 * target)
         assert np.all(np.abs(realised / 10_000 - target) <= 0.02)
 
 

@@ -13,7 +13,9 @@ import torch
 import nanoflow.data.hf_datasets as hf_datasets
 from data_helpers import BYTES, load, stage, write_config
 from nanoflow.config import ConfigError
-from nanoflow.data import PackedText, load_rows, open_stage
+from nanoflow.data import open_stage
+from nanoflow.data.hf_datasets import load_rows
+from nanoflow.data.sources import PackedText
 from nanoflow.data.hf_datasets import hf_specs
 
 REPO = Path(__file__).resolve().parents[1]

@@ -8,15 +8,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 import nanoflow.data.prepare as prepare_module
 from nanoflow import load_config
-from nanoflow.data import PackedText, TokenFolder, load_rows, load_tokenizer
+from nanoflow.data import TokenFolder, load_tokenizer
+from nanoflow.data.hf_datasets import load_rows
 from nanoflow.data.prepare import PrepareError, prepare
 from nanoflow.config import DatasetArgs
-from nanoflow.data.hf_datasets import hf_specs
+from nanoflow.data.hf_datasets import hf_specs, tokenize_rows
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -41,7 +41,7 @@ def direct_stream(files, jsonl, tokenizer, cache) -> list[int]:
     stream = []
     for dataset, column in ((text, "text"), (rows, "content")):
         loaded = load_rows(hf_specs(dataset)[0], "direct", cache)
-        stream += np.asarray(PackedText.from_rows(loaded, column, tokenizer, 1).tokens).tolist()
+        stream += tokenize_rows(loaded, "packed", (column,), tokenizer).tolist()
     return stream
 
 

@@ -9,7 +9,8 @@ import pytest
 
 from data_helpers import BYTES, EOS, documents, load, stage, write_folder
 from nanoflow.config import ConfigError
-from nanoflow.data import DataError, PackedText, TokenFolder, TokenFolderError, open_stage, write_token_file
+from nanoflow.data import DataError, TokenFolder, TokenFolderError, open_stage, write_token_file
+from nanoflow.data.sources import PackedText
 
 
 def test_writer_follows_the_documented_layout(tmp_path):
@@ -25,6 +26,7 @@ def test_writer_follows_the_documented_layout(tmp_path):
     with pytest.raises(ValueError, match="does not fit in 2 bytes"):
         write_token_file(tmp_path, "big", [np.array([70_000])], tokenizer_name="x", token_size=2)
     assert not (tmp_path / "big.ds").exists()
+    assert sorted(os.listdir(tmp_path)) == ["part.ds", "part.ds.index", "part.ds.metadata"]   # nor of a failed one
 
 
 def _datatrove_file(folder: Path, name: str, docs: list[list[int]], first_line: str, fmt: str) -> None:
@@ -197,7 +199,7 @@ def test_continue_from_mistakes_are_config_errors(tmp_path, folder):
 
 
 def test_batched_gathers_equal_one_sample_at_a_time(tmp_path):
-    from nanoflow.data import SFTExamples
+    from nanoflow.data.sources import SFTExamples
 
     rng = np.random.default_rng(3)
     write_folder(tmp_path / "f", documents(rng, 40, 0, 250, length=(1, 30)), files=5)   # many file boundaries

@@ -16,9 +16,11 @@ import transformers
 
 import nanoflow
 from nanoflow import ConfigError, load_config
-from nanoflow.io import export_hf, read_hf, read_model
+from nanoflow.export import export_hf
+from nanoflow.io import read_hf, read_model
 from nanoflow.io.hf import HFFormatError, HFWeights, is_hf_folder, read_init_weights
 from nanoflow.checkpointer import Checkpointer
+from nanoflow.preflight import preflight
 from nanoflow.loop import train
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -29,6 +31,11 @@ MODEL_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_laye
 
 def tiny(tmp_path: Path, *overrides: str, run: str = "run"):
     return load_config(TINY, [f"checkpoints.checkpoints_path={json.dumps(str(tmp_path / run))}", *overrides])
+
+
+def checked(tmp_path: Path, *overrides: str):
+    """tiny(), through the checks bin/train and --plan run first (an HF init_from folder's config.json among them)."""
+    return preflight(tiny(tmp_path, *overrides)).config
 
 
 def hf_logits(folder: Path, ids: torch.Tensor) -> torch.Tensor:
@@ -165,7 +172,7 @@ def test_import_then_export_is_an_identity(tmp_path, shard):
     for name, t in tensors.items():
         assert torch.equal(t, expected[name]), name
 
-    config = tiny(tmp_path, f"model.init_from={json.dumps(str(tmp_path / 'hf_in'))}")
+    config = checked(tmp_path, f"model.init_from={json.dumps(str(tmp_path / 'hf_in'))}")
     state = nanoflow.init_state(config)   # step 0: the HF weights, untouched
     Checkpointer(config).save(state)
     export_hf(str(tmp_path / "run"), str(tmp_path / "hf_out"), max_shard_size=20_000 if shard else 5 * 10**9)
@@ -190,7 +197,7 @@ def test_init_from_hf_folder_trains(tmp_path):
 def test_init_from_hf_folder_with_another_model_names_every_mismatch(tmp_path):
     hf_folder(tmp_path / "hf", tied=False)
     with pytest.raises(ConfigError) as error:
-        tiny(tmp_path, f"model.init_from={json.dumps(str(tmp_path / 'hf'))}", "model.hidden_size=64",
+        checked(tmp_path, f"model.init_from={json.dumps(str(tmp_path / 'hf'))}", "model.hidden_size=64",
              "model.num_key_value_heads=4", "model.rope_theta=500000.0")
     message = str(error.value)
     for key in ("hidden_size", "num_key_value_heads", "rope_theta", "tie_word_embeddings"):
@@ -205,17 +212,17 @@ def test_unsupported_hf_architecture_is_named(tmp_path):
     config = json.loads(path.read_text())
     path.write_text(json.dumps({**config, "hidden_act": "gelu", "attention_bias": True}))
     with pytest.raises(ConfigError, match=r"hidden_act = 'gelu'.*\n.*attention_bias"):
-        tiny(tmp_path, f"model.init_from={json.dumps(str(tmp_path / 'hf'))}")
+        checked(tmp_path, f"model.init_from={json.dumps(str(tmp_path / 'hf'))}")
 
 
-def test_read_init_weights_checks_too_and_reads_checkpoints(trained, tmp_path):
+def test_init_state_checks_too_and_read_init_weights_reads_checkpoints(trained, tmp_path):
     run, state = trained
     reader = read_init_weights(str(run))   # a nanoflow run folder: its latest checkpoint
     assert torch.equal(reader.read("model", "model.norm.weight"), state.model.model.norm.weight.detach())
     hf_folder(tmp_path / "hf", tied=True)
-    other = tiny(tmp_path, "model.num_hidden_layers=3").model
+    other = tiny(tmp_path, "model.num_hidden_layers=3", f"model.init_from={json.dumps(str(tmp_path / 'hf'))}")
     with pytest.raises(ConfigError, match="num_hidden_layers = 3, but .*config.json has num_hidden_layers = 2"):
-        read_init_weights(str(tmp_path / "hf"), other)
+        nanoflow.init_state(other)   # a notebook that skips preflight is still told, before a weight is read
 
 
 def test_init_from_an_hf_folder_reads_only_the_rows_of_a_box(trained, tmp_path):
@@ -261,6 +268,14 @@ def test_export_and_import_on_s3(trained, s3_bucket):
     weights = HFWeights(s3_bucket + "/hf")                     # box reads: ranged GETs of the rows
     assert all(torch.equal(weights.read("model", k, (1,) + (0,) * (p.dim() - 1), (2, *p.shape[1:])), p.detach()[1:3])
                for k, p in params.items())
+    # An s3:// HF folder is checked against [model] by the same preflight as a local one, and by --plan.
+    init = f"model.init_from={json.dumps(s3_bucket + '/hf')}"
+    checked(run.parent, init)
+    with pytest.raises(ConfigError, match=r"model.init_from: model.num_hidden_layers = 3, but s3://.*/hf/config.json"):
+        checked(run.parent, init, "model.num_hidden_layers=3")
+    from nanoflow.cli import train_main
+
+    assert train_main([str(TINY), "--plan", "--set", init, "--set", "model.num_hidden_layers=3"]) == 2
 
 
 @pytest.mark.slow
@@ -317,8 +332,8 @@ def test_rope_scaled_hf_folder_trains_and_exports_with_its_scaling(tmp_path, rop
     init = f"model.init_from={json.dumps(str(tmp_path / 'hf_in'))}"
     with pytest.raises(ConfigError, match=r"model.rope_scaling.rope_type = 'default' \(unset: plain RoPE\), but "
                                           rf".*config.json has rope_parameters.rope_type = '{rope_scaling['rope_type']}'"):
-        tiny(tmp_path, init, *SCALED_MODEL)
-    config = tiny(tmp_path, init, *SCALED_MODEL, "tokens.train_steps=3",
+        checked(tmp_path, init, *SCALED_MODEL)
+    config = checked(tmp_path, init, *SCALED_MODEL, "tokens.train_steps=3",
                   f"model.rope_scaling={toml_table(rope_scaling)}")
     ids = torch.randint(0, 288, (2, 100), generator=torch.Generator().manual_seed(0))   # past L = 32
     with torch.no_grad():
@@ -338,7 +353,7 @@ def test_rope_scaled_hf_folder_trains_and_exports_with_its_scaling(tmp_path, rop
     assert ours.abs().max() > 1.0
     assert (ours - theirs).abs().max().item() <= 1e-5
     # The exported folder is itself a valid init_from for the same [model].
-    tiny(tmp_path, f"model.init_from={json.dumps(str(tmp_path / 'hf_out'))}", *SCALED_MODEL,
+    checked(tmp_path, f"model.init_from={json.dumps(str(tmp_path / 'hf_out'))}", *SCALED_MODEL,
          f"model.rope_scaling={toml_table(rope_scaling)}")
 
 
@@ -350,9 +365,9 @@ def test_published_llama3_config_json_is_read_as_transformers_reads_it(tmp_path)
     del config["rope_parameters"]
     path.write_text(json.dumps({**config, "rope_scaling": LLAMA3, "rope_theta": 10000.0}))
     init = f"model.init_from={json.dumps(str(tmp_path / 'hf'))}"
-    tiny(tmp_path, init, *SCALED_MODEL, f"model.rope_scaling={toml_table(LLAMA3)}")   # accepted
+    checked(tmp_path, init, *SCALED_MODEL, f"model.rope_scaling={toml_table(LLAMA3)}")   # accepted
     with pytest.raises(ConfigError) as error:
-        tiny(tmp_path, init, *SCALED_MODEL, "model.rope_theta=500000.0",
+        checked(tmp_path, init, *SCALED_MODEL, "model.rope_theta=500000.0",
              f"model.rope_scaling={toml_table({**LLAMA3, 'factor': 32.0})}")
     assert "model.rope_scaling.factor = 32.0, but" in str(error.value)
     assert "config.json has rope_scaling.factor = 8.0" in str(error.value)
@@ -361,7 +376,7 @@ def test_published_llama3_config_json_is_read_as_transformers_reads_it(tmp_path)
     path.write_text(json.dumps({**config, "rope_scaling": {k: v for k, v in LLAMA3.items()
                                                            if k != "original_max_position_embeddings"}}))
     with pytest.raises(ConfigError, match="original_max_position_embeddings = 32, but .* = 128"):
-        tiny(tmp_path, init, *SCALED_MODEL, f"model.rope_scaling={toml_table(LLAMA3)}")
+        checked(tmp_path, init, *SCALED_MODEL, f"model.rope_scaling={toml_table(LLAMA3)}")
 
 
 def test_legacy_type_key_and_default_rope_type(tmp_path):
@@ -370,12 +385,12 @@ def test_legacy_type_key_and_default_rope_type(tmp_path):
     config = json.loads(path.read_text())
     init = f"model.init_from={json.dumps(str(tmp_path / 'hf'))}"
     path.write_text(json.dumps({**config, "rope_scaling": {"rope_type": "default"}}))
-    assert tiny(tmp_path, init).model.rope_scaling is None                        # plain RoPE, as HF reads it
-    assert tiny(tmp_path, init, 'model.rope_scaling={rope_type = "default"}').model.rope_scaling.rope_type == "default"
+    assert checked(tmp_path, init).model.rope_scaling is None                        # plain RoPE, as HF reads it
+    assert checked(tmp_path, init, 'model.rope_scaling={rope_type = "default"}').model.rope_scaling.rope_type == "default"
     path.write_text(json.dumps({**config, "rope_scaling": {"type": "linear", "factor": 2.0}}))   # HF's legacy key
-    assert tiny(tmp_path, init, 'model.rope_scaling={type = "linear", factor = 2.0}').model.rope_scaling.factor == 2.0
+    assert checked(tmp_path, init, 'model.rope_scaling={type = "linear", factor = 2.0}').model.rope_scaling.factor == 2.0
     with pytest.raises(ConfigError, match=r"model.rope_scaling.factor = 3.0, but .*has rope_scaling.factor = 2.0"):
-        tiny(tmp_path, init, 'model.rope_scaling={rope_type = "linear", factor = 3.0}')
+        checked(tmp_path, init, 'model.rope_scaling={rope_type = "linear", factor = 3.0}')
 
 
 @pytest.mark.parametrize("table, message", [
@@ -430,9 +445,9 @@ def test_config_json_key_that_changes_the_numbers_is_refused(tmp_path, capsys, k
     assert status == 2, err
     assert f"model.init_from: {path}: {message}" in err and "not supported" in err, err
     assert "Traceback" not in err and not (tmp_path / "run").exists()
-    # The same check when the weights are read (an s3:// folder is checked there, not at load).
+    # The same check when a notebook builds the state without preflight.
     with pytest.raises(ConfigError, match=re.escape(message)):
-        read_init_weights(str(tmp_path / "hf"), tiny(tmp_path).model)
+        nanoflow.init_state(tiny(tmp_path, f"model.init_from={json.dumps(str(tmp_path / 'hf'))}"))
 
 
 @pytest.mark.parametrize("key, value", [("attention_dropout", 0.0), ("pretraining_tp", 1), ("sliding_window", None),
@@ -441,7 +456,7 @@ def test_config_json_keys_that_change_nothing_are_accepted(tmp_path, key, value)
     hf_folder(tmp_path / "hf", tied=True)
     path = tmp_path / "hf" / "config.json"
     path.write_text(json.dumps({**json.loads(path.read_text()), key: value}))
-    tiny(tmp_path, f"model.init_from={json.dumps(str(tmp_path / 'hf'))}")
+    checked(tmp_path, f"model.init_from={json.dumps(str(tmp_path / 'hf'))}")
 
 
 @pytest.mark.slow

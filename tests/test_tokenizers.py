@@ -18,7 +18,7 @@ import transformers
 from data_helpers import EOT_TEXTS, eot_tokenizer, stage, write_config
 from nanoflow.config import load_config
 from nanoflow.data import TokenFolder, TokenizerError, load_run_tokenizer, load_tokenizer, open_stage
-from nanoflow.io import export_hf
+from nanoflow.export import export_hf
 from nanoflow.loop import train
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -6,7 +6,7 @@ and resolves paths relative to the TOML file; `checks` finds everything that can
 before any expensive work, naming the file, the stage and the key of each problem.
 """
 
-from nanoflow.config.checks import hf_config_mismatches, unreached_stages, validate
+from nanoflow.config.checks import check_world_size, hf_config_mismatches, unreached_stages, validate
 from nanoflow.config.load import apply_override, load_config
 from nanoflow.config.schema import (
     BUILDERS,
@@ -33,6 +33,6 @@ from nanoflow.config.schema import (
 __all__ = [
     "BUILDERS", "CheckpointsArgs", "Config", "ConfigError", "DataArgs", "DatasetArgs", "DatasetStageArgs",
     "GeneralArgs", "LRSchedulerArgs", "LoggingArgs", "ModelArgs", "NanosetDatasetsArgs", "OptimizerArgs",
-    "OptimizerFactoryArgs", "ParallelismArgs", "RopeScalingArgs", "TokenizerArgs", "TokensArgs", "apply_override", "converter",
+    "OptimizerFactoryArgs", "ParallelismArgs", "RopeScalingArgs", "TokenizerArgs", "TokensArgs", "apply_override", "check_world_size", "converter",
     "hf_config_mismatches", "load_config", "unreached_stages", "validate",
 ]

@@ -10,6 +10,7 @@ import os
 from nanoflow.config.schema import (
     BUILDERS,
     Config,
+    ConfigError,
     DatasetArgs,
     ModelArgs,
     NanosetDatasetsArgs,
@@ -43,14 +44,6 @@ def validate(config: Config) -> list[str]:
             if length % par.tp:
                 problems.append(f"{stage_label(index)}: sequence_length = {length} is not divisible by "
                                 f'parallelism.tp = {par.tp}, which parallelism.tp_mode = "REDUCE_SCATTER" needs')
-    world = os.environ.get("WORLD_SIZE")
-    if world is not None and (not world.isdigit() or int(world) != par.dp * par.tp):
-        problems.append(f"parallelism.dp × parallelism.tp = {par.dp} × {par.tp} = {par.dp * par.tp}, "
-                        f"but torchrun started {world} processes")
-
-    if not config.data_stages:
-        problems.append("data_stages: the schedule has no stages; add at least one [[data_stages]] table")
-        return problems
     too_long = "sequence_length = {} exceeds model.max_position_embeddings = " + str(model.max_position_embeddings)
     if config.tokens.sequence_length > model.max_position_embeddings:
         problems.append("tokens: " + too_long.format(config.tokens.sequence_length))
@@ -78,7 +71,6 @@ def validate(config: Config) -> list[str]:
     if model.init_from is not None and "://" not in model.init_from and not os.path.exists(model.init_from):
         problems.append(f"model.init_from: {model.init_from} does not exist")
     problems.extend(rope_scaling_problems(model.rope_scaling))
-    problems.extend(_hf_init_from_problems(model))
 
     try:
         Schedule.from_config(config)
@@ -171,7 +163,8 @@ def _rope_mismatches(model: ModelArgs, hf: dict, source: str) -> tuple[list[str]
 
 
 # ---------------------------------------------------------------------------------------------
-# [model] init_from = an HF model folder: its config.json must describe the same model
+# [model] init_from = an HF model folder: its config.json must describe the same model (compared by
+# nanoflow.preflight.check_init_from, which reads the folder; this module reads no files of a model)
 
 # [model] key -> (config.json key, transformers' LlamaConfig default when config.json omits it).
 # initializer_range is not compared: it only matters for weights that init_from replaces. rope_theta
@@ -241,28 +234,6 @@ def hf_config_mismatches(model: ModelArgs, hf: dict, source: str = "config.json"
         unsupported.append("quantization_config (nanoflow trains unquantized weights)")
     problems += [f"{source}: {u}: not supported" for u in unsupported]
     return problems
-
-
-def _hf_init_from_problems(model: ModelArgs) -> list[str]:
-    """init_from names a local HF folder (a config.json, no checkpoint): compare it with [model].
-
-    An s3:// HF folder is checked when its weights are read (nanoflow.io.read_init_weights), still before training.
-    """
-    path = model.init_from
-    if path is None or "://" in path or not os.path.isfile(os.path.join(path, "config.json")) \
-            or os.path.exists(os.path.join(path, "checkpoint_metadata.json")) \
-            or os.path.exists(os.path.join(path, "latest.txt")):
-        return []
-    source = os.path.join(path, "config.json")
-    try:
-        import json
-        with open(source) as f:
-            hf = json.load(f)
-    except (OSError, ValueError) as e:
-        return [f"model.init_from: {source} cannot be read: {e}"]
-    if not isinstance(hf, dict):
-        return [f"model.init_from: {source} is not a JSON object"]
-    return [f"model.init_from: {p}" for p in hf_config_mismatches(model, hf, source)]
 
 
 def _weight_problems(key: str, weights: list[tuple[str, float]]) -> list[str]:
@@ -347,6 +318,18 @@ def _continue_from_problems(config: Config, index: int) -> list[str]:
     if not set(stage.data.dataset.source_keys()) & carried:
         return [f'stage "{stage.name}" reads none of the sources of stage "{name}", so there is nothing to continue']
     return []
+
+
+def check_world_size(config: Config, world: str | None) -> None:
+    """torchrun's WORLD_SIZE (None without torchrun: one process) must be parallelism.dp × parallelism.tp.
+    Checked where the processes join (nanoflow.parallel.init_topology), not at load: a config for many
+    processes loads, and --plan prints its plan, from a single one."""
+    dp, tp = config.parallelism.dp, config.parallelism.tp
+    if world in (None, "1") and dp * tp == 1 or world == str(dp * tp):
+        return
+    how = (f"launch with torchrun --nproc_per_node={dp * tp}" if world in (None, "1")
+           else f"torchrun started {world} processes")
+    raise ConfigError(f"parallelism.dp × parallelism.tp = {dp} × {tp} = {dp * tp} processes, but {how}")
 
 
 def unreached_stages(config: Config) -> list[str]:

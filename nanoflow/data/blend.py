@@ -73,7 +73,6 @@ class Blend:
     def __init__(self, weights: Sequence[float]):
         self.integer_weights = integer_weights(weights)
         self.weights = tuple(w / sum(self.integer_weights) for w in self.integer_weights)
-        self.depth = max(0, math.ceil(math.log2(len(self.integer_weights))))
         leaves = [(i, w) for i, w in enumerate(self.integer_weights) if w > 0]
         self._root = _Node(leaves)
 

@@ -19,8 +19,8 @@ from nanoflow.data.tokenizer import Tokenizer, load_tokenizer
 from nanoflow.data.tokens import (
     DataInputError,
     token_size_for,
-    write_atomically,
 )
+from nanoflow.io.store import write_atomically
 
 _ROWS_PER_BATCH = 1024  # rows tokenized together: large enough for the tokenizers' batching, small in memory
 _CACHE_VERSION = "nanoflow-tokens-1"
@@ -253,14 +253,19 @@ def _sft_table(rows, prompt_column: str, completion_column: str, tokenizer: Toke
     return table
 
 
-def _tokenize_shard(rows, kind: str, columns: tuple[str, ...], tokenizer_args, sequence_length: int,
+def _tokenize_shard(rows, kind: str, columns: tuple[str, ...], tokenizer: Tokenizer, sequence_length: int,
                     where: str) -> np.ndarray:
-    """Runs in a worker process: the tokenizer travels as its [tokenizer] section, the rows as `datasets` pickles them
-    (a reference to its memory-mapped Arrow files)."""
-    tokenizer = load_tokenizer(tokenizer_args)
+    """One contiguous shard of rows: a flat token array ("packed") or its part of the SFT table ("sft")."""
     if kind == "packed":
         return _packed_tokens(rows, columns[0], tokenizer, where)
     return _sft_table(rows, *columns, tokenizer, sequence_length, where)
+
+
+def _tokenize_shard_in_worker(rows, kind: str, columns: tuple[str, ...], tokenizer_args, sequence_length: int,
+                              where: str) -> np.ndarray:
+    """_tokenize_shard in a worker process: the tokenizer travels as its [tokenizer] section, the rows as
+    `datasets` pickles them (a reference to its memory-mapped Arrow files)."""
+    return _tokenize_shard(rows, kind, columns, load_tokenizer(tokenizer_args), sequence_length, where)
 
 
 def quiet_on_ctrl_c() -> None:
@@ -278,21 +283,15 @@ def tokenize_rows(rows, kind: str, columns: tuple[str, ...], tokenizer: Tokenize
     _require_columns(rows, list(columns), where)
     num_proc = min(num_proc, len(rows))
     if num_proc <= 1:
-        return _tokenize_shard_local(rows, kind, columns, tokenizer, sequence_length, where)
+        return _tokenize_shard(rows, kind, columns, tokenizer, sequence_length, where)
     import multiprocessing
 
     shards = [rows.shard(num_shards=num_proc, index=i, contiguous=True) for i in range(num_proc)]
     with ProcessPoolExecutor(num_proc, mp_context=multiprocessing.get_context("spawn"),
                              initializer=quiet_on_ctrl_c) as pool:
-        parts = list(pool.map(_tokenize_shard, shards, [kind] * num_proc, [columns] * num_proc,
+        parts = list(pool.map(_tokenize_shard_in_worker, shards, [kind] * num_proc, [columns] * num_proc,
                               [tokenizer.args] * num_proc, [sequence_length] * num_proc, [where] * num_proc))
     return np.concatenate(parts)
-
-
-def _tokenize_shard_local(rows, kind, columns, tokenizer, sequence_length, where) -> np.ndarray:
-    if kind == "packed":
-        return _packed_tokens(rows, columns[0], tokenizer, where)
-    return _sft_table(rows, *columns, tokenizer, sequence_length, where)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -31,10 +31,9 @@ import attrs
 import numpy as np
 import torch
 
-from nanoflow.config import NanosetDatasetsArgs
 from nanoflow.data.blend import Blend
 from nanoflow.data.order import SampleOrder, sample_order
-from nanoflow.data.sources import NamedSource, Source, open_sources
+from nanoflow.data.sources import NamedSource, Source, open_sources, source_inputs
 from nanoflow.data.tokenizer import Tokenizer
 from nanoflow.data.tokens import DataInputError, TokenFolder
 from nanoflow.errors import NanoflowError
@@ -60,16 +59,6 @@ class Part:
         return self.named.source
 
 
-def _blend_inputs(config, index: int) -> list[tuple[str, float | None, str | None]]:
-    """(source key, weight or None, token folder or None) of each source stage `index` reads, in the order
-    `open_sources` opens them (weight 0 left out). Config only: nothing is opened."""
-    dataset = config.data_stages[index].data.dataset
-    if isinstance(dataset, NanosetDatasetsArgs):
-        weights = dataset.dataset_weights or [None] * len(dataset.folders)
-        return [(dataset.source_key(f), w, f) for f, w in zip(dataset.folders, weights) if w != 0]
-    return [(dataset.source_key(name), w, None) for name, w in dataset.weighted_names() if w != 0]
-
-
 def _stage_weights(config, schedule: Schedule, index: int, inputs) -> list[float]:
     """The blend weights of stage `index`; token folders without dataset_weights weigh their sample counts."""
     if all(w is not None for _, w, _ in inputs):
@@ -82,7 +71,7 @@ def _order_name(config, index: int, key: str) -> str:
     """The key of a source's permutation: the stage's name for a single source (so the order of a
     one-source stage does not depend on how its source is spelled), else stage name + source key."""
     name = config.data_stages[index].name
-    return name if len(_blend_inputs(config, index)) == 1 else f"{name}\0{key}"
+    return name if len(source_inputs(config.data_stages[index].data.dataset)) == 1 else f"{name}\0{key}"
 
 
 def source_position(config, schedule: Schedule, index: int, key: str) -> tuple[int, str, int]:
@@ -108,7 +97,7 @@ def source_position(config, schedule: Schedule, index: int, key: str) -> tuple[i
 def _position_after(config, schedule: Schedule, index: int, key: str) -> tuple[int, str, int] | None:
     """Where source `key` stands after stage `index` has run all its steps; None when neither that stage
     nor the stages it continues read the source."""
-    inputs = _blend_inputs(config, index)
+    inputs = source_inputs(config.data_stages[index].data.dataset)
     keys = [k for k, _, _ in inputs]
     if key in keys:
         seed, name, offset = source_position(config, schedule, index, key)
@@ -157,24 +146,6 @@ class StageLoader:
                 n.source.close()
             self.parts = None
             raise
-
-    # -- the sole source, for stages that read one (and for code written before blends) --
-
-    @property
-    def source(self) -> Source | None:
-        if self.parts is None:
-            return None
-        if len(self.parts) != 1:
-            raise AttributeError(f'stage "{self.stage.name}" blends {len(self.parts)} sources; see .parts')
-        return self.parts[0].source
-
-    @property
-    def order(self) -> SampleOrder | None:
-        if self.parts is None:
-            return None
-        if len(self.parts) != 1:
-            raise AttributeError(f'stage "{self.stage.name}" blends {len(self.parts)} sources; see .parts')
-        return self.parts[0].order
 
     # -- batches --
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import re
 import sys
 import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
@@ -39,10 +40,10 @@ from nanoflow.data.tokens import (
     file_digest,
     recorded_name,
     token_size_for,
-    write_atomically,
     write_token_file,
 )
 from nanoflow.errors import NanoflowError
+from nanoflow.io.store import write_atomically
 
 FORMAT = "nanoflow-prepare-1"
 DOCS_PER_SHARD = 50_000
@@ -194,7 +195,7 @@ def prepare(inputs: list[str], output: str, *, tokenizer: str | TokenizerArgs | 
         raise PrepareError(f"{output} already holds token files that bin/prepare did not record; "
                            "choose another --output, or empty this folder first")
     for name in os.listdir(output):          # leftovers of a killed run: never under a real name
-        if name.startswith(".") and ".tmp-" in name:
+        if re.fullmatch(r".+\.tmp-[0-9]+", name):   # what nanoflow.io.store.write_atomically leaves
             os.unlink(os.path.join(output, name))
 
     shards = [(f"{k:05d}", start, min(start + docs_per_shard, len(rows)))

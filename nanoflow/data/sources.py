@@ -20,10 +20,8 @@ import numpy as np
 from nanoflow.config import DatasetArgs, NanosetDatasetsArgs
 from nanoflow.data.hf_datasets import (
     HFSpec,
-    _require_columns,
     describe,
     hf_specs,
-    tokenize_rows,
     tokenized_array,
 )
 from nanoflow.data.tokenizer import Tokenizer
@@ -60,11 +58,6 @@ class PackedText:
                              f"{sequence_length + 1}; add text or shorten the sequence")
         self.tokens = tokens
         self.sequence_length = sequence_length
-
-    @classmethod
-    def from_rows(cls, rows, column: str, tokenizer: Tokenizer, sequence_length: int,
-                  where: str = "the source") -> PackedText:
-        return cls(tokenize_rows(rows, "packed", (column,), tokenizer, 0, where), sequence_length, where)
 
     def __len__(self) -> int:
         return (len(self.tokens) - 1) // self.sequence_length
@@ -123,15 +116,6 @@ class SFTExamples:
             raise DataInputError(f"{where}: every prompt fills the whole sequence of {width} tokens, "
                              "so no example has a token to learn; raise sequence_length")
         return examples
-
-    @classmethod
-    def from_rows(cls, rows, prompt_column: str, completion_column: str, tokenizer: Tokenizer,
-                  sequence_length: int, where: str = "the source") -> SFTExamples:
-        _require_columns(rows, [prompt_column, completion_column], where)
-        if len(rows) == 0:
-            raise DataInputError(f"{where}: no rows")
-        return cls.from_table(tokenize_rows(rows, "sft", (prompt_column, completion_column), tokenizer,
-                                            sequence_length, where), where)
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -246,28 +230,32 @@ def open_token_folder(folder: str, stage_name: str, tokenizer: Tokenizer, sequen
     return PackedText(tokens, sequence_length, where)
 
 
-def open_sources(dataset: DatasetArgs | NanosetDatasetsArgs, stage_name: str, tokenizer: Tokenizer,
-                 sequence_length: int, cache_dir: str | None = None, vocab_size: int | None = None,
-                 accepted_names: Sequence[str] = ()) -> list[NamedSource]:
-    """Every source of one stage, opened (HF ones tokenized or taken from the cache), in config order.
-    Sources of weight 0 are left out: they would never be read. `accepted_names`: tokenizer.accept_recorded_names."""
+def source_inputs(dataset: DatasetArgs | NanosetDatasetsArgs) -> list[tuple[str, float | None, str | None]]:
+    """(source key, weight or None, token folder or None) of each source a stage reads, in config order,
+    sources of weight 0 left out (they would never be read). Config only: nothing is opened. `open_sources`
+    opens exactly these, and the loader's blend arithmetic reads them, so the two cannot drift apart."""
     if isinstance(dataset, NanosetDatasetsArgs):
         weights = dataset.dataset_weights or [None] * len(dataset.folders)
-        return [NamedSource(f"dataset_folder {folder}", dataset.source_key(folder), weight,
+        return [(dataset.source_key(folder), weight, folder)
+                for folder, weight in zip(dataset.folders, weights) if weight != 0]
+    return [(dataset.source_key(name), weight, None) for name, weight in dataset.weighted_names() if weight != 0]
+
+
+def open_sources(dataset: DatasetArgs | NanosetDatasetsArgs, stage_name: str, tokenizer: Tokenizer,
+                 sequence_length: int, cache_dir: str | None = None, vocab_size: int | None = None,
+                accepted_names: Sequence[str] = ()) -> list[NamedSource]:
+    """Every source of one stage (`source_inputs`), opened (HF ones tokenized or taken from the cache), in
+    config order. `accepted_names`: tokenizer.accept_recorded_names."""
+    inputs = source_inputs(dataset)
+    if isinstance(dataset, NanosetDatasetsArgs):
+        return [NamedSource(f"dataset_folder {folder}", key, weight,
                             open_token_folder(folder, stage_name, tokenizer, sequence_length, vocab_size,
                                               accepted_names))
-                for folder, weight in zip(dataset.folders, weights) if weight != 0]
+                for key, weight, folder in inputs]
     try:
-        specs = hf_specs(dataset)
+        specs = {spec.key: spec for spec in hf_specs(dataset)}
     except ValueError as e:
         raise DataInputError(f'stage "{stage_name}": {e}') from None
-    return [NamedSource(spec.label, spec.key, spec.weight,
-                        open_hf_source(spec, stage_name, tokenizer, sequence_length, cache_dir))
-            for spec in specs if spec.weight != 0]
-
-
-def open_source(dataset: DatasetArgs, stage_name: str, tokenizer: Tokenizer, sequence_length: int,
-                cache_dir: str | None = None) -> Source:
-    """Load and tokenize one stage's data: SFT examples when prompt and completion columns are set, else packed text.
-    (A stage of several sources: see `open_sources`.)"""
-    return open_hf_source(hf_specs(dataset)[0], stage_name, tokenizer, sequence_length, cache_dir)
+    return [NamedSource(specs[key].label, key, weight,
+                        open_hf_source(specs[key], stage_name, tokenizer, sequence_length, cache_dir))
+            for key, weight, _ in inputs]

@@ -25,13 +25,13 @@ import glob
 import hashlib
 import json
 import os
-import uuid
 from bisect import bisect_right
 from collections.abc import Iterable
 
 import numpy as np
 
 from nanoflow.config import ConfigError
+from nanoflow.io.store import write_atomically
 
 SUFFIX = ".ds"
 MANIFEST = "prepare.json"   # what bin/prepare records beside the token files it writes (data/prepare.py)
@@ -115,22 +115,6 @@ def _humanize(count: int) -> str:
         if count >= scale:
             return f"{count / scale:.1f} {unit}T"
     return f"{count} T"
-
-
-def write_atomically(path: str, data: bytes | memoryview | Iterable[bytes]) -> None:
-    """Write `path` whole or not at all: a temporary name in the same folder, fsync, rename."""
-    temporary = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.tmp-{uuid.uuid4().hex[:12]}")
-    try:
-        with open(temporary, "wb") as f:
-            for chunk in [data] if isinstance(data, (bytes, bytearray, memoryview)) else data:
-                f.write(chunk)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
-        raise
 
 
 def write_token_file(folder: str | os.PathLike, name: str, documents: Iterable[np.ndarray], *,

@@ -9,9 +9,10 @@ An HF Llama folder is what `LlamaForCausalLM.save_pretrained` writes and `from_p
     model.safetensors.index.json       {"metadata": {"total_size": …}, "weight_map": {name: file}}
     tokenizer.json, tokenizer_config.json   so that AutoTokenizer loads the run's tokenizer
 
-Export reads a run folder (its latest intact checkpoint) or a step folder, local or s3://, and
-writes to a local folder or an s3:// prefix; config.json is written last, so a folder that has it
-is complete. Import accepts sharded and unsharded folders, safetensors only (no pickle):
+Here is the folder's format: its config.json, its weight files, a byte-level tokenizer.json, and
+reading it back. nanoflow.export.export_hf writes a checkpoint as such a folder (with the run's
+tokenizer, which io does not know); config.json is written last, so a folder that has it is
+complete. Import accepts sharded and unsharded folders, safetensors only (no pickle):
 `read_hf` reads every weight whole; `read_init_weights` (for `[model] init_from`) reads, on each
 rank, only the rows of each weight that rank holds.
 """
@@ -19,21 +20,14 @@ rank, only the rows of each weight that rank holds.
 from __future__ import annotations
 
 import json
-import logging
-import os
 
-import numpy
 import torch
 from safetensors.torch import save as save_safetensors  # for the {"format": "pt"} header transformers wants
 
-from nanoflow.config import ConfigError, hf_config_mismatches
-from nanoflow.errors import NanoflowError
-from nanoflow.io.checkpoint import CheckpointError
-from nanoflow.io.reader import CheckpointReader, open_checkpoint, read_checkpoint
+from nanoflow.io.checkpoint import LATEST, METADATA, CheckpointError
+from nanoflow.io.reader import CheckpointReader, open_checkpoint
 from nanoflow.io.store import Store, StoreError
-from nanoflow.io.tensorfile import TensorFileError, header_length, parse, parse_header, tensor_at
-
-log = logging.getLogger(__name__)
+from nanoflow.io.tensorfile import TensorFileError, parse, parse_header, read_head, tensor_at
 
 CONFIG = "config.json"
 WEIGHTS = "model.safetensors"
@@ -47,7 +41,7 @@ class HFFormatError(CheckpointError):
 
 
 # ---------------------------------------------------------------------------------------------
-# Export
+# Export (the folder's files; nanoflow.export.export_hf writes them for a checkpoint)
 
 def hf_config(model: dict, *, dtype: str = "float32", bos_token_id: int | None = None,
               eos_token_id: int | None = None) -> dict:
@@ -94,45 +88,7 @@ def generation_config(bos_token_id: int | None, eos_token_id: int | None,
     return {"_from_model_config": True, **{key: value for key, value in ids.items() if value is not None}}
 
 
-def export_hf(checkpoint_path: str, out_dir: str, *, max_shard_size: int = DEFAULT_MAX_SHARD_SIZE,
-              dtype: str | None = None) -> dict:
-    """Write checkpoint `checkpoint_path` (a run folder or step folder, local or s3://) as an HF Llama folder.
-
-    Weights go to model.safetensors, or to model-0000i-of-0000n.safetensors shards with an index
-    when they exceed `max_shard_size` bytes. `dtype` ("float32", "bfloat16", "float16") casts the
-    weights; default: as saved (float32 master weights). The run's tokenizer is written alongside
-    (tokenizer.json + tokenizer_config.json; the built-in byte tokenizer as an equivalent
-    byte-level tokenizer.json), and generation_config.json with the tokenizer's BOS/EOS ids. Returns a
-    summary: {"step", "path", "files", "dtype", "tokenizer"}.
-    """
-    if dtype is not None and dtype not in DTYPES:
-        raise ValueError(f"dtype {dtype!r}: expected one of {', '.join(DTYPES)}")
-    if max_shard_size <= 0:
-        raise ValueError(f"max_shard_size must be positive, got {max_shard_size}")
-    checkpoint = read_checkpoint(checkpoint_path, groups=("model",))
-    meta, tensors = checkpoint.metadata, dict(checkpoint.groups["model"])
-    model = meta["config"]["model"]
-    if model.get("tie_word_embeddings"):
-        tensors.pop("lm_head.weight", None)   # HF saves a tied head once, as the embedding
-    if dtype is not None:
-        tensors = {name: t.to(getattr(torch, dtype)) for name, t in tensors.items()}
-    saved_dtype = {str(t.dtype).removeprefix("torch.") for t in tensors.values()}
-    out_dtype = dtype or (saved_dtype.pop() if len(saved_dtype) == 1 else "float32")
-
-    store = Store(out_dir)
-    files = _write_weights(store, tensors, max_shard_size)
-    tokenizer_section = meta["config"].get("tokenizer", {})
-    tokenizer_name = tokenizer_section.get("tokenizer_name_or_path", "bytes")
-    bos, eos, tokenizer_files = _write_tokenizer(store, tokenizer_section, model.get("max_position_embeddings", 2048))
-    store.write(GENERATION_CONFIG, (json.dumps(generation_config(bos, eos), indent=2) + "\n").encode())
-    config = hf_config(model, dtype=out_dtype, bos_token_id=bos, eos_token_id=eos)
-    config["nanoflow"] = {"checkpoint": checkpoint.path, "step": meta["step"]}
-    store.write(CONFIG, (json.dumps(config, indent=2) + "\n").encode())   # last: a folder with config.json is whole
-    return {"step": meta["step"], "path": store.root, "files": files + tokenizer_files + [GENERATION_CONFIG, CONFIG],
-            "dtype": out_dtype, "tokenizer": tokenizer_name if tokenizer_files else None}
-
-
-def _write_weights(store: Store, tensors: dict[str, torch.Tensor], max_shard_size: int) -> list[str]:
+def write_weights(store: Store, tensors: dict[str, torch.Tensor], max_shard_size: int) -> list[str]:
     """model.safetensors, or shards of at most max_shard_size bytes each (a bigger tensor gets a shard of its own)."""
     shards: list[dict[str, torch.Tensor]] = [{}]
     size = 0
@@ -157,47 +113,6 @@ def _write_weights(store: Store, tensors: dict[str, torch.Tensor], max_shard_siz
     index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
     store.write(INDEX, (json.dumps(index, indent=2) + "\n").encode())
     return names + [INDEX]
-
-
-def _write_tokenizer(store: Store, tokenizer: dict | str, max_length: int) -> tuple[int | None, int | None, list[str]]:
-    """Write the run's tokenizer (its [tokenizer] section, or just its name) as tokenizer.json +
-    tokenizer_config.json naming its real end-of-text and BOS tokens; returns (bos id, eos id, files written).
-
-    A folder's own tokenizer_config.json is carried over (chat template, added tokens, ...) with the run's
-    special tokens and the model's length written over it."""
-    from nanoflow.data.tokenizer import TOKENIZER_CONFIG, load_tokenizer
-
-    section = {"tokenizer_name_or_path": tokenizer} if isinstance(tokenizer, str) else tokenizer
-    name = section.get("tokenizer_name_or_path", "bytes")
-    try:
-        loaded = load_tokenizer(name, eos_token=section.get("eos_token"), bos_token=section.get("bos_token"))
-        if loaded.path is None:
-            text, tokenizer_config = byte_tokenizer_json().encode(), {}
-        else:
-            with open(loaded.path, "rb") as f:
-                text = f.read()
-            own = os.path.join(name, TOKENIZER_CONFIG)
-            tokenizer_config = {}
-            if os.path.isdir(name) and os.path.isfile(own):
-                with open(own) as f:
-                    tokenizer_config = json.load(f)
-    except (NanoflowError, OSError, ValueError) as e:
-        log.warning(f"the run's tokenizer {name} cannot be read ({e}); exporting without a tokenizer")
-        return None, None, []
-    tokenizer_config = {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "clean_up_tokenization_spaces": False,
-        "add_bos_token": False,
-        "add_eos_token": False,
-        **tokenizer_config,
-        "model_max_length": max_length,
-        "eos_token": loaded.eos_token,
-    }
-    if loaded.bos_token is not None:
-        tokenizer_config["bos_token"] = loaded.bos_token
-    store.write("tokenizer.json", text)
-    store.write("tokenizer_config.json", (json.dumps(tokenizer_config, indent=2, ensure_ascii=False) + "\n").encode())
-    return loaded.bos_id, loaded.eos_id, ["tokenizer.json", "tokenizer_config.json"]
 
 
 def _bytes_to_unicode() -> dict[int, str]:
@@ -241,12 +156,19 @@ def byte_tokenizer_json() -> str:
 # Import
 
 def is_hf_folder(path: str) -> bool:
-    """A folder with a config.json (and no nanoflow checkpoint metadata): an HF model folder."""
+    """A folder with a config.json and no nanoflow checkpoint (no commit marker, no latest.txt): an HF model
+    folder. How `[model] init_from` tells the two kinds of folder apart, everywhere."""
     store = Store(path)
     try:
-        return store.exists(CONFIG) and not store.exists("checkpoint_metadata.json") and not store.exists("latest.txt")
+        return store.exists(CONFIG) and not store.exists(METADATA) and not store.exists(LATEST)
     except Exception:
         return False
+
+
+def read_hf_config(folder: str) -> tuple[dict, str]:
+    """(config.json of an HF model folder as a dict, where it was read from)."""
+    store = Store(folder)
+    return _read_json(store, CONFIG), store.url(CONFIG)
 
 
 def _read_bytes(store: Store, relative: str) -> bytes:
@@ -364,11 +286,7 @@ def _header(store: Store, file: str) -> tuple[int, dict]:
         size = store.size(file)
         if size is None:
             raise HFFormatError(f"{where} is missing")
-        head = store.read_range(file, 0, min(size, 1 << 16))
-        length = header_length(head, where)
-        if length > len(head):
-            rest = store.read_range(file, len(head), min(length, size) - len(head))
-            head = numpy.concatenate([head, rest])  # (arrays: + would add them element-wise)
+        length, head = read_head(lambda start, n: store.read_range(file, start, n), size, where)
         return length, parse_header(head, size, where)
     except StoreError as e:
         raise HFFormatError(str(e)) from e
@@ -376,20 +294,9 @@ def _header(store: Store, file: str) -> tuple[int, dict]:
         raise HFFormatError(f"{where} is not a readable safetensors file: {e}") from None
 
 
-def read_init_weights(path: str, model=None) -> CheckpointReader | HFWeights:
-    """The weights `[model] init_from = path` starts from, as `nanoflow.shards.load_weights` takes them:
-    a reader of an HF folder (config.json + safetensors) or of a nanoflow checkpoint (run or step
-    folder), local or s3://. Either reads only the boxes asked for.
-
-    For an HF folder, `model` (the `[model]` section) is checked against config.json first: a
-    ConfigError names every mismatched key.
-    """
-    if not is_hf_folder(path):
-        return open_checkpoint(path)
-    if model is not None:
-        store = Store(path)
-        problems = hf_config_mismatches(model, _read_json(store, CONFIG), store.url(CONFIG))
-        if problems:
-            raise ConfigError("model.init_from: the [model] section does not match the HF model:\n  "
-                              + "\n  ".join(problems))
-    return HFWeights(path)
+def read_init_weights(path: str) -> CheckpointReader | HFWeights:
+    """The weights `[model] init_from = path` starts from, as `load_weights` takes them: a reader of an HF
+    folder (config.json + safetensors) or of a nanoflow checkpoint (run or step folder), local or s3://.
+    Either reads only the boxes asked for. Whether an HF folder's config.json matches the run's [model]
+    is checked above io, before this is called (nanoflow.preflight.check_init_from)."""
+    return HFWeights(path) if is_hf_folder(path) else open_checkpoint(path)

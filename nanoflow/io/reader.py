@@ -12,12 +12,11 @@ from __future__ import annotations
 import math
 
 import attrs
-import numpy
 import torch
 from nanoflow.io.checkpoint import (CHECKSUM, METADATA, CheckpointError, DamagedCheckpointError, _digest,
                                     _read_metadata, first_readable)
 from nanoflow.io.store import Store, StoreError
-from nanoflow.io.tensorfile import TensorFileError, header_length, parse_header, tensor_at
+from nanoflow.io.tensorfile import TensorFileError, parse_header, read_head, tensor_at
 
 
 class CheckpointReader:
@@ -138,11 +137,7 @@ class CheckpointReader:
             size = expected["bytes"]
             where = self.store.url(file)
             try:
-                head = self._read_range(file, 0, min(size, _HEAD_GUESS))
-                length = header_length(head, where)
-                if length > len(head):
-                    rest = self._read_range(file, len(head), min(length, size) - len(head))
-                    head = numpy.concatenate([head, rest])  # (arrays: + would add them element-wise)
+                length, head = read_head(lambda start, n: self._read_range(file, start, n), size, where)
                 if _digest(memoryview(head)[:length]) != expected["header_" + CHECKSUM]:
                     raise TensorFileError(f"its header differs from its checksum in {METADATA}")
                 self._headers[file] = (length, parse_header(head, size, where))
@@ -175,7 +170,6 @@ class CheckpointReader:
             raise DamagedCheckpointError(str(e)) from e
 
 
-_HEAD_GUESS = 64 << 10   # one read of a file's first bytes holds the whole header of all but huge files
 _GAP = 1 << 20           # read through a gap this small between wanted tensors rather than ask again
 
 

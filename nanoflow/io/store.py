@@ -98,20 +98,10 @@ class Store:
         if self.is_s3:
             return self._write_s3(relative, chunks)
         path = self.url(relative)
-        temporary = f"{path}.tmp-{os.getpid()}"
         try:
             os.makedirs(os.path.dirname(path), exist_ok=True)
-            with open(temporary, "wb") as f:
-                size = _write_chunks(f, chunks)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(temporary, path)
-            return size
+            return write_atomically(path, chunks, crash_point=True)
         except OSError as e:
-            try:  # a full disk stays full with the temporary left behind
-                os.remove(temporary)
-            except OSError:
-                pass
             raise StoreError(f"cannot write {path}: {e}") from e
 
     def read(self, relative: str) -> bytearray:
@@ -465,13 +455,37 @@ _CHUNK = 64 << 20   # the most one GET asks for, and one local write writes
 _PART = 64 << 20    # objects up to this size are one PUT; bigger ones go up in parts of this size
 
 
-def _write_chunks(f, chunks) -> int:
+def write_atomically(path: str, chunks, *, crash_point: bool = False) -> int:
+    """Write the local file `path` whole or not at all, from `chunks` (bytes, or buffers written one after the
+    other): under the temporary name PATH.tmp-<pid> in the same folder, flushed, fsynced, then renamed over
+    `path`. Any failure removes the temporary again (a full disk stays full with it left behind); only a
+    killed process leaves one, which checkpoint cleanup and bin/prepare recognise by that name. Returns the
+    bytes written. `crash_point`: these are checkpoint bytes, counted by NANOFLOW_KILL_AFTER_BYTES."""
+    chunks = [chunks] if isinstance(chunks, (bytes, bytearray, memoryview)) else chunks
+    temporary = f"{path}.tmp-{os.getpid()}"
+    try:
+        with open(temporary, "wb") as f:
+            size = _write_chunks(f, chunks, crash_point)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temporary, path)
+        return size
+    except BaseException:
+        try:
+            os.remove(temporary)
+        except OSError:
+            pass
+        raise
+
+
+def _write_chunks(f, chunks, crash_point: bool = True) -> int:
     size = 0
     for chunk in chunks:
         view = memoryview(chunk).cast("B")
         for start in range(0, len(view), _CHUNK):
             piece = view[start:start + _CHUNK]
-            _crash_point(f, piece)
+            if crash_point:
+                _crash_point(f, piece)
             f.write(piece)
         size += len(view)
     return size

@@ -16,6 +16,7 @@ import json
 import math
 import struct
 
+import numpy
 import torch
 import xxhash
 
@@ -61,6 +62,21 @@ def header_length(prefix: bytes | bytearray, where: str = "") -> int:
         raise TensorFileError(f"{where}: {len(prefix)} bytes is too short for a safetensors file")
     (length,) = struct.unpack_from("<Q", prefix)
     return 8 + length
+
+
+HEAD_GUESS = 64 << 10   # one read of a file's first bytes holds the whole header of all but huge files
+
+
+def read_head(read_range, size: int, where: str = ""):
+    """A file's first bytes, through the end of its header: `read_range(start, length)` (a writable uint8 array)
+    is asked once for up to HEAD_GUESS bytes, and once more only for a longer header. Returns (header_length, head);
+    a file no bigger than HEAD_GUESS comes whole."""
+    head = read_range(0, min(size, HEAD_GUESS))
+    length = header_length(head, where)
+    if length > len(head):
+        rest = read_range(len(head), min(length, size) - len(head))
+        head = numpy.concatenate([head, rest])  # (arrays: + would add them element-wise)
+    return length, head
 
 
 def parse_header(head: bytes | bytearray, size: int, where: str = "") -> dict[str, dict]:

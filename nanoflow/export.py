@@ -1,0 +1,100 @@
+"""Export a checkpoint as an HF `transformers` Llama folder (see nanoflow/io/hf.py for the folder).
+
+Reads a run folder (its latest intact checkpoint) or a step folder, local or s3://, and writes a
+local folder or an s3:// prefix: the weights and config.json as io writes them, plus the run's own
+tokenizer (data/), which is why this lives above both.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+
+import torch
+
+from nanoflow.data.tokenizer import TOKENIZER_CONFIG, load_tokenizer
+from nanoflow.errors import NanoflowError
+from nanoflow.io.hf import (CONFIG, DEFAULT_MAX_SHARD_SIZE, DTYPES, GENERATION_CONFIG, byte_tokenizer_json,
+                            generation_config, hf_config, write_weights)
+from nanoflow.io.reader import read_checkpoint
+from nanoflow.io.store import Store
+
+log = logging.getLogger(__name__)
+
+
+def export_hf(checkpoint_path: str, out_dir: str, *, max_shard_size: int = DEFAULT_MAX_SHARD_SIZE,
+              dtype: str | None = None) -> dict:
+    """Write checkpoint `checkpoint_path` (a run folder or step folder, local or s3://) as an HF Llama folder.
+
+    Weights go to model.safetensors, or to model-0000i-of-0000n.safetensors shards with an index
+    when they exceed `max_shard_size` bytes. `dtype` ("float32", "bfloat16", "float16") casts the
+    weights; default: as saved (float32 master weights). The run's tokenizer is written alongside
+    (tokenizer.json + tokenizer_config.json; the built-in byte tokenizer as an equivalent
+    byte-level tokenizer.json), and generation_config.json with the tokenizer's BOS/EOS ids. Returns a
+    summary: {"step", "path", "files", "dtype", "tokenizer"}.
+    """
+    if dtype is not None and dtype not in DTYPES:
+        raise ValueError(f"dtype {dtype!r}: expected one of {', '.join(DTYPES)}")
+    if max_shard_size <= 0:
+        raise ValueError(f"max_shard_size must be positive, got {max_shard_size}")
+    checkpoint = read_checkpoint(checkpoint_path, groups=("model",))
+    meta, tensors = checkpoint.metadata, dict(checkpoint.groups["model"])
+    model = meta["config"]["model"]
+    if model.get("tie_word_embeddings"):
+        tensors.pop("lm_head.weight", None)   # HF saves a tied head once, as the embedding
+    if dtype is not None:
+        tensors = {name: t.to(getattr(torch, dtype)) for name, t in tensors.items()}
+    saved_dtype = {str(t.dtype).removeprefix("torch.") for t in tensors.values()}
+    out_dtype = dtype or (saved_dtype.pop() if len(saved_dtype) == 1 else "float32")
+
+    store = Store(out_dir)
+    files = write_weights(store, tensors, max_shard_size)
+    tokenizer_section = meta["config"].get("tokenizer", {})
+    tokenizer_name = tokenizer_section.get("tokenizer_name_or_path", "bytes")
+    bos, eos, tokenizer_files = _write_tokenizer(store, tokenizer_section, model.get("max_position_embeddings", 2048))
+    store.write(GENERATION_CONFIG, (json.dumps(generation_config(bos, eos), indent=2) + "\n").encode())
+    config = hf_config(model, dtype=out_dtype, bos_token_id=bos, eos_token_id=eos)
+    config["nanoflow"] = {"checkpoint": checkpoint.path, "step": meta["step"]}
+    store.write(CONFIG, (json.dumps(config, indent=2) + "\n").encode())   # last: a folder with config.json is whole
+    return {"step": meta["step"], "path": store.root, "files": files + tokenizer_files + [GENERATION_CONFIG, CONFIG],
+            "dtype": out_dtype, "tokenizer": tokenizer_name if tokenizer_files else None}
+
+
+def _write_tokenizer(store: Store, tokenizer: dict | str, max_length: int) -> tuple[int | None, int | None, list[str]]:
+    """Write the run's tokenizer (its [tokenizer] section, or just its name) as tokenizer.json +
+    tokenizer_config.json naming its real end-of-text and BOS tokens; returns (bos id, eos id, files written).
+
+    A folder's own tokenizer_config.json is carried over (chat template, added tokens, ...) with the run's
+    special tokens and the model's length written over it."""
+    section = {"tokenizer_name_or_path": tokenizer} if isinstance(tokenizer, str) else tokenizer
+    name = section.get("tokenizer_name_or_path", "bytes")
+    try:
+        loaded = load_tokenizer(name, eos_token=section.get("eos_token"), bos_token=section.get("bos_token"))
+        if loaded.path is None:
+            text, tokenizer_config = byte_tokenizer_json().encode(), {}
+        else:
+            with open(loaded.path, "rb") as f:
+                text = f.read()
+            own = os.path.join(name, TOKENIZER_CONFIG)
+            tokenizer_config = {}
+            if os.path.isdir(name) and os.path.isfile(own):
+                with open(own) as f:
+                    tokenizer_config = json.load(f)
+    except (NanoflowError, OSError, ValueError) as e:
+        log.warning(f"the run's tokenizer {name} cannot be read ({e}); exporting without a tokenizer")
+        return None, None, []
+    tokenizer_config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "clean_up_tokenization_spaces": False,
+        "add_bos_token": False,
+        "add_eos_token": False,
+        **tokenizer_config,
+        "model_max_length": max_length,
+        "eos_token": loaded.eos_token,
+    }
+    if loaded.bos_token is not None:
+        tokenizer_config["bos_token"] = loaded.bos_token
+    store.write("tokenizer.json", text)
+    store.write("tokenizer_config.json", (json.dumps(tokenizer_config, indent=2, ensure_ascii=False) + "\n").encode())
+    return loaded.bos_id, loaded.eos_id, ["tokenizer.json", "tokenizer_config.json"]

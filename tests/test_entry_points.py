@@ -1,0 +1,35 @@
+"""Every bin/* command is also an installed console script ([project.scripts]), and both are thin: the
+script names a nanoflow.cli function, and bin/* only calls that same function (no sys.path games)."""
+
+from __future__ import annotations
+
+import importlib
+import subprocess
+import sys
+from pathlib import Path
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPTS = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+COMMANDS = sorted(path.name for path in (ROOT / "bin").iterdir() if path.is_file())
+
+
+def test_each_bin_command_is_a_console_script_calling_the_same_function():
+    assert sorted(SCRIPTS) == [f"nanoflow-{name}" for name in COMMANDS]
+    for name in COMMANDS:
+        module, _, function = SCRIPTS[f"nanoflow-{name}"].partition(":")
+        assert module == "nanoflow.cli" and callable(getattr(importlib.import_module(module), function))
+        text = (ROOT / "bin" / name).read_text()
+        assert f"from nanoflow.cli import {function}" in text and f"    {function}()" in text, name
+        assert "sys.path" not in text, name
+
+
+def test_a_console_script_function_exits_with_the_front_ends_status(tmp_path):
+    code = ("import sys; sys.argv = ['nanoflow-train', 'nope.toml']\n"
+            "from nanoflow.cli import train_command\ntrain_command()")
+    result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and "nope.toml: no such config file" in result.stderr, result.stderr

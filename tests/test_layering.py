@@ -1,0 +1,148 @@
+"""The package's layering, read from the source (ast; nothing is imported): no import cycle between
+nanoflow's modules, function-level imports included; nanoflow.io knows bytes only; the pure modules
+import no torch; the model knows nothing of training. See the module table of the design notes.
+
+A violation that lives in another helper's area is listed in KNOWN with its owner; its test is an
+xfail(strict=True), so it turns red the moment the violation is gone, and the entry is deleted then.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "nanoflow"
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(path): path for path in sorted(PACKAGE.rglob("*.py"))}
+
+
+def imports(name: str) -> set[str]:
+    """Every module `name` imports anywhere in its body (top level, functions, try blocks): nanoflow modules
+    resolved to the module file they execute, others by their top-level package (torch, numpy, …)."""
+    path = MODULES[name]
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:   # relative: from . import x, from ..io import y
+                anchor = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                base = f"{anchor}.{base}" if base else anchor
+            for alias in node.names:   # `from nanoflow.io import hf` imports the module nanoflow.io.hf
+                submodule = f"{base}.{alias.name}"
+                found.add(submodule if submodule in MODULES else base)
+    return {m if m.split(".")[0] == "nanoflow" else m.split(".")[0] for m in found}
+
+
+GRAPH = {name: {m for m in imports(name) if m in MODULES and m != name} for name in MODULES}
+
+
+def _above_io(imported: str) -> bool:
+    """What nanoflow.io may not import: any nanoflow module outside io itself, but the error root."""
+    return imported.startswith("nanoflow") and imported != "nanoflow.errors" \
+        and not (imported == "nanoflow.io" or imported.startswith("nanoflow.io."))
+
+
+def violations() -> dict[str, set[tuple[str, str]]]:
+    """Each rule's offending (module, imported) pairs."""
+    found: dict[str, set[tuple[str, str]]] = {"io": set(), "torch": set(), "model": set()}
+    for name in MODULES:
+        imported = imports(name)
+        if name == "nanoflow.io" or name.startswith("nanoflow.io."):
+            found["io"] |= {(name, m) for m in imported if _above_io(m)}
+        if name in ("nanoflow.schedule", "nanoflow.lr") or name == "nanoflow.config" or name.startswith("nanoflow.config."):
+            found["torch"] |= {(name, m) for m in imported if m == "torch"}
+        if name == "nanoflow.model":   # the decoder: torch and nothing of nanoflow (no config, data, optimizer, step)
+            found["model"] |= {(name, m) for m in imported if m.startswith("nanoflow")}
+    return found
+
+
+def cycle_edges(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted: every import cycle."""
+    index, low, stack, on_stack, components, counter = {}, {}, [], set(), [], [0]
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = counter[0]
+        counter[0] += 1
+        stack.append(node)
+        on_stack.add(node)
+        for other in sorted(graph[node]):
+            if other not in index:
+                visit(other)
+                low[node] = min(low[node], low[other])
+            elif other in on_stack:
+                low[node] = min(low[node], index[other])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                components.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return components
+
+
+# (module, imported): the owner who removes it, and how. The integrator deletes an entry once its xfail passes.
+KNOWN = {
+    ("nanoflow.state", "nanoflow.snapshot"): "core: snapshot.py folds into checkpointer.py / shards.py",
+    ("nanoflow.io.checkpoint", "nanoflow.parallel"): "core: io's save does no collectives; the Checkpointer does",
+    ("nanoflow.io.checkpoint", "nanoflow"): "core: the metadata's nanoflow version, read by io from the package top "
+                                           "(which imports everything); the caller can pass it, or it can live below io",
+}
+
+
+def without_known(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    return {name: {m for m in edges if (name, m) not in KNOWN} for name, edges in graph.items()}
+
+
+def test_the_walk_sees_the_package():
+    # The walk is only as good as what it finds: the modules, and imports at every level of a body.
+    assert {"nanoflow", "nanoflow.loop", "nanoflow.io.hf", "nanoflow.config.checks", "nanoflow.preflight"} <= set(MODULES)
+    assert "nanoflow.io.checkpoint" in GRAPH["nanoflow.io.hf"]
+    assert "nanoflow.loop" in GRAPH["nanoflow.cli"]                  # a function-level import
+    assert "torch" in imports("nanoflow.model")
+
+
+def test_cycle_finder_finds_cycles():
+    assert cycle_edges({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycle_edges({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_cycle():
+    assert cycle_edges(without_known(GRAPH)) == []
+
+
+def test_io_knows_bytes_only():
+    assert sorted(violations()["io"] - set(KNOWN)) == []
+
+
+def test_pure_modules_import_no_torch():
+    assert sorted(violations()["torch"]) == []
+
+
+def test_the_model_knows_nothing_of_training():
+    assert sorted(violations()["model"]) == []
+
+
+@pytest.mark.parametrize("pair", [
+    pytest.param(pair, id=f"{pair[0]}->{pair[1]}", marks=pytest.mark.xfail(strict=True, reason=f"owner {owner}"))
+    for pair, owner in sorted(KNOWN.items())])
+def test_known_violation_is_gone(pair):
+    assert pair[1] not in GRAPH[pair[0]], f"{pair[0]} still imports {pair[1]} ({KNOWN[pair]})"
