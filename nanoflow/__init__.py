@@ -8,6 +8,7 @@
     checkpointer.save(state)
 """
 
+from nanoflow.version import __version__
 from nanoflow.build import init_state, stage_data
 from nanoflow.checkpointer import Checkpointer
 from nanoflow.config import ConfigError, load_config
@@ -15,6 +16,5 @@ from nanoflow.schedule import Schedule, Stage
 from nanoflow.state import StaleStateError, TrainState
 from nanoflow.step import train_step
 
-__version__ = "0.1.0"
 __all__ = ["Checkpointer", "ConfigError", "Schedule", "Stage", "StaleStateError", "TrainState", "__version__",
            "init_state", "load_config", "stage_data", "train_step"]

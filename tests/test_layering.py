@@ -1,17 +1,12 @@
 """The package's layering, read from the source (ast; nothing is imported): no import cycle between
 nanoflow's modules, function-level imports included; nanoflow.io knows bytes only; the pure modules
 import no torch; the model knows nothing of training. See the module table of the design notes.
-
-A violation that lives in another helper's area is listed in KNOWN with its owner; its test is an
-xfail(strict=True), so it turns red the moment the violation is gone, and the entry is deleted then.
 """
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
-
-import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "nanoflow"
 
@@ -48,8 +43,8 @@ GRAPH = {name: {m for m in imports(name) if m in MODULES and m != name} for name
 
 
 def _above_io(imported: str) -> bool:
-    """What nanoflow.io may not import: any nanoflow module outside io itself, but the error root."""
-    return imported.startswith("nanoflow") and imported != "nanoflow.errors" \
+    """What nanoflow.io may not import: any nanoflow module outside io itself, but the error root and the version."""
+    return imported.startswith("nanoflow") and imported not in ("nanoflow.errors", "nanoflow.version") \
         and not (imported == "nanoflow.io" or imported.startswith("nanoflow.io."))
 
 
@@ -99,19 +94,6 @@ def cycle_edges(graph: dict[str, set[str]]) -> list[list[str]]:
     return components
 
 
-# (module, imported): the owner who removes it, and how. The integrator deletes an entry once its xfail passes.
-KNOWN = {
-    ("nanoflow.state", "nanoflow.snapshot"): "core: snapshot.py folds into checkpointer.py / shards.py",
-    ("nanoflow.io.checkpoint", "nanoflow.parallel"): "core: io's save does no collectives; the Checkpointer does",
-    ("nanoflow.io.checkpoint", "nanoflow"): "core: the metadata's nanoflow version, read by io from the package top "
-                                           "(which imports everything); the caller can pass it, or it can live below io",
-}
-
-
-def without_known(graph: dict[str, set[str]]) -> dict[str, set[str]]:
-    return {name: {m for m in edges if (name, m) not in KNOWN} for name, edges in graph.items()}
-
-
 def test_the_walk_sees_the_package():
     # The walk is only as good as what it finds: the modules, and imports at every level of a body.
     assert {"nanoflow", "nanoflow.loop", "nanoflow.io.hf", "nanoflow.config.checks", "nanoflow.preflight"} <= set(MODULES)
@@ -126,11 +108,11 @@ def test_cycle_finder_finds_cycles():
 
 
 def test_no_import_cycle():
-    assert cycle_edges(without_known(GRAPH)) == []
+    assert cycle_edges(GRAPH) == []
 
 
 def test_io_knows_bytes_only():
-    assert sorted(violations()["io"] - set(KNOWN)) == []
+    assert sorted(violations()["io"]) == []
 
 
 def test_pure_modules_import_no_torch():
@@ -141,8 +123,3 @@ def test_the_model_knows_nothing_of_training():
     assert sorted(violations()["model"]) == []
 
 
-@pytest.mark.parametrize("pair", [
-    pytest.param(pair, id=f"{pair[0]}->{pair[1]}", marks=pytest.mark.xfail(strict=True, reason=f"owner {owner}"))
-    for pair, owner in sorted(KNOWN.items())])
-def test_known_violation_is_gone(pair):
-    assert pair[1] not in GRAPH[pair[0]], f"{pair[0]} still imports {pair[1]} ({KNOWN[pair]})"

@@ -38,6 +38,7 @@ from nanoflow.io.marker import (CHECKSUM, FORMAT, METADATA, CheckpointError, Dam
                                 check_metadata, committed_at, read_metadata as _read_metadata, sealed, step_of)
 from nanoflow.io.store import Store, StoreError
 from nanoflow.io.tensorfile import tensor_chunks
+from nanoflow.version import __version__
 
 log = logging.getLogger(__name__)
 
@@ -269,7 +270,7 @@ def commit(root: str, step: int, gathered: list[tuple[dict, dict]], info: dict, 
         "files": files,
         "tensors": index,
         **info,
-        "versions": {"nanoflow": _nanoflow_version(), "torch": torch.__version__,
+        "versions": {"nanoflow": __version__, "torch": torch.__version__,
                      "python": platform.python_version()},
         "created": created.isoformat(timespec="microseconds"),
     }
@@ -338,8 +339,3 @@ def _commit_times(store: Store, objects: dict, steps: list[int]) -> dict[int, da
                 _COMMITTED[key] = _NEVER
         times[step] = _COMMITTED[key]
     return times
-
-
-def _nanoflow_version() -> str:
-    from nanoflow import __version__
-    return __version__
