@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 
 from nanoflow.config import Config, OptimizerArgs
-from nanoflow.data import StageLoader, load_run_tokenizer, open_stage
+from nanoflow.data import load_run_tokenizer, open_stage
+from nanoflow.data.loader import StageLoader
 from nanoflow.data.tokenizer import Tokenizer
 from nanoflow.io import read_init_weights
 from nanoflow.preflight import check_init_from
