@@ -169,6 +169,7 @@ class NamedSource:
     key: str                   # identifies the source across stages (continue_from)
     weight: float | None       # None: in proportion to its size (token folders without dataset_weights)
     source: Source
+    weight_end: float | None = None   # its weight at the stage's end (dataset_weights_end); None: a static blend
 
 
 def open_hf_source(spec: HFSpec, stage_name: str, tokenizer: Tokenizer, sequence_length: int,
@@ -248,20 +249,22 @@ def open_sources(dataset: DatasetArgs | NanosetDatasetsArgs, stage_name: str, to
                  sequence_length: int, cache_dir: str | None = None, vocab_size: int | None = None,
                  accepted_names: Sequence[str] = (), log: Callable[[str], None] | None = None) -> list[NamedSource]:
     """Every source of one stage, opened (HF ones tokenized or taken from the cache), in config order.
-    Sources of weight 0 are left out: they would never be read. `accepted_names`: tokenizer.accept_recorded_names."""
+    Sources of weight 0 (at the start and at the end) are left out: they would never be read. `accepted_names`: tokenizer.accept_recorded_names."""
+    ends = dataset.weights_end()
     if isinstance(dataset, NanosetDatasetsArgs):
         weights = dataset.dataset_weights or [None] * len(dataset.folders)
         return [NamedSource(f"dataset_folder {folder}", dataset.source_key(folder), weight,
                             open_token_folder(folder, stage_name, tokenizer, sequence_length, vocab_size,
-                                              accepted_names, log))
-                for folder, weight in zip(dataset.folders, weights) if weight != 0]
+                                              accepted_names, log), end)
+                for folder, weight, end in zip(dataset.folders, weights, ends or [None] * len(weights))
+                if weight != 0 or end not in (None, 0)]
     try:
         specs = hf_specs(dataset)
     except ValueError as e:
         raise DataInputError(f'stage "{stage_name}": {e}') from None
     return [NamedSource(spec.label, spec.key, spec.weight,
-                        open_hf_source(spec, stage_name, tokenizer, sequence_length, cache_dir))
-            for spec in specs if spec.weight != 0]
+                        open_hf_source(spec, stage_name, tokenizer, sequence_length, cache_dir), end)
+            for spec, end in zip(specs, ends or [None] * len(specs)) if spec.weight != 0 or end not in (None, 0)]
 
 
 def open_source(dataset: DatasetArgs, stage_name: str, tokenizer: Tokenizer, sequence_length: int,
