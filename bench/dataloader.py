@@ -5,7 +5,8 @@ samples, and loader throughput as a multiple of what train_step consumes on the 
 
 Everything is built in a temporary folder: two token folders of random ids (written with nanoflow's
 writer), generated text files read as an HF "text" source, a generated SFT jsonl, a blend of the two
-folders, and a moving blend of them (dataset_weights_end: the shares move over the whole stage). Each loader reads whole global batches (32 × 2048 tokens) through `batch_at`, from steps
+folders, and a moving blend of them (dataset_weights_end: the shares move over the whole stage). Each
+loader reads whole global batches (32 × 2048 tokens) through `batch_at`, from steps
 spread over the stage, so reads are random across the files as in training. The seek test times
 `open_stage` + the first `batch_at` of a loader whose first batch starts at sample 0, and of one
 whose first batch starts at sample 10**8, interleaved (the order flips every round) and reported as

@@ -333,3 +333,24 @@ def test_training_on_a_moving_mixture_resumes_bit_exactly(tmp_path, folders):
         train(config(run, workers=2), until_step=k, out=text_io.StringIO(), progress=False)
         resumed = train(config(run), out=text_io.StringIO(), progress=False)
         assert_same_training_state(straight, resumed)
+
+
+def test_the_fingerprint_of_a_moving_stage_holds_its_end_weights_and_length(tmp_path, folders):
+    from nanoflow.data.fingerprint import fingerprint_changes, stage_fingerprint
+
+    def fingerprint(stages=None, **kwargs):
+        config = load(tmp_path, stages or moving_stages(folders), **kwargs)
+        return {"pretrain": stage_fingerprint(config, 0, BYTES)}
+
+    saved = fingerprint(train_steps=12)
+    assert fingerprint_changes(saved, fingerprint(train_steps=12)) == []
+    assert fingerprint_changes(saved, fingerprint(train_steps=30)) == []       # pretrain ends at step 8 either way
+    ends = moving_stages(folders)
+    ends[0]["data"]["dataset"]["dataset_weights_end"] = [0.2, 0.4, 0.4]
+    changed = fingerprint_changes(saved, fingerprint(ends, train_steps=12))
+    assert len(changed) == 2 and all("weight_end" in line for line in changed), changed
+    alone = moving_stages(folders)[:1]                                         # the last stage: train_steps moves it
+    changed = fingerprint_changes(fingerprint(alone, train_steps=12), fingerprint(alone, train_steps=20))
+    assert changed and "mixture_samples" in changed[0], changed
+    static = [stage("pretrain", 1, {"dataset_folder": [str(folders / "a")], "dataset_weights": [1.0]})]
+    assert "mixture_samples" not in fingerprint(static)["pretrain"]            # static stages: as before
