@@ -156,7 +156,8 @@ class _MovingNode:
 
     def lefts(self, m: int) -> int:
         """L(m) = floor(D(m) + h): how many of the node's first m samples go left, where D(m) = C_left(u) at the
-        u where C_node(u) = m (past the stage's end, D goes on at the end weights' ratio)."""
+        u where C_node(u) = m. Past C_node(N) (rounding may give a node a sample more than its target by the
+        stage's end, and a blend read past its end keeps the end weights) D goes on at the end weights' ratio."""
         K, N, sA, eA, s1, e1, hn, hd = self.K, self.N, self.sA, self.eA, self.s1, self.e1, self.hn, self.hd
         dA, d1 = eA - sA, e1 - s1
         if 2 * K * m > (sA + eA) * N:                    # beyond C_node(N): the end weights' ratio, constant
@@ -166,7 +167,8 @@ class _MovingNode:
         elif dA == 0:                                     # the node's share is constant: u = K·m / σ
             num = 2 * s1 * sA * N * m + d1 * K * m * m
             den = 2 * N * sA * sA
-        else:   # u = (R − σN)/dA with R = sqrt(σ²N² + 2·dA·K·N·m), and D = (P + c·R) / Q
+        else:   # C_left − (d1/dA)·C_node is linear in u, so D = m·d1/dA + c·u/(K·dA), c = σ1·εA − ε1·σA; the root
+                # of C_node(u) = m is u = (R − σN)/dA with R = sqrt(σ²N² + 2·dA·K·N·m): D = (P + c·R) / Q
             c = s1 * eA - e1 * sA
             P, Q = K * d1 * dA * m - c * sA * N, K * dA * dA
             t = hd * c
