@@ -4,8 +4,9 @@ samples, and loader throughput as a multiple of what train_step consumes on the 
     python bench/dataloader.py [--quick]
 
 Everything is built in a temporary folder: two token folders of random ids (written with nanoflow's
-writer), generated text files read as an HF "text" source, a generated SFT jsonl, and a blend of the
-two folders. Each loader reads whole global batches (32 × 2048 tokens) through `batch_at`, from steps
+writer), generated text files read as an HF "text" source, a generated SFT jsonl, a blend of the two
+folders, and a moving blend of them (dataset_weights_end: the shares move over the whole stage). Each
+loader reads whole global batches (32 × 2048 tokens) through `batch_at`, from steps
 spread over the stage, so reads are random across the files as in training. The seek test times
 `open_stage` + the first `batch_at` of a loader whose first batch starts at sample 0, and of one
 whose first batch starts at sample 10**8, interleaved (the order flips every round) and reported as
@@ -73,6 +74,8 @@ def config_text(root: Path, train_steps: int) -> str:
         "token folder": f'dataset_folder = "{root / "web"}"',
         "blend of 2 folders (0.7/0.3)": f'dataset_folder = ["{root / "web"}", "{root / "code"}"]\n'
                                         "dataset_weights = [0.7, 0.3]",
+        "moving blend 0.9/0.1→0.3/0.7": f'dataset_folder = ["{root / "web"}", "{root / "code"}"]\n'
+                                       "dataset_weights = [0.9, 0.1]\ndataset_weights_end = [0.3, 0.7]",
         "HF text (cached tokens)": f'hf_dataset_or_datasets = "text"\nhf_data_files = "{root / "text"}/*.txt"',
         "SFT jsonl (cached tokens)": f'hf_dataset_or_datasets = "json"\nhf_data_files = "{root / "sft.jsonl"}"\n'
                                      'prompt_column_name = "prompt"\ncompletion_column_name = "completion"',

@@ -45,7 +45,7 @@ def _toml_value(value) -> str:
 
 def _table(header: str, values: dict) -> str:
     lines = [header] + [f"{k} = {_toml_value(v)}" for k, v in values.items() if not isinstance(v, dict) or k in
-                        ("hf_dataset_or_datasets",)]
+                        ("hf_dataset_or_datasets", "dataset_weights_end")]
     return "\n".join(lines) + "\n"
 
 

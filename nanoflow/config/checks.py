@@ -260,7 +260,18 @@ def _dataset_problems(dataset: DatasetArgs | NanosetDatasetsArgs) -> list[str]:
             elif os.path.isabs(key) and not glob.glob(key, recursive=True):
                 problems.append(f"hf_dataset_or_datasets: {key} matches no file")
         problems += _weight_problems("hf_dataset_or_datasets", list(name.items()))
-    else:
+        ends = dataset.dataset_weights_end
+        if ends is not None:
+            missing, extra = [n for n in name if n not in ends], [n for n in ends if n not in name]
+            problems += [f"dataset_weights_end: no end weight for {n!r}; name every source of "
+                         "hf_dataset_or_datasets" for n in missing]
+            problems += [f"dataset_weights_end: {n!r} is not a source of hf_dataset_or_datasets" for n in extra]
+            if not missing and not extra:
+                problems += _weight_problems("dataset_weights_end", list(ends.items()))
+    elif dataset.dataset_weights_end is not None:
+        problems.append("dataset_weights_end: needs a {name = weight} table in hf_dataset_or_datasets (one dataset "
+                        "has nothing to move between)")
+    if not isinstance(name, dict):
         patterns = [files] if isinstance(files, str) else (files or [])
         if name in BUILDERS and not patterns:
             problems.append(f'hf_data_files: the "{name}" builder needs hf_data_files')
@@ -291,6 +302,14 @@ def _nanoset_problems(dataset: NanosetDatasetsArgs) -> list[str]:
             problems.append(f"dataset_weights: {len(weights)} weights for {len(dataset.folders)} folders")
         else:
             problems += _weight_problems("dataset_weights", list(zip(dataset.folders, weights)))
+    ends = dataset.dataset_weights_end
+    if ends is not None:
+        if weights is None:
+            problems.append("dataset_weights_end: needs dataset_weights, the weights at the stage's start")
+        elif len(ends) != len(dataset.folders):
+            problems.append(f"dataset_weights_end: {len(ends)} weights for {len(dataset.folders)} folders")
+        else:
+            problems += _weight_problems("dataset_weights_end", list(zip(dataset.folders, ends)))
     return problems
 
 

@@ -126,16 +126,22 @@ def _resolve_paths(raw: dict, base: Path) -> None:
         name = dataset.get("hf_dataset_or_datasets")
         if isinstance(name, str) and name not in BUILDERS and ((base / name).exists() or looks_local(name, base)):
             dataset["hf_dataset_or_datasets"] = _resolve(base, os.path.expanduser(name))
-        elif isinstance(name, dict):   # a blend: a name that is a local path or glob is relative to the TOML file
-            dataset["hf_dataset_or_datasets"] = {
-                (_resolve(base, os.path.expanduser(key)) if key not in BUILDERS and (
-                    (base / key).exists() or glob.glob(str(base / key), recursive=True) or looks_local(key, base))
-                 else key): weight for key, weight in name.items()}
+        elif isinstance(name, dict):
+            dataset["hf_dataset_or_datasets"] = _resolve_table(base, name)
+            if isinstance(dataset.get("dataset_weights_end"), dict):     # the same names, resolved alike
+                dataset["dataset_weights_end"] = _resolve_table(base, dataset["dataset_weights_end"])
         folders = dataset.get("dataset_folder")
         if isinstance(folders, str):
             dataset["dataset_folder"] = _resolve(base, folders)
         elif isinstance(folders, list):
             dataset["dataset_folder"] = [_resolve(base, f) if isinstance(f, str) else f for f in folders]
+
+
+def _resolve_table(base, table: dict) -> dict:
+    """A {name = weight} blend: a name that is a local path or glob is relative to the TOML file."""
+    return {(_resolve(base, os.path.expanduser(key)) if key not in BUILDERS and (
+                (base / key).exists() or glob.glob(str(base / key), recursive=True) or looks_local(key, base))
+             else key): weight for key, weight in table.items()}
 
 
 # ---------------------------------------------------------------------------------------------

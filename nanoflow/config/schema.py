@@ -183,6 +183,8 @@ class DatasetArgs:
     completion_column_name: Union[str, None] = None
     dataset_processing_num_proc_per_process: int = field(default=1, validator=positive)
     dataset_overwrite_cache: bool = False
+    # With a {name = weight} table: the same names' weights at the stage's end; shares move linearly in between.
+    dataset_weights_end: Union[dict[str, float], None] = None
 
     @property
     def is_sft(self) -> bool:
@@ -197,6 +199,11 @@ class DatasetArgs:
         if isinstance(self.hf_dataset_or_datasets, str):
             return ((self.hf_dataset_or_datasets, 1.0),)
         return tuple((name, float(weight)) for name, weight in self.hf_dataset_or_datasets.items())
+
+    def weights_end(self) -> tuple[float, ...] | None:
+        """The end weight of each source of `weighted_names` (0 for a name the end table lacks), or None."""
+        ends = self.dataset_weights_end
+        return None if ends is None else tuple(float(ends.get(name, 0.0)) for name, _ in self.weighted_names())
 
     def source_key(self, name: str) -> str:
         """What identifies one source across stages (continue_from): the data and how it is read."""
@@ -215,12 +222,17 @@ class NanosetDatasetsArgs:
 
     dataset_folder: Union[str, list[str]]
     dataset_weights: Union[list[float], None] = None
+    # The folders' weights at the stage's end (needs dataset_weights); shares move linearly in between.
+    dataset_weights_end: Union[list[float], None] = None
 
     is_sft = False
 
     @property
     def folders(self) -> tuple[str, ...]:
         return (self.dataset_folder,) if isinstance(self.dataset_folder, str) else tuple(self.dataset_folder)
+
+    def weights_end(self) -> tuple[float, ...] | None:
+        return None if self.dataset_weights_end is None else tuple(self.dataset_weights_end)
 
     def source_key(self, folder: str) -> str:
         return "tokens:" + os.path.abspath(folder)
@@ -365,6 +377,15 @@ def _structure_datasets(value, _cls):
     raise TypeError(f"expected a dataset name or a table {{name = weight}}, got {value!r}")
 
 
+def _structure_weight_table(value, _cls):
+    """dataset_weights_end of HF datasets: a table {name = weight}, the names of hf_dataset_or_datasets."""
+    if value is None:
+        return None
+    if isinstance(value, dict) and value:
+        return {str(name): _structure_weight(weight, repr(name)) for name, weight in value.items()}
+    raise TypeError(f"expected a table {{name = weight}} of the names in hf_dataset_or_datasets, got {value!r}")
+
+
 def _structure_weights(value, _cls):
     if value is None:
         return None
@@ -412,6 +433,7 @@ converter.register_structure_hook(Union[RopeScalingArgs, None], _structure_rope_
 converter.register_structure_hook(Union[float, Literal[False]], _structure_clip_grad)
 converter.register_structure_hook(Union[str, dict[str, float]], _structure_datasets)
 converter.register_structure_hook(Union[list[float], None], _structure_weights)
+converter.register_structure_hook(Union[dict[str, float], None], _structure_weight_table)
 converter.register_structure_hook(Union[DatasetArgs, NanosetDatasetsArgs], _structure_dataset)
 
 

@@ -2,11 +2,12 @@
 compared on resume, so a run never continues its "exact" resume on other data without being told.
 
 A stage's fingerprint holds the tokenizer's content hash, general.seed, the stage's data seed, and
-for each source what it reads (columns, splits, weight) and the identity of each of its files:
+for each source what it reads (columns, splits, weight, end weight) and the identity of each of its files:
 the size, plus a content hash when the source's files total at most HASH_LIMIT bytes, else the
 modification time (hashing a multi-gigabyte corpus on every resume would cost minutes). A token folder's
 `.ds`, `.ds.index` and `.ds.metadata` files are files like any other; a hub dataset is identified
-by the fingerprint `datasets` gives it.
+by the fingerprint `datasets` gives it. A moving mixture (dataset_weights_end) also records the samples
+its shares move over, so a resume whose schedule stretches or shortens a begun moving stage is told.
 
 `fingerprint_changes` compares two fingerprints and does no IO.
 """
@@ -19,9 +20,11 @@ import os
 
 from nanoflow.config import Config, NanosetDatasetsArgs
 from nanoflow.data.hf_datasets import hf_specs, load_rows, tokenizer_fingerprint
+from nanoflow.data.loader import stage_samples
 from nanoflow.data.tokenizer import Tokenizer
 from nanoflow.data.tokens import SUFFIX
 from nanoflow.errors import NanoflowError
+from nanoflow.schedule import Schedule
 
 HASH_LIMIT = 256 << 20   # a source of up to 256 MiB is identified by its files' content, a larger one by sizes and mtimes
 
@@ -78,8 +81,14 @@ def stage_fingerprint(config: Config, index: int, tokenizer: Tokenizer) -> dict:
         sources = {os.path.abspath(f): _token_folder(f, w) for f, w in zip(dataset.folders, weights)}
     else:
         sources = {spec.name: _hf_source(spec, stage.name) for spec in hf_specs(dataset)}
-    return {"tokenizer": tokenizer_fingerprint(tokenizer), "general.seed": config.general.seed,
-            "data.seed": config.data_seed(index), "sources": sources}
+    fingerprint = {"tokenizer": tokenizer_fingerprint(tokenizer), "general.seed": config.general.seed,
+                   "data.seed": config.data_seed(index), "sources": sources}
+    ends = dataset.weights_end()
+    if ends is not None:   # a moving mixture: its end weights and the samples it moves over decide the order too
+        for entry, end in zip(sources.values(), ends):
+            entry["weight_end"] = end
+        fingerprint["mixture_samples"] = stage_samples(Schedule.from_config(config), index)
+    return fingerprint
 
 
 class Fingerprints:

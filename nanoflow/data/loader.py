@@ -5,7 +5,8 @@ g in [(s - s0) * B, (s - s0 + 1) * B). Data-parallel rank r of `world` takes the
 of B // world rows starting at r * (B // world). Sample g is found in O(1):
 
 1. the blend (blend.py) names its source k and its index j among source k's samples, from the
-   stage's weights alone (one source: k = 0, j = g);
+   stage's weights alone (one source: k = 0, j = g), or, for a moving mixture (dataset_weights_end),
+   from its start and end weights and the stage's length in samples;
 2. j is shifted by the samples of source k that earlier stages already read, when the stage
    continues one of them (`continue_from`, see `source_position`);
 3. the source's permutation (order.py) maps j to a sample of the source: epoch j // n, position
@@ -31,7 +32,7 @@ import attrs
 import numpy as np
 import torch
 
-from nanoflow.data.blend import Blend
+from nanoflow.data.blend import Blend, MovingBlend, make_blend
 from nanoflow.data.order import SampleOrder, sample_order
 from nanoflow.data.sources import NamedSource, Source, open_sources, source_inputs
 from nanoflow.data.tokenizer import Tokenizer
@@ -59,12 +60,20 @@ class Part:
         return self.named.source
 
 
-def _stage_weights(config, schedule: Schedule, index: int, inputs) -> list[float]:
-    """The blend weights of stage `index`; token folders without dataset_weights weigh their sample counts."""
-    if all(w is not None for _, w, _ in inputs):
-        return [w for _, w, _ in inputs]
-    seq = schedule.stages[index].sequence_length
-    return [max(0, (len(TokenFolder(folder)) - 1) // seq) for _, _, folder in inputs]
+def stage_samples(schedule: Schedule, index: int) -> int:
+    """The samples stage `index` reads over all its steps: the length its mixture moves over."""
+    return len(stage_steps(schedule, index)) * schedule.stages[index].global_batch_size
+
+
+def _stage_blend(config, schedule: Schedule, index: int, inputs) -> Blend | MovingBlend:
+    """The blend of stage `index`; token folders without dataset_weights weigh their sample counts."""
+    if all(w is not None for _, w, _, _ in inputs):
+        weights = [w for _, w, _, _ in inputs]
+    else:
+        seq = schedule.stages[index].sequence_length
+        weights = [max(0, (len(TokenFolder(folder)) - 1) // seq) for _, _, _, folder in inputs]
+    ends = None if any(e is None for _, _, e, _ in inputs) else [e for _, _, e, _ in inputs]
+    return make_blend(weights, ends, stage_samples(schedule, index))
 
 
 def _order_name(config, index: int, key: str) -> str:
@@ -82,7 +91,7 @@ def source_position(config, schedule: Schedule, index: int, key: str) -> tuple[i
     continues, and so on up the chain) reads the source. That position keeps the seed and order
     of the stage that first read the source, and its offset is the sum, over the stages of the
     chain that read it, of the samples of the source each reads over all of its steps in the
-    schedule: Blend(its weights).counts(its steps × its global batch size). So the offset is a
+    schedule: the stage's blend (moving or not).counts(its steps × its global batch size). So the offset is a
     pure function of the config and the schedule, and the later stage reads on exactly where the
     earlier ones stopped, in the same permutation, with no sample read twice before the epoch ends.
     """
@@ -98,11 +107,11 @@ def _position_after(config, schedule: Schedule, index: int, key: str) -> tuple[i
     """Where source `key` stands after stage `index` has run all its steps; None when neither that stage
     nor the stages it continues read the source."""
     inputs = source_inputs(config.data_stages[index].data.dataset)
-    keys = [k for k, _, _ in inputs]
+    keys = [k for k, _, _, _ in inputs]
     if key in keys:
         seed, name, offset = source_position(config, schedule, index, key)
-        read = len(stage_steps(schedule, index)) * schedule.stages[index].global_batch_size
-        consumed = Blend(_stage_weights(config, schedule, index, inputs)).counts(read)[keys.index(key)]
+        consumed = _stage_blend(config, schedule, index, inputs).counts(stage_samples(schedule, index))
+        consumed = consumed[keys.index(key)]
         return seed, name, offset + consumed
     earlier = config.data_stages[index].data.continue_from
     return None if earlier is None else _position_after(config, schedule, schedule.index(earlier), key)
@@ -127,14 +136,15 @@ class StageLoader:
                              self.vocab_size, config.tokenizer.accept_recorded_names or ())
         try:
             weights = [len(n.source) if n.weight is None else n.weight for n in named]
-            self.blend = Blend(weights)
+            ends = None if any(n.weight_end is None for n in named) else [n.weight_end for n in named]
+            self.blend = make_blend(weights, ends, stage_samples(schedule, index))
             self.parts = []
             for n in named:
                 seed, order_name, offset = source_position(config, schedule, index, n.key)
                 self.parts.append(Part(n, sample_order(seed, order_name, len(n.source)), offset))
             batch = self.stage.global_batch_size
-            for part, weight in zip(self.parts, self.blend.weights):
-                need = min(batch, math.ceil(batch * weight))
+            for part, start, end in zip(self.parts, self.blend.weights, self.blend.weights_end):
+                need = min(batch, math.ceil(batch * max(start, end)))   # a moving share peaks at an end
                 if len(part.source) < need:
                     raise DataInputError(
                         f'stage "{self.stage.name}" ({part.named.label}): {len(part.source)} samples of sequence_length '

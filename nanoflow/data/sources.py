@@ -156,6 +156,7 @@ class NamedSource:
     key: str                   # identifies the source across stages (continue_from)
     weight: float | None       # None: in proportion to its size (token folders without dataset_weights)
     source: Source
+    weight_end: float | None = None   # its weight at the stage's end (dataset_weights_end); None: a static blend
 
 
 def open_hf_source(spec: HFSpec, stage_name: str, tokenizer: Tokenizer, sequence_length: int,
@@ -230,32 +231,36 @@ def open_token_folder(folder: str, stage_name: str, tokenizer: Tokenizer, sequen
     return PackedText(tokens, sequence_length, where)
 
 
-def source_inputs(dataset: DatasetArgs | NanosetDatasetsArgs) -> list[tuple[str, float | None, str | None]]:
-    """(source key, weight or None, token folder or None) of each source a stage reads, in config order,
-    sources of weight 0 left out (they would never be read). Config only: nothing is opened. `open_sources`
-    opens exactly these, and the loader's blend arithmetic reads them, so the two cannot drift apart."""
+def source_inputs(dataset: DatasetArgs | NanosetDatasetsArgs) -> list[tuple[str, float | None, float | None, str | None]]:
+    """(source key, weight or None, end weight or None, token folder or None) of each source a stage reads, in
+    config order, sources of weight 0 at the start and at the end left out (they would never be read). Config
+    only: nothing is opened. `open_sources` opens exactly these, and the loader's blend arithmetic reads them,
+    so the two cannot drift apart."""
     if isinstance(dataset, NanosetDatasetsArgs):
-        weights = dataset.dataset_weights or [None] * len(dataset.folders)
-        return [(dataset.source_key(folder), weight, folder)
-                for folder, weight in zip(dataset.folders, weights) if weight != 0]
-    return [(dataset.source_key(name), weight, None) for name, weight in dataset.weighted_names() if weight != 0]
+        keys, folders = [dataset.source_key(f) for f in dataset.folders], list(dataset.folders)
+        weights = dataset.dataset_weights or [None] * len(folders)
+    else:
+        names = dataset.weighted_names()
+        keys, folders, weights = [dataset.source_key(n) for n, _ in names], [None] * len(names), [w for _, w in names]
+    ends = dataset.weights_end() or [None] * len(keys)
+    return [(k, w, e, f) for k, w, e, f in zip(keys, weights, ends, folders) if w != 0 or e not in (None, 0)]
 
 
 def open_sources(dataset: DatasetArgs | NanosetDatasetsArgs, stage_name: str, tokenizer: Tokenizer,
                  sequence_length: int, cache_dir: str | None = None, vocab_size: int | None = None,
-                accepted_names: Sequence[str] = ()) -> list[NamedSource]:
+                 accepted_names: Sequence[str] = ()) -> list[NamedSource]:
     """Every source of one stage (`source_inputs`), opened (HF ones tokenized or taken from the cache), in
     config order. `accepted_names`: tokenizer.accept_recorded_names."""
     inputs = source_inputs(dataset)
     if isinstance(dataset, NanosetDatasetsArgs):
         return [NamedSource(f"dataset_folder {folder}", key, weight,
                             open_token_folder(folder, stage_name, tokenizer, sequence_length, vocab_size,
-                                              accepted_names))
-                for key, weight, folder in inputs]
+                                              accepted_names), end)
+                for key, weight, end, folder in inputs]
     try:
         specs = {spec.key: spec for spec in hf_specs(dataset)}
     except ValueError as e:
         raise DataInputError(f'stage "{stage_name}": {e}') from None
     return [NamedSource(specs[key].label, key, weight,
-                        open_hf_source(specs[key], stage_name, tokenizer, sequence_length, cache_dir))
-            for key, weight, _ in inputs]
+                        open_hf_source(specs[key], stage_name, tokenizer, sequence_length, cache_dir), end)
+            for key, weight, end, _ in inputs]
