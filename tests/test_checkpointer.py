@@ -1,6 +1,5 @@
 """The Checkpointer's own API (restore, should_save, save, locked), the public API a notebook uses, and io's layering."""
 
-import ast
 import io as text_io
 from pathlib import Path
 
@@ -106,28 +105,3 @@ def test_state_holds_only_what_changes(tmp_path):
 def test_public_api():
     assert {"load_config", "init_state", "train_step", "TrainState", "Checkpointer", "stage_data"} <= set(
         nanoflow.__all__)
-
-
-def _nanoflow_imports(path: Path) -> set[str]:
-    """The nanoflow modules `path` imports, at the top or inside functions."""
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            if node.module == "nanoflow":
-                found |= {f"nanoflow.{a.name}" for a in node.names if a.name != "__version__"}
-            elif node.module.startswith("nanoflow."):
-                found.add(node.module)
-        elif isinstance(node, ast.Import):
-            found |= {a.name for a in node.names if a.name.startswith("nanoflow")}
-    return found
-
-
-@pytest.mark.parametrize("module", sorted(p.name for p in (ROOT / "nanoflow" / "io").glob("*.py")))
-def test_io_imports_nothing_above_it(module):
-    """io knows bytes: no collectives (nanoflow.parallel), no config, no data. (hf.py's config and data
-    imports are another change's; tests/test_layering.py checks the whole package.)"""
-    forbidden = ("nanoflow.parallel", "nanoflow.config", "nanoflow.data") if module != "hf.py" else (
-        "nanoflow.parallel",)
-    imports = _nanoflow_imports(ROOT / "nanoflow" / "io" / module)
-    assert not [m for m in imports if m.startswith(forbidden)], imports
-    assert all(m == "nanoflow.errors" or m.startswith("nanoflow.io") for m in imports if module != "hf.py"), imports

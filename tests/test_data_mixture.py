@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 
 from data_helpers import BYTES, documents, load, stage, write_folder
 from nanoflow.config import ConfigError
-from nanoflow.data import Blend, open_stage
+from nanoflow.data import open_stage
+from nanoflow.data.blend import Blend
 from nanoflow.data.blend import MovingBlend, integer_weights, make_blend, target_shares
 from nanoflow.schedule import Schedule
 
