@@ -198,6 +198,19 @@ def grad_norm(parameters) -> torch.Tensor:
     return norms[0] if len(norms) == 1 else torch.stack(norms).square().sum().sqrt()
 
 
+def scale_gradients(parameters, scale: torch.Tensor) -> None:
+    """Multiply every gradient in place by `scale`, a device scalar (never read on the host).
+
+    Each rank scales its own blocks of sharded gradients: one foreach over plain tensors, whatever
+    mix of meshes the gradients are on (a foreach cannot mix DTensors of several meshes with tensors).
+    """
+    from torch.distributed.tensor import DTensor
+
+    with torch.no_grad():
+        local = [p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad for p in parameters if p.grad is not None]
+        torch._foreach_mul_(local, scale)
+
+
 def barrier(topology: Topology) -> None:
     if topology.mesh is not None:
         dist.barrier()

@@ -10,7 +10,7 @@ import torch
 from nanoflow.data.sources import IGNORE_INDEX
 from nanoflow.errors import EXIT_DIVERGED, NanoflowError
 from nanoflow.lr import lr_at
-from nanoflow.parallel import all_reduce_sum, grad_norm
+from nanoflow.parallel import all_reduce_sum, grad_norm, scale_gradients
 from nanoflow.schedule import active_stage
 from nanoflow.state import TrainState
 
@@ -84,7 +84,7 @@ def train_step(state: TrainState, batch) -> tuple[TrainState, dict]:
     clip = config.optimizer.max_grad_norm
     if clip is not None:
         scale = torch.clamp(clip / (total_norm + 1e-6), max=1.0)  # a device scalar: no read
-        torch._foreach_mul_([p.grad for p in model.parameters() if p.grad is not None], scale)
+        scale_gradients(model.parameters(), scale)
     optimizer.step()
 
     metrics = {
