@@ -13,7 +13,8 @@ from safetensors.torch import load_file
 import nanoflow
 from memory_worker import batch, config_for, gradients
 from nanoflow.loss import cross_entropy_sum
-from nanoflow.parallel import SINGLE
+from nanoflow.model import Llama
+from nanoflow.parallel import SINGLE, parallelize
 
 REPO = Path(__file__).parent.parent
 
@@ -70,6 +71,16 @@ def test_chunked_loss_under_bfloat16_autocast_rounds_the_logits_as_the_plain_pat
     assert grads[0].dtype == grads[1].dtype == torch.float32
 
 
+def build(config, compile: bool = False) -> Llama:
+    """The model as the run builds it: drawn from the seed, each layer compiled in place (`[model] compile`), the plan."""
+    model = Llama(config.model)
+    model.reset_parameters(torch.Generator().manual_seed(config.general.seed))
+    if compile:
+        for layer in model.model.layers:
+            layer.compile()
+    return parallelize(model, SINGLE, config)
+
+
 def saved_bytes(function) -> int:
     """Bytes autograd saves for backward while `function()` runs (each storage once, leaves excluded)."""
     storages = {}
@@ -108,10 +119,7 @@ def test_model_gradients_chunked_and_recomputed_equal_the_plain_path(tied):
 
 def test_recompute_keeps_only_each_layer_s_input_and_the_parameter_names():
     plain_config, recompute_config = config_for(layers=4), config_for(recompute=True, layers=4)
-    models = []
-    for config in (plain_config, recompute_config):
-        model = nanoflow.state.new_model(config)
-        models.append(model)
+    models = [build(config) for config in (plain_config, recompute_config)]
     ids, labels = batch(plain_config)
     plain, recomputed = (saved_bytes(lambda m=m: m(ids, labels)) for m in models)
     assert recomputed < plain / 3, (recomputed, plain)
@@ -124,8 +132,7 @@ def test_recompute_composes_with_per_layer_compile():
     config = config_for(recompute=True)
     ids, labels = batch(config)
     _, reference = gradients(config_for(), SINGLE, "plain", ids, labels)
-    model = nanoflow.state.new_model(nanoflow.load_config(
-        REPO / "schedules" / "tiny.toml", ["parallelism.recompute_layer=true", "model.compile=true"]))
+    model = build(config, compile=True)
     loss = model(ids, labels) / (labels != -100).sum()
     loss.backward()
     for name, p in model.named_parameters():
