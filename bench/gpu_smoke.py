@@ -1,7 +1,16 @@
-"""GPU smoke benchmark: a ~1B-parameter Llama, bf16 autocast and torch.compile, a few steps; tokens/s and MFU.
+"""GPU smoke check: a ~1B-parameter Llama in bf16 with torch.compile — tokens/s, MFU, peak memory, host
+reads a step, recompute_layer's memory and time, and a resume-equality check. One run answers all.
 
-    bash bench/gpu_smoke.sh            # on a machine with a CUDA GPU
-    python bench/gpu_smoke.py --tiny   # the same code path, a tiny model, on any machine
+    bash bench/gpu_smoke.sh            # on a machine with a CUDA GPU (installs missing wheels from .whl/)
+    bash bench/gpu_smoke.sh --tiny     # the same code path, a tiny model, on any machine (the suite runs it)
+
+Every result is one line that starts with "smoke: " (the test of --tiny checks them):
+  smoke: device …                       the machine and the model
+  smoke: step …                         tokens/s, model TFLOP/s, MFU, peak memory, host reads a step
+  smoke: recompute_layer …              the same with recompute_layer = true, as ratios to the line above
+  smoke: async-save stall …             TODO: the async-save item (issue 16 item 1) fills this in
+  smoke: resume …                       straight run vs stopped-and-resumed run, torch.equal on every weight
+  smoke: done in …
 
 MFU = achieved model FLOP/s ÷ the chip's dense bf16 peak. Model FLOPs per token: 6 × parameters
 (forward and backward of every matmul) + 12 × layers × hidden × sequence length (attention scores
@@ -11,17 +20,23 @@ and values), as in the PaLM appendix's accounting.
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import subprocess
 import sys
+import tempfile
 import time
+import warnings
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # works without `pip install -e .`
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, ".."))  # this checkout's nanoflow, also without `pip install -e .`
 
 import torch  # noqa: E402
 
 import nanoflow  # noqa: E402
+from nanoflow.io import read_model  # noqa: E402
 
-CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "schedules", "curriculum.toml")
+CONFIG = os.path.join(HERE, "..", "schedules", "curriculum.toml")
 PEAK_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10": 125.0}  # dense, no sparsity
 
 ONE_B = ["model.vocab_size=32768", "model.hidden_size=2048", "model.intermediate_size=5632",
@@ -30,6 +45,128 @@ ONE_B = ["model.vocab_size=32768", "model.hidden_size=2048", "model.intermediate
          "tokens.batch_accumulation_per_replica=1"]
 TINY = ["model.hidden_size=64", "model.intermediate_size=128", "model.num_hidden_layers=2",
         "tokens.sequence_length=64", "tokens.micro_batch_size=2", "tokens.batch_accumulation_per_replica=1"]
+# The resume check: a model small enough that three short runs and their checkpoints take seconds,
+# trained by nanoflow.loop.train on the curriculum's own pretrain data.
+RESUME = ["model.hidden_size=512", "model.intermediate_size=1408", "model.num_hidden_layers=4",
+          "model.num_attention_heads=8", "model.num_key_value_heads=4", "tokens.sequence_length=256",
+          "tokens.micro_batch_size=4", "tokens.batch_accumulation_per_replica=2"]
+
+
+def say(line: str) -> None:
+    print(f"smoke: {line}", flush=True)
+
+
+def peak_memory(device: torch.device) -> float:
+    """Peak bytes: the CUDA allocator's, or this process's peak resident set on a CPU."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated()
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+
+
+def measure(args, overrides: list[str]) -> dict:
+    """Warm-up steps (compilation), then timed steps of train_step on one fixed random batch."""
+    config = nanoflow.load_config(CONFIG, [*overrides, f"tokens.train_steps={args.steps + args.warmup + 1}"])
+    state = nanoflow.init_state(config)
+    params = sum(p.numel() for p in state.model.parameters())
+    rows, seq = config.tokens.micro_batch_size, config.tokens.sequence_length
+    generator = torch.Generator().manual_seed(0)
+    batch = {"input_ids": torch.randint(0, config.model.vocab_size, (rows, seq), generator=generator),
+             "labels": torch.randint(0, config.model.vocab_size, (rows, seq), generator=generator)}
+    device = next(state.model.parameters()).device
+    cuda = device.type == "cuda"
+    if cuda:
+        batch = {k: v.pin_memory() for k, v in batch.items()}
+    for _ in range(args.warmup):
+        state, _ = nanoflow.train_step(state, batch)
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    started = time.perf_counter()
+    for _ in range(args.steps):
+        state, metrics = nanoflow.train_step(state, batch)
+    if cuda:
+        torch.cuda.synchronize()
+    elapsed = time.perf_counter() - started
+    syncs = None
+    if cuda:  # one more step with CUDA's sync debug mode: each synchronising call warns
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                state, _ = nanoflow.train_step(state, batch)
+                torch.cuda.synchronize()
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        syncs = sum("synchroniz" in str(w.message) for w in caught)
+    m = config.model
+    result = {"params": params, "rows": rows, "seq": seq, "device": device, "step_s": elapsed / args.steps,
+              "tokens_per_s": args.steps * rows * seq / elapsed, "peak": peak_memory(device), "syncs": syncs,
+              "loss": metrics["loss"], "flops_per_token": 6 * params + 12 * m.num_hidden_layers * m.hidden_size * seq}
+    del state
+    if cuda:
+        torch.cuda.empty_cache()
+    return result
+
+
+def async_save_stall(args) -> None:
+    # TODO(issue 16 item 1, async save): once `[checkpoints] async_save = true` exists, time a few
+    # steps around a save of the 1B state with async_save = false and = true and print
+    # "smoke: async-save stall {async_s:.3f} s vs sync {sync_s:.3f} s ({ratio:.1%})". Until then:
+    say("async-save stall: not measured (TODO: [checkpoints] async_save, issue 16 item 1)")
+
+
+def resume_check(args, root: str) -> None:
+    """N steps straight, twice (the device's own run-to-run determinism), against N/2 steps, a planned
+    stop and a resume to N in a new process: every final weight compared with torch.equal."""
+    steps = 4 if args.tiny else 6
+    runs = {}
+    # A CPU is deterministic; on a GPU a second straight run tells the device's own run-to-run noise from the resume's.
+    names = ("straight", "again", "resumed") if torch.cuda.is_available() else ("straight", "resumed")
+    for name, until in ((n, steps // 2 if n == "resumed" else None) for n in names):
+        folder = os.path.join(root, name)
+        for stop in ([until, None] if until else [None]):
+            command = [sys.executable, __file__, "--worker", folder, "--steps", str(steps)]
+            if args.tiny:
+                command.append("--tiny")
+            if stop:
+                command += ["--until", str(stop)]
+            result = subprocess.run(command, capture_output=True, text=True)
+            if result.returncode != 0:
+                raise SystemExit(f"the resume check's run {name} failed ({result.returncode}):\n{result.stderr[-3000:]}")
+        runs[name] = read_model(folder)
+
+    def differences(a, b) -> tuple[int, float]:
+        unequal = [k for k in a if not torch.equal(a[k], b[k])]
+        worst = max(((a[k].float() - b[k].float()).abs().max().item() for k in unequal), default=0.0)
+        return len(unequal), worst
+
+    total = len(runs["straight"])
+    resumed, worst = differences(runs["straight"], runs["resumed"])
+    again = ""
+    if "again" in runs:
+        repeated, repeat_worst = differences(runs["straight"], runs["again"])
+        again = f"; straight vs straight again: {total - repeated}/{total} equal (max |diff| {repeat_worst:.3g})"
+    say(f"resume {'equal' if resumed == 0 else 'NOT equal'}: {steps} steps straight vs {steps // 2} + resumed "
+        f"{steps - steps // 2} in a new process, {total - resumed}/{total} tensors torch.equal (max |diff| {worst:.3g})"
+        + again)
+
+
+def worker(args) -> None:
+    """One run of the resume check: nanoflow.loop.train in `args.worker`, up to `--until` or the end."""
+    from nanoflow.loop import train
+
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    overrides = [*(TINY if args.tiny else RESUME), "model.dtype=bfloat16",
+                 f"model.compile={'false' if args.no_compile else 'true'}", f"tokens.train_steps={args.steps}",
+                 f"data_stages.anneal.start_training_step={args.steps + 1}",
+                 f"data_stages.sft.start_training_step={args.steps + 2}",
+                 f"optimizer.learning_rate_scheduler.lr_warmup_steps=1",
+                 f"optimizer.learning_rate_scheduler.lr_decay_starting_step={args.steps - 1}",
+                 f"checkpoints.checkpoints_path={json.dumps(args.worker)}",
+                 f"checkpoints.checkpoint_interval={args.steps}"]
+    with open(os.devnull, "w") as out:
+        train(nanoflow.load_config(CONFIG, overrides), until_step=args.until, out=out, progress=False)
 
 
 def main() -> None:
@@ -39,44 +176,38 @@ def main() -> None:
     parser.add_argument("--tiny", action="store_true", help="a tiny model: checks the code path on a CPU")
     parser.add_argument("--no-compile", action="store_true")
     parser.add_argument("--peak-tflops", type=float, help="the chip's dense bf16 peak (default: by device name)")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--until", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
-
-    overrides = [*(TINY if args.tiny else ONE_B), "model.dtype=bfloat16",
-                 f"model.compile={'false' if args.no_compile else 'true'}",
-                 f"tokens.train_steps={args.steps + args.warmup}", "checkpoints.checkpoints_path='/tmp/gpu_smoke'"]
-    config = nanoflow.load_config(CONFIG, overrides)
-    state = nanoflow.init_state(config)
-    params = sum(p.numel() for p in state.model.parameters())
-    rows, seq = config.tokens.micro_batch_size, config.tokens.sequence_length
-    generator = torch.Generator().manual_seed(0)
-    batch = {"input_ids": torch.randint(0, config.model.vocab_size, (rows, seq), generator=generator),
-             "labels": torch.randint(0, config.model.vocab_size, (rows, seq), generator=generator)}
-    device = next(state.model.parameters()).device
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-
-    for _ in range(args.warmup):
-        state, _ = nanoflow.train_step(state, batch)
-    sync()
+    if args.worker:
+        return worker(args)
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS for the resume check's runs
     started = time.perf_counter()
-    for _ in range(args.steps):
-        state, metrics = nanoflow.train_step(state, batch)
-    sync()
-    elapsed = time.perf_counter() - started
+    common = [*(TINY if args.tiny else ONE_B), "model.dtype=bfloat16",
+              f"model.compile={'false' if args.no_compile else 'true'}", "checkpoints.checkpoints_path='/tmp/gpu_smoke'"]
 
-    tokens_per_s = args.steps * rows * seq / elapsed
-    m = config.model
-    flops_per_token = 6 * params + 12 * m.num_hidden_layers * m.hidden_size * seq
+    plain = measure(args, common)
+    device = plain["device"]
     name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
     peak = args.peak_tflops or next((v for k, v in PEAK_BF16_TFLOPS.items() if k in name), None)
-    print(f"device {name}, torch {torch.__version__}, {params / 1e9:.2f}B parameters, batch {rows}×{seq}, "
-          f"bf16, compile={not args.no_compile}")
-    print(f"step {elapsed / args.steps * 1e3:.0f} ms, {tokens_per_s:,.0f} tokens/s, "
-          f"{flops_per_token * tokens_per_s / 1e12:.1f} model TFLOP/s"
-          + (f", MFU {flops_per_token * tokens_per_s / (peak * 1e12):.1%} of {peak:.0f} TFLOP/s" if peak else
-             ", MFU: unknown peak (pass --peak-tflops)")
-          + f", final loss {metrics['loss']:.3f}")
-    if device.type == "cuda":
-        print(f"peak GPU memory {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB")
+    say(f"device {name}, torch {torch.__version__}, {plain['params'] / 1e9:.2f}B parameters, "
+        f"batch {plain['rows']}×{plain['seq']}, bf16, compile={not args.no_compile}")
+
+    def line(r) -> str:
+        flops = r["flops_per_token"] * r["tokens_per_s"]
+        mfu = f"MFU {flops / (peak * 1e12):.1%} of {peak:.0f} TFLOP/s" if peak else "MFU unknown (no peak for this device)"
+        syncs = "n/a on CPU" if r["syncs"] is None else str(r["syncs"])
+        return (f"{r['step_s'] * 1e3:.0f} ms, {r['tokens_per_s']:,.0f} tokens/s, {flops / 1e12:.1f} model TFLOP/s, "
+                f"{mfu}, peak memory {r['peak'] / 2**30:.2f} GiB, host syncs a step {syncs}, loss {r['loss']:.3f}")
+
+    say(f"step {line(plain)}")
+    recomputed = measure(args, [*common, "parallelism.recompute_layer=true"])
+    say(f"recompute_layer {line(recomputed)}; step time ×{recomputed['step_s'] / plain['step_s']:.2f}, "
+        f"peak memory ×{recomputed['peak'] / plain['peak']:.2f}")
+    async_save_stall(args)
+    with tempfile.TemporaryDirectory(prefix="gpu-smoke-") as root:
+        resume_check(args, root)
+    say(f"done in {time.perf_counter() - started:.0f} s")
 
 
 if __name__ == "__main__":

@@ -1,8 +1,29 @@
 #!/usr/bin/env bash
-# GPU smoke benchmark: a ~1B-parameter Llama with bf16 and torch.compile for a few steps; prints
-# tokens/s and MFU. For a machine with a CUDA GPU and the project installed (README Quickstart,
-# with a CUDA build of torch). Extra arguments go to bench/gpu_smoke.py (--steps, --no-compile, ...).
+# GPU smoke check (bench/gpu_smoke.py): a ~1B Llama in bf16 with torch.compile — tokens/s, MFU, peak
+# memory, host syncs, recompute_layer, async-save stall (TODO), resume equality. Under 8 minutes on one H200.
+#
+#   bash bench/gpu_wheels.sh          # here, once, with network: the missing pure-Python wheels into .whl/
+#   bash bench/gpu_smoke.sh           # there: installs .whl/ if nanoflow's imports fail, then runs
+#   bash bench/gpu_smoke.sh --tiny    # a tiny model on any machine (the suite runs this on CPU)
+#
+# Extra arguments go to bench/gpu_smoke.py (--steps, --warmup, --no-compile, --peak-tflops).
+# PYTHON picks the interpreter (default python3: the lent machine's own, with its torch).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
-exec python bench/gpu_smoke.py "$@"
+PYTHON=${PYTHON:-python3}
+export PYTHONUNBUFFERED=1
+imports="import attrs, cattrs, datasets, safetensors, xxhash, yaml, tqdm, numpy"
+if ! "$PYTHON" -c "$imports" 2>/dev/null; then
+    if ! ls .whl/*.whl >/dev/null 2>&1; then
+        echo "gpu_smoke: missing packages ($imports failed) and no wheels in .whl/ (run bench/gpu_wheels.sh first)" >&2
+        exit 2
+    fi
+    # --target + PYTHONPATH: beside the image's own packages, which stay as they are
+    "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/nanoflow-site .whl/*.whl
+    export PYTHONPATH=/tmp/nanoflow-site${PYTHONPATH:+:$PYTHONPATH}
+    "$PYTHON" -c "$imports"
+fi
+if command -v nvidia-smi >/dev/null; then
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+fi
+exec "$PYTHON" bench/gpu_smoke.py "$@"

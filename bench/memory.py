@@ -24,6 +24,20 @@ Each process also samples its resident set (VmRSS) after every phase, to show wh
 The activations (the tensors autograd saves for the backward pass of one micro-batch, counted once
 per storage) are measured in this process with torch.autograd.graph.saved_tensors_hooks.
 Target: (peak − baseline) ≤ 1.5 × (parameters + gradients + optimizer state) + activations.
+
+    python bench/memory.py --features [--sequence 2048] [--positions 2048]
+
+measures instead what recompute_layer and the chunked loss save, in one process started with
+MALLOC_MMAP_THRESHOLD_ (so that freed tensors leave the resident set at once) and the resident set's
+peak reset before each measurement (`echo 5 > /proc/self/clear_refs`):
+
+- recompute_layer: `nanoflow.train_step` of a model whose activations dominate (256 hidden, 688
+  intermediate, 4 layers, 2 × `--sequence` tokens a step), recompute_layer off and on, steps
+  interleaved; activation memory = the step's peak − the resident set before it (gradients cleared).
+  Targets: on ≤ 0.5 × off, step time on ≤ 1.4 × off.
+- the loss: forward and backward of the cross-entropy of `--positions` positions at vocabulary
+  128,256 (64 hidden), `F.cross_entropy(logits.float())` as step.py did, against nanoflow.loss, in
+  float32 and under bf16 autocast; the peak − the resident set before. Target: ≤ 0.25 × the plain path.
 """
 
 from __future__ import annotations
@@ -188,16 +202,134 @@ def activation_bytes(args) -> int:
     return sum(storages.values())
 
 
+# ---------------------------------------------------------------------------------------------
+# --features: recompute_layer and the chunked loss
+
+def reset_peak() -> int:
+    """Sets the peak resident set to the current one (Linux's clear_refs 5) and returns it."""
+    import ctypes
+
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    return status("VmRSS")
+
+
+def feature_recompute(args) -> None:
+    import statistics
+    import time
+
+    import torch
+
+    import nanoflow
+
+    sets = ["model.hidden_size=256", "model.intermediate_size=688", "model.num_hidden_layers=4",
+            "model.num_attention_heads=4", "model.num_key_value_heads=4", f"model.max_position_embeddings={args.sequence}",
+            f"tokens.sequence_length={args.sequence}", "tokens.micro_batch_size=2",
+            "tokens.batch_accumulation_per_replica=1", "tokens.train_steps=100"]
+    states, activations, times = {}, {"off": [], "on": []}, {"off": [], "on": []}
+    for name in ("off", "on"):
+        config = nanoflow.load_config(CONFIG, [*sets, f"parallelism.recompute_layer={'true' if name == 'on' else 'false'}"])
+        states[name] = nanoflow.init_state(config)
+    vocab = states["off"].config.model.vocab_size
+    generator = torch.Generator().manual_seed(0)
+    batch = {"input_ids": torch.randint(0, vocab, (2, args.sequence), generator=generator),
+             "labels": torch.randint(0, vocab, (2, args.sequence), generator=generator)}
+    for round_ in range(args.rounds + 1):  # round 0 warms up (AdamW's moments are made there)
+        for name in (("off", "on") if round_ % 2 else ("on", "off")):
+            states[name].optimizer.zero_grad(set_to_none=True)
+            before = reset_peak()
+            started = time.perf_counter()
+            states[name], _ = nanoflow.train_step(states[name], batch)
+            elapsed = time.perf_counter() - started
+            if round_:
+                activations[name].append(status("VmHWM") - before)
+                times[name].append(elapsed)
+    params = sum(p.numel() for p in states["off"].model.parameters())
+    off, on = (statistics.median(activations[k]) for k in ("off", "on"))
+    t_off, t_on = (statistics.median(times[k]) for k in ("off", "on"))
+    print(f"recompute_layer: {params:,} parameters, 2 × {args.sequence} tokens a step, float32, {args.rounds} "
+          "interleaved steps each (medians)\n")
+    print("| recompute_layer | step peak − before MB | step s |\n|---|---:|---:|")
+    print(f"| false | {off / MB:,.0f} | {t_off:.3f} |\n| true | {on / MB:,.0f} | {t_on:.3f} |")
+    print(f"\nactivation memory on / off = {on / off:.2f} (target ≤ 0.5: {'met' if on <= 0.5 * off else 'NOT met'}); "
+          f"step time on / off = {t_on / t_off:.2f} (target ≤ 1.4: {'met' if t_on <= 1.4 * t_off else 'NOT met'})\n")
+
+
+def feature_loss(args) -> None:
+    import time
+
+    import torch
+    import torch.nn.functional as F
+
+    from nanoflow.loss import cross_entropy_sum
+
+    vocab, hidden_size = 128_256, 64
+    generator = torch.Generator().manual_seed(0)
+    hidden = torch.randn(args.positions, hidden_size, generator=generator).requires_grad_()
+    weight = (torch.randn(vocab, hidden_size, generator=generator) * 0.02).requires_grad_()
+    labels = torch.randint(0, vocab, (args.positions,), generator=generator)
+
+    def plain():
+        return F.cross_entropy(F.linear(hidden, weight).float(), labels, reduction="sum")
+
+    def chunked():
+        return cross_entropy_sum(hidden, weight, labels, -100)
+
+    rows = []
+    for dtype in ("float32", "bfloat16"):
+        for name, loss_of in (("logits.float() (step.py before)", plain), ("nanoflow.loss (chunked)", chunked)):
+            peaks, seconds = [], []
+            for _ in range(3):
+                hidden.grad = weight.grad = None
+                before = reset_peak()
+                started = time.perf_counter()
+                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bfloat16"):
+                    loss = loss_of()
+                loss.backward()
+                seconds.append(time.perf_counter() - started)
+                peaks.append(status("VmHWM") - before)
+                del loss
+            rows.append((dtype, name, min(peaks), min(seconds)))
+    print(f"the loss: {args.positions:,} positions, vocabulary {vocab:,}, hidden {hidden_size}; forward + backward, "
+          f"best of 3 (the float32 logits alone: {args.positions * vocab * 4 / MB:,.0f} MB)\n")
+    print("| dtype | loss | peak − before MB | s |\n|---|---|---:|---:|")
+    for dtype, name, peak, seconds in rows:
+        print(f"| {dtype} | {name} | {peak / MB:,.0f} | {seconds:.3f} |")
+    for i in (0, 2):
+        ratio = rows[i + 1][2] / rows[i][2]
+        print(f"\n{rows[i][0]}: chunked / plain peak = {ratio:.3f} (target ≤ 0.25: {'met' if ratio <= 0.25 else 'NOT met'}), "
+              f"time ×{rows[i + 1][3] / rows[i][3]:.2f}")
+
+
+def features(args) -> int:
+    if os.environ.get("MALLOC_MMAP_THRESHOLD_") is None:  # freed tensors must leave the resident set
+        env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
+        return subprocess.run([sys.executable, *sys.argv], env=env, check=False).returncode
+    import torch
+    print(f"{datetime.date.today()}  torch {torch.__version__}  {os.cpu_count()} CPU cores "
+          f"({platform.processor() or platform.machine()})  load average {os.getloadavg()[0]:.1f}\n")
+    feature_recompute(args)
+    feature_loss(args)
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--hidden", type=int, default=768)
     parser.add_argument("--intermediate", type=int, default=2048)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--steps", type=int, default=8, help="steps of the run, saved and resumed at half (default 8)")
+    parser.add_argument("--features", action="store_true", help="recompute_layer and the chunked loss instead")
+    parser.add_argument("--sequence", type=int, default=2048, help="--features: tokens a sequence (default 2048)")
+    parser.add_argument("--positions", type=int, default=2048, help="--features: positions of the loss (default 2048)")
+    parser.add_argument("--rounds", type=int, default=4, help="--features: timed steps of each side (default 4)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--run", help=argparse.SUPPRESS)
     parser.add_argument("--modules", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.features:
+        return features(args)
     modules = None
     if args.modules:
         with open(args.modules) as f:

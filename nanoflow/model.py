@@ -13,6 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from nanoflow.loss import cross_entropy_sum
+
 
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
@@ -149,7 +151,7 @@ class LlamaModel(nn.Module):
 
 
 class Llama(nn.Module):
-    """Causal LM: input_ids [B, T] -> logits [B, T, vocab_size]. No loss, no training logic."""
+    """Causal LM: input_ids [B, T] -> logits [B, T, vocab_size] (or, with labels, their summed loss). No training logic."""
 
     def __init__(self, cfg):
         super().__init__()
@@ -159,8 +161,14 @@ class Llama(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(self.model(input_ids))
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None,
+                ignore_index: int = -100) -> torch.Tensor:
+        """Logits [B, T, vocab_size]; or, given labels [B, T], the cross-entropy summed over the positions
+        whose label is not `ignore_index`, computed in chunks that never hold the whole logits (nanoflow.loss)."""
+        hidden = self.model(input_ids)
+        if labels is None:
+            return self.lm_head(hidden)
+        return cross_entropy_sum(hidden, self.lm_head.weight, labels, ignore_index)
 
     @torch.no_grad()
     def reset_parameters(self, generator: torch.Generator) -> None:

@@ -10,6 +10,9 @@ that costs less than sharding and keeps tied embeddings simple. With tp_mode = "
 Data parallel (the "dp" mesh dimension): FSDP2 `fully_shard` per decoder layer and on the root,
 so parameters, gradients and AdamW moments are sharded over dp. The loss is already the mean over
 the global batch's target tokens, so FSDP sums gradients instead of averaging them.
+
+Recomputation (`recompute_layer`, on any layout, one process too): each decoder layer's activations
+are recomputed in backward instead of kept from the forward.
 """
 
 from __future__ import annotations
@@ -93,8 +96,12 @@ def init_topology(config: Config) -> Topology:
 
 
 def parallelize(model: torch.nn.Module, topology: Topology, config: Config) -> torch.nn.Module:
-    """Apply the tensor-parallel plan over "tp", then FSDP2 over "dp". Returns the same module, sharded."""
+    """Apply the tensor-parallel plan over "tp", activation recomputation, then FSDP2 over "dp".
+    Returns the same module, sharded; parameter names stay HF's."""
     if topology.mesh is None:
+        if config.parallelism.recompute_layer:
+            for layer in model.model.layers:
+                _recompute(layer)
         return model
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
@@ -106,6 +113,9 @@ def parallelize(model: torch.nn.Module, topology: Topology, config: Config) -> t
         else:
             for layer in model.model.layers:
                 parallelize_module(layer, topology.mesh["tp"], {path: styles[s]() for path, s in TP_PLAN.items()})
+    if config.parallelism.recompute_layer:
+        for layer in model.model.layers:
+            _recompute(layer)
     if topology.dp > 1:
         bf16 = config.model.dtype == "bfloat16"
         policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if bf16 else None, reduce_dtype=torch.float32)
@@ -114,6 +124,22 @@ def parallelize(model: torch.nn.Module, topology: Topology, config: Config) -> t
             module.set_gradient_divide_factor(1.0)
             module.set_force_sum_reduction_for_comms(True)  # a plain SUM: gloo has no PREMUL_SUM
     return model
+
+
+def _recompute(layer: torch.nn.Module) -> None:
+    """nanotron's recompute_layer: the layer keeps only its inputs for backward and runs its forward
+    again there (torch.utils.checkpoint, non-reentrant). The layer's own forward is wrapped, not the
+    module, so its parameters keep their names, FSDP2's hooks stay outside the recomputed region (its
+    all-gather is not redone in the recomputation: the backward already holds the gathered weights)
+    and a compiled layer (`[model] compile`) traces the checkpoint as one of its own operators."""
+    from torch.utils.checkpoint import checkpoint
+
+    forward = layer.forward
+
+    def recomputed(*args):
+        return checkpoint(forward, *args, use_reentrant=False)
+
+    layer.forward = recomputed
 
 
 def _parallelize_sequence(model: torch.nn.Module, tp_mesh: DeviceMesh) -> None:
@@ -166,6 +192,19 @@ def grad_norm(parameters) -> torch.Tensor:
         norm = torch.nn.utils.get_total_norm(grads, 2.0)
         norms.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
     return norms[0] if len(norms) == 1 else torch.stack(norms).square().sum().sqrt()
+
+
+def scale_gradients(parameters, scale: torch.Tensor) -> None:
+    """Multiply every gradient in place by `scale`, a device scalar (never read on the host).
+
+    Each rank scales its own blocks of sharded gradients: one foreach over plain tensors, whatever
+    mix of meshes the gradients are on (a foreach cannot mix DTensors of several meshes with tensors).
+    """
+    from torch.distributed.tensor import DTensor
+
+    with torch.no_grad():
+        local = [p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad for p in parameters if p.grad is not None]
+        torch._foreach_mul_(local, scale)
 
 
 def barrier(topology: Topology) -> None:

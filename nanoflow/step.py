@@ -6,12 +6,11 @@ import contextlib
 import math
 
 import torch
-import torch.nn.functional as F
 
 from nanoflow.data.sources import IGNORE_INDEX
 from nanoflow.errors import EXIT_DIVERGED, NanoflowError
 from nanoflow.lr import lr_at
-from nanoflow.parallel import all_reduce_sum, grad_norm
+from nanoflow.parallel import all_reduce_sum, grad_norm, scale_gradients
 from nanoflow.schedule import active_stage
 from nanoflow.state import TrainState
 
@@ -57,20 +56,23 @@ def train_step(state: TrainState, batch) -> tuple[TrainState, dict]:
 
     topology = state.topology
     # The loss is the mean over every target token of the *global* batch: count them across dp replicas.
-    target_tokens = int(all_reduce_sum((labels != IGNORE_INDEX).sum(), topology))
-    denominator = max(target_tokens, 1)  # a fully masked batch contributes no gradient rather than NaN
+    # Kept on the device: the forward is queued without waiting for the count.
+    target_tokens = all_reduce_sum((labels != IGNORE_INDEX).sum(), topology)
+    denominator = target_tokens.clamp(min=1)  # a fully masked batch contributes no gradient rather than NaN
     loss_sum = torch.zeros((), dtype=torch.float32, device=input_ids.device)
     for ids, targets in zip(input_ids.split(tokens.micro_batch_size), labels.split(tokens.micro_batch_size)):
         with _autocast(config.model.dtype, ids.device):
-            logits = model(ids)
-        loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(),
-                               ignore_index=IGNORE_INDEX, reduction="sum") / denominator
+            loss = model(ids, targets, ignore_index=IGNORE_INDEX) / denominator  # nanoflow.loss: no full logits
         loss.backward()
         loss_sum += loss.detach()
 
     total_norm = grad_norm(model.parameters())
-    # Both are global (the same on every rank), so every rank stops at the same step, before any update.
-    global_loss, norm = float(all_reduce_sum(loss_sum, topology)), float(total_norm)
+    # The step's one read of device values (docs/parallelism.md, "Host synchronisations"): the update
+    # must not be applied when the loss or the norm is not finite, and only the host can decide not
+    # to call optimizer.step. The metrics come in the same transfer. Both are global (the same on
+    # every rank), so every rank stops at the same step, before any update.
+    global_loss, norm, target_tokens = torch.stack(
+        [all_reduce_sum(loss_sum, topology).double(), total_norm.double(), target_tokens.double()]).tolist()
     if not (math.isfinite(global_loss) and math.isfinite(norm)):
         optimizer.zero_grad(set_to_none=True)
         bad = " and ".join(f"the {what} is {value}" for what, value in (("loss", global_loss), ("gradient norm", norm))
@@ -81,10 +83,8 @@ def train_step(state: TrainState, batch) -> tuple[TrainState, dict]:
             "(lower optimizer.learning_rate_scheduler.learning_rate, or look at the data of this step)")
     clip = config.optimizer.max_grad_norm
     if clip is not None:
-        scale = float(torch.clamp(clip / (total_norm + 1e-6), max=1.0))
-        for p in model.parameters():
-            if p.grad is not None:
-                p.grad.mul_(scale)
+        scale = torch.clamp(clip / (total_norm + 1e-6), max=1.0)  # a device scalar: no read
+        scale_gradients(model.parameters(), scale)
     optimizer.step()
 
     metrics = {
@@ -94,7 +94,7 @@ def train_step(state: TrainState, batch) -> tuple[TrainState, dict]:
         "lr": lr,
         "grad_norm": norm,
         "tokens": int(input_ids.numel()) * topology.dp,
-        "target_tokens": target_tokens,
+        "target_tokens": int(target_tokens),
     }
     return state.advance(step), metrics
 

@@ -179,11 +179,12 @@ def test_converted_config_loads_and_keeps_every_value(tmp_path, monkeypatch):
     assert (config.general.project, config.general.run) == ("debug", "tiny_llama_%date_%jobid")
 
     dropped = {key: value for key, value, _ in report.dropped}
-    for key in ("parallelism.pp", "parallelism.pp_engine", "parallelism.recompute_layer", "lighteval", "profiler",
+    for key in ("parallelism.pp", "parallelism.pp_engine", "lighteval", "profiler",
                 "s3_upload", "optimizer.zero_stage", "tokens.val_check_interval", "checkpoints.save_initial_state",
                 "model.model_config.bos_token_id", "general.ignore_sanity_checks"):
         assert key in dropped, key
     assert dropped["parallelism.pp"] == 2
+    assert "parallelism.recompute_layer" not in dropped and config.parallelism.recompute_layer  # carried over
     assert "model.init_method" not in dropped and "model.model_config.hidden_act" not in dropped  # carried / as is
     lines = report.lines()
     assert "not carried over: parallelism.pp = 2 (nanoflow has no pipeline parallelism: dp and tp only)" in lines

@@ -96,6 +96,8 @@ class ParallelismArgs:
     tp: int = field(default=1, validator=positive)
     # nanotron's names: REDUCE_SCATTER is sequence parallelism (norms and residual stream split by position over tp)
     tp_mode: Literal["ALL_REDUCE", "REDUCE_SCATTER"] = "ALL_REDUCE"
+    # nanotron's name: each decoder layer's activations are recomputed in backward instead of kept (parallel.py)
+    recompute_layer: bool = False
 
 
 @frozen
