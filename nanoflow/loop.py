@@ -24,6 +24,7 @@ from nanoflow.config import Config, unreached_stages
 from nanoflow.data import check_stages, load_run_tokenizer, open_stage
 from nanoflow.data.fingerprint import Fingerprints
 from nanoflow.errors import EXIT_STORAGE, NanoflowError
+from nanoflow.evaluation import Evaluator
 from nanoflow.io.runfolder import RunFolderError, RunFolderWriteError, check_folder, check_room, open_for_append
 from nanoflow.io.store import StoreError, check_root
 from nanoflow.parallel import SINGLE, Topology, broadcast_object, device, init_topology
@@ -115,7 +116,8 @@ def _train(config: Config, *, fresh: bool, until_step: int | None, out: TextIO, 
     loader, loader_index = None, None
     try:
         with stop.installed(), MetricsLog(directory / "metrics.jsonl", state.step, topology.is_main) as metrics_log, \
-                TensorBoardLog(directory, state.step, topology.is_main, warn=report.message) as tensorboard_log:
+                TensorBoardLog(directory, state.step, topology.is_main, warn=report.message) as tensorboard_log, \
+                Evaluator(config, topology, tokenizer, directory, state.step, tensorboard_log) as evaluator:
             for step in range(state.step + 1, schedule.train_steps + 1):
                 index = active_stage(schedule, step)
                 if index != loader_index:
@@ -130,6 +132,7 @@ def _train(config: Config, *, fresh: bool, until_step: int | None, out: TextIO, 
                 metrics_log.write(metrics)
                 tensorboard_log.write(metrics)
                 report.step_done(metrics)
+                evaluator.maybe_run(state)  # when due: every evaluation.interval steps and at each stage's end
                 if until_step is not None and step >= until_step:
                     stop.requested = stop.requested or f"until_step = {until_step} (a planned stop, not a signal)"
                 stopping = stop.agreed()

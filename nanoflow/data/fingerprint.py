@@ -78,8 +78,11 @@ def stage_fingerprint(config: Config, index: int, tokenizer: Tokenizer) -> dict:
         sources = {os.path.abspath(f): _token_folder(f, w) for f, w in zip(dataset.folders, weights)}
     else:
         sources = {spec.name: _hf_source(spec, stage.name) for spec in hf_specs(dataset)}
-    return {"tokenizer": tokenizer_fingerprint(tokenizer), "general.seed": config.general.seed,
-            "data.seed": config.data_seed(index), "sources": sources}
+    fingerprint = {"tokenizer": tokenizer_fingerprint(tokenizer), "general.seed": config.general.seed,
+                   "data.seed": config.data_seed(index), "sources": sources}
+    if dataset.held_out_samples:  # what training reads, and in which order, depends on it (absent: as before)
+        fingerprint["held_out_samples"] = dataset.held_out_samples
+    return fingerprint
 
 
 class Fingerprints:

@@ -72,7 +72,8 @@ def _stage_weights(config, schedule: Schedule, index: int, inputs) -> list[float
     if all(w is not None for _, w, _ in inputs):
         return [w for _, w, _ in inputs]
     seq = schedule.stages[index].sequence_length
-    return [max(0, (len(TokenFolder(folder)) - 1) // seq) for _, _, folder in inputs]
+    held_out = config.data_stages[index].data.dataset.held_out_samples or 0   # as open_sources' training part
+    return [max(0, (len(TokenFolder(folder)) - 1) // seq - held_out) for _, _, folder in inputs]
 
 
 def _order_name(config, index: int, key: str) -> str:

@@ -158,7 +158,53 @@ class SFTExamples:
         self.tokens = self.prompt_lengths = self.lengths = None
 
 
-Source = PackedText | SFTExamples
+class SampleRange:
+    """Samples start .. stop - 1 of a source, numbered from 0. A source with held_out_samples = N is read by
+    training as its head (all but the last N samples) and by evaluation as its tail, so no training batch ever
+    holds a held-out sample. (Packed windows share one boundary token: the last training window's final target
+    is the first held-out window's first input, which is never a target there.)"""
+
+    def __init__(self, source, start: int, stop: int):
+        self.source, self.start, self.stop = source, start, stop
+        self.sequence_length = source.sequence_length
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+    def _check(self, indices: np.ndarray) -> None:
+        if indices.size and (indices.min() < 0 or indices.max() >= len(self)):
+            bad = int(indices[(indices < 0) | (indices >= len(self))][0])
+            raise IndexError(f"sample {bad} is outside 0..{len(self) - 1}")
+
+    def sample(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        self._check(np.asarray([i]))
+        return self.source.sample(self.start + i)
+
+    def samples(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        indices = np.asarray(indices, dtype=np.int64)
+        self._check(indices)
+        return self.source.samples(indices + self.start)
+
+    def locate(self, i: int) -> str:
+        return self.source.locate(self.start + i)
+
+    def close(self) -> None:
+        self.source.close()
+
+
+def reserve(source, held_out: int | None, tail: bool, where: str):
+    """The part of `source` training reads (the head) or evaluation reads (`tail`: the last `held_out` samples)."""
+    if not held_out:
+        return source
+    if held_out >= len(source):
+        source.close()
+        raise DataInputError(f"{where}: held_out_samples = {held_out} leaves nothing to train on: the source has "
+                             f"{len(source)} samples")
+    cut = len(source) - held_out
+    return SampleRange(source, cut, len(source)) if tail else SampleRange(source, 0, cut)
+
+
+Source = PackedText | SFTExamples | SampleRange
 
 
 @attrs.define
@@ -246,21 +292,29 @@ def open_token_folder(folder: str, stage_name: str, tokenizer: Tokenizer, sequen
 
 def open_sources(dataset: DatasetArgs | NanosetDatasetsArgs, stage_name: str, tokenizer: Tokenizer,
                  sequence_length: int, cache_dir: str | None = None, vocab_size: int | None = None,
-                 accepted_names: Sequence[str] = (), log: Callable[[str], None] | None = None) -> list[NamedSource]:
+                 accepted_names: Sequence[str] = (), log: Callable[[str], None] | None = None,
+                 held_out: bool = False) -> list[NamedSource]:
     """Every source of one stage, opened (HF ones tokenized or taken from the cache), in config order.
-    Sources of weight 0 are left out: they would never be read. `accepted_names`: tokenizer.accept_recorded_names."""
+    Sources of weight 0 are left out: they would never be read. `accepted_names`: tokenizer.accept_recorded_names.
+    With held_out_samples = N, each source is its samples but the last N, or with `held_out` those N only."""
+    n = dataset.held_out_samples
+
+    def part(label: str, source):
+        return reserve(source, n, held_out, f'stage "{stage_name}" ({label})')
+
     if isinstance(dataset, NanosetDatasetsArgs):
         weights = dataset.dataset_weights or [None] * len(dataset.folders)
         return [NamedSource(f"dataset_folder {folder}", dataset.source_key(folder), weight,
-                            open_token_folder(folder, stage_name, tokenizer, sequence_length, vocab_size,
-                                              accepted_names, log))
+                            part(f"dataset_folder {folder}",
+                                 open_token_folder(folder, stage_name, tokenizer, sequence_length, vocab_size,
+                                                   accepted_names, log)))
                 for folder, weight in zip(dataset.folders, weights) if weight != 0]
     try:
         specs = hf_specs(dataset)
     except ValueError as e:
         raise DataInputError(f'stage "{stage_name}": {e}') from None
     return [NamedSource(spec.label, spec.key, spec.weight,
-                        open_hf_source(spec, stage_name, tokenizer, sequence_length, cache_dir))
+                        part(spec.label, open_hf_source(spec, stage_name, tokenizer, sequence_length, cache_dir)))
             for spec in specs if spec.weight != 0]
 
 
