@@ -67,7 +67,8 @@ def load_eval_set(config: Config, entry: EvalDatasetArgs, tokenizer) -> EvalSet:
     """Open the entry's data (a stage's held-out tail, or its own dataset), take its fixed samples, close it."""
     sequence_length = config.eval_sequence_length(entry)
     if entry.held_out_of is not None:   # messages name the stage: it is that stage's data
-        dataset, label = next(s for s in config.data_stages if s.name == entry.held_out_of).data.dataset, entry.held_out_of
+        stage = next(s for s in config.data_stages if s.name == entry.held_out_of)
+        dataset, label = stage.data.dataset, stage.name
     else:
         dataset, label = entry.dataset, f"evaluation {entry.name}"
     named = open_sources(dataset, label, tokenizer, sequence_length, None, config.model.vocab_size,
@@ -152,7 +153,8 @@ def is_due(config: Config, schedule: Schedule, step: int) -> bool:
     if config.evaluation is None:
         return False
     interval = config.evaluation.interval
-    return (interval is not None and step % interval == 0) or step == stage_steps(schedule, active_stage(schedule, step))[-1]
+    last_of_stage = stage_steps(schedule, active_stage(schedule, step))[-1]
+    return (interval is not None and step % interval == 0) or step == last_of_stage
 
 
 def _rows_log(path: Path, start_step: int, enabled: bool):
