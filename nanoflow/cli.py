@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Callable
@@ -207,6 +208,36 @@ def _report(args: argparse.Namespace) -> int:
     return EXIT_DONE
 
 
+def eval_main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="bin/eval",
+        description="Evaluate a committed checkpoint on the [[evaluation.datasets]] of a config, without training; "
+                    "prints one JSON row per eval set (the rows training writes to eval.jsonl). Writes nothing.",
+        epilog="Example: bin/eval runs/curriculum  (or runs/curriculum/300, s3://bucket/run, with a CONFIG)")
+    parser.add_argument("checkpoint", help="a run folder (its latest committed checkpoint) or a step folder, "
+                                           "local or s3://")
+    parser.add_argument("config", nargs="?", help="the TOML config whose eval sets to use (default: the config "
+                                                  "the checkpoint recorded)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                        help="override a config key, as in bin/train. Repeatable.")
+    args = parser.parse_args(argv)
+    return guarded(lambda: _eval(args), where=args.config)
+
+
+def _eval(args: argparse.Namespace) -> int:
+    config = load_config(args.config, args.overrides) if args.config else None
+    from nanoflow.evaluation import evaluate_checkpoint, format_rows
+    from nanoflow.parallel import init_topology, shutdown
+    try:
+        topology = init_topology(config) if config is not None else None
+        rows = evaluate_checkpoint(args.checkpoint, config, args.overrides, topology)
+        if os.environ.get("RANK", "0") == "0":   # under torchrun, one copy of the rows
+            print(format_rows(rows), flush=True)
+    finally:
+        shutdown()
+    return EXIT_DONE
+
+
 def convert_nanotron_config_main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="bin/convert-nanotron-config",
@@ -260,6 +291,10 @@ def export_command() -> None:
 
 def report_command() -> None:
     exit_process(report_main())
+
+
+def eval_command() -> None:
+    exit_process(eval_main())
 
 
 def convert_nanotron_config_command() -> None:

@@ -18,6 +18,7 @@ from nanoflow.data import open_stage
 from nanoflow.data.loader import check_stages
 from nanoflow.data.fingerprint import Fingerprints
 from nanoflow.errors import EXIT_STORAGE, NanoflowError
+from nanoflow.evaluation import Evaluator
 from nanoflow.io.runfolder import check_folder, check_room
 from nanoflow.io.store import StoreError, check_root
 from nanoflow.metrics import FILE, MetricsLog
@@ -87,7 +88,8 @@ def _train(config: Config, checkpointer: Checkpointer, *, fresh: bool, until_ste
     loader, loader_index = None, None
     try:
         with stop.installed(), MetricsLog(directory / FILE, state.step, topology.is_main) as metrics_log, \
-                TensorBoardLog(directory, state.step, topology.is_main) as tensorboard_log:
+                TensorBoardLog(directory, state.step, topology.is_main) as tensorboard_log, \
+                Evaluator(config, topology, tokenizer, directory, state.step, tensorboard_log) as evaluator:
             for step in range(state.step + 1, schedule.train_steps + 1):
                 index = active_stage(schedule, step)
                 if index != loader_index:
@@ -102,6 +104,7 @@ def _train(config: Config, checkpointer: Checkpointer, *, fresh: bool, until_ste
                 metrics_log.write(metrics)
                 tensorboard_log.write(metrics)
                 report.step_done(metrics)
+                evaluator.maybe_run(state)  # when due: every evaluation.interval steps and at each stage's end
                 if until_step is not None and step >= until_step:
                     stop.requested = stop.requested or f"until_step = {until_step} (a planned stop, not a signal)"
                 stopping = stop.agreed()

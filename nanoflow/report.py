@@ -118,36 +118,79 @@ def _figure():
     return figure
 
 
-def plot(metrics: list[dict], spans: list[StageSpan], path: str | os.PathLike, *, title: str = "") -> Path:
-    """Draw loss, learning rate and tokens/s against step, each stage a labelled band, into a WIDTH × HEIGHT PNG."""
+def load_eval(run_dir: str | os.PathLike) -> list[dict]:
+    """The run's eval.jsonl rows (step, stage, dataset, loss, tokens, accuracy), none when it has no evaluation."""
+    path = Path(run_dir) / "eval.jsonl"
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except ValueError:   # a last line cut by a kill
+            continue
+    return rows
+
+
+def _plot_eval(ax, rows: list[dict]) -> None:
+    """Eval loss per dataset (solid, left axis) and exact-match accuracy (dashed, right axis, 0–100 %)."""
+    names = list(dict.fromkeys(row["dataset"] for row in rows))
+    accuracy_ax = None
+    for i, name in enumerate(names):
+        mine = [row for row in rows if row["dataset"] == name]
+        color = f"C{i % 10}"
+        ax.plot([r["step"] for r in mine], [r["loss"] for r in mine], color=color, marker=".", linewidth=1.2,
+                label=f"{name} loss")
+        if any("accuracy" in r for r in mine):
+            accuracy_ax = accuracy_ax or ax.twinx()
+            accuracy_ax.plot([r["step"] for r in mine], [100 * r.get("accuracy", float("nan")) for r in mine],
+                             color=color, marker="x", linestyle="--", linewidth=1.2, label=f"{name} exact match")
+    ax.set_ylabel("eval loss")
+    handles, labels = ax.get_legend_handles_labels()
+    if accuracy_ax is not None:
+        accuracy_ax.set_ylim(-2, 102)
+        accuracy_ax.set_ylabel("exact match %")
+        more = accuracy_ax.get_legend_handles_labels()
+        handles, labels = handles + more[0], labels + more[1]
+    ax.legend(handles, labels, fontsize=8, loc="upper right")
+
+
+def plot(metrics: list[dict], spans: list[StageSpan], path: str | os.PathLike, *, title: str = "",
+         eval_rows: list[dict] = ()) -> Path:
+    """Draw loss, learning rate and tokens/s against step (and the eval curves, when there are eval rows), each
+    stage a labelled band, into a WIDTH × HEIGHT PNG."""
     figure = _figure()
-    axes = figure.subplots(3, 1, sharex=True, gridspec_kw={"height_ratios": [3, 2, 2]})
+    ratios = [3, 2, 2] + ([3] if eval_rows else [])
+    axes = figure.subplots(len(ratios), 1, sharex=True, gridspec_kw={"height_ratios": ratios})
     steps = [m["step"] for m in metrics]
     rate = [tokens_per_second(m["tokens"], s) for m, s in zip(metrics, step_seconds(metrics))]
     panels = ((axes[0], [m["loss"] for m in metrics], "loss", "tab:blue"),
               (axes[1], [m["lr"] for m in metrics], "learning rate", "tab:orange"),
               (axes[2], rate, "tokens / s", "tab:green"))
     rows = stage_summary(metrics)
-    for ax, values, label, color in panels:
+    for ax in axes[3:]:
+        _plot_eval(ax, list(eval_rows))
+    for ax in axes:
         for i, span in enumerate(spans):
             ax.axvspan(span.start - 0.5, span.end + 0.5, color=COLORS[i % len(COLORS)],
                        alpha=0.12 if span.trained else 0.05, linewidth=0)
             if i:
                 ax.axvline(span.start - 0.5, color="0.4", linewidth=0.8, linestyle="--")
+        ax.grid(True, alpha=0.3)
+    for ax, values, label, color in panels:
         start = 0
         for row in rows:   # one segment per stage: no line drawn across a stage switch
             ax.plot(steps[start:start + row.steps], values[start:start + row.steps], color=color, linewidth=1.2,
                     marker="." if len(steps) <= 60 else None)
             start += row.steps
         ax.set_ylabel(label)
-        ax.grid(True, alpha=0.3)
     for i, span in enumerate(spans):
         axes[0].text((span.start + span.end) / 2, 1.01, span.name + ("" if span.trained else " (not reached)"),
                      transform=axes[0].get_xaxis_transform(), ha="center", va="bottom", fontsize=9,
                      color=COLORS[i % len(COLORS)])
     axes[1].ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
-    axes[2].set_xlabel("step")
-    axes[2].set_xlim(min(spans[0].start, steps[0]) - 0.5, max(spans[-1].end, steps[-1]) + 0.5)
+    axes[-1].set_xlabel("step")
+    axes[-1].set_xlim(min(spans[0].start, steps[0]) - 0.5, max(spans[-1].end, steps[-1]) + 0.5)
     if title:
         figure.suptitle(title)
     figure.subplots_adjust(left=0.09, right=0.98, top=0.91 if title else 0.94, bottom=0.07, hspace=0.12)
@@ -162,5 +205,6 @@ def write_report(run_dir: str | os.PathLike, out: str | os.PathLike | None = Non
     metadata = read_run_metadata(run_dir)
     general = ((metadata or {}).get("config") or {}).get("general", {})
     title = "/".join(x for x in (general.get("project"), general.get("run")) if x) or os.fspath(run_dir)
-    path = plot(metrics, stage_spans(metrics, metadata), out or Path(run_dir) / "report.png", title=title)
+    path = plot(metrics, stage_spans(metrics, metadata), out or Path(run_dir) / "report.png", title=title,
+                eval_rows=load_eval(run_dir))
     return path, stage_summary(metrics)

@@ -83,6 +83,16 @@ class TensorBoardLog:
         except OSError as e:
             self._give_up(e)
 
+    def write_eval(self, row: dict) -> None:
+        """One eval.jsonl row: eval/<dataset>/loss (and /accuracy) at its step."""
+        if self.writer is not None:
+            try:
+                for key in ("loss", "accuracy"):
+                    if key in row:
+                        self.writer.add_scalar(f"eval/{row['dataset']}/{key}", row[key], row["step"])
+            except OSError as e:
+                self._give_up(e)
+
     def _write(self, metrics: dict) -> None:
         step, stage = metrics["step"], metrics["stage"]
         values = {key: metrics[key] for key in SCALARS if key in metrics}

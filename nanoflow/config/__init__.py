@@ -7,7 +7,7 @@ before any expensive work, naming the file, the stage and the key of each proble
 """
 
 from nanoflow.config.checks import check_world_size, hf_config_mismatches, unreached_stages, validate
-from nanoflow.config.load import apply_override, load_config
+from nanoflow.config.load import apply_override, config_from_dict, load_config
 from nanoflow.config.schema import (
     BUILDERS,
     CheckpointsArgs,
@@ -16,6 +16,8 @@ from nanoflow.config.schema import (
     DataArgs,
     DatasetArgs,
     DatasetStageArgs,
+    EvalDatasetArgs,
+    EvaluationArgs,
     GeneralArgs,
     LoggingArgs,
     LRSchedulerArgs,
@@ -32,7 +34,9 @@ from nanoflow.config.schema import (
 
 __all__ = [
     "BUILDERS", "CheckpointsArgs", "Config", "ConfigError", "DataArgs", "DatasetArgs", "DatasetStageArgs",
+    "EvalDatasetArgs", "EvaluationArgs",
     "GeneralArgs", "LRSchedulerArgs", "LoggingArgs", "ModelArgs", "NanosetDatasetsArgs", "OptimizerArgs",
-    "OptimizerFactoryArgs", "ParallelismArgs", "RopeScalingArgs", "TokenizerArgs", "TokensArgs", "apply_override", "check_world_size", "converter",
+    "OptimizerFactoryArgs", "ParallelismArgs", "RopeScalingArgs", "TokenizerArgs", "TokensArgs", "apply_override",
+    "check_world_size", "config_from_dict", "converter",
     "hf_config_mismatches", "load_config", "unreached_stages", "validate",
 ]

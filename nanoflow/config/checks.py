@@ -71,6 +71,8 @@ def validate(config: Config) -> list[str]:
     if model.init_from is not None and "://" not in model.init_from and not os.path.exists(model.init_from):
         problems.append(f"model.init_from: {model.init_from} does not exist")
     problems.extend(rope_scaling_problems(model.rope_scaling))
+    problems.extend(_held_out_problems(config))
+    problems.extend(evaluation_problems(config))
 
     try:
         Schedule.from_config(config)
@@ -349,6 +351,79 @@ def check_world_size(config: Config, world: str | None) -> None:
     how = (f"launch with torchrun --nproc_per_node={dp * tp}" if world in (None, "1")
            else f"torchrun started {world} processes")
     raise ConfigError(f"parallelism.dp × parallelism.tp = {dp} × {tp} = {dp * tp} processes, but {how}")
+
+
+# ---------------------------------------------------------------------------------------------
+# [evaluation] and held_out_samples (issue 14)
+
+def _held_out_problems(config: Config) -> list[str]:
+    """Stages that read one source must reserve the same held_out_samples of it: a stage that reserved none would
+    train on the windows another keeps for evaluation (and continue_from would read on in another order)."""
+    problems, reserved = [], {}
+    for i, stage in enumerate(config.data_stages):
+        dataset = stage.data.dataset
+        for key in dataset.source_keys():
+            first = reserved.setdefault(key, (stage.name, dataset.held_out_samples))
+            if first[1] != dataset.held_out_samples:
+                problems.append(
+                    f'data_stages[{i}] (stage "{stage.name}").data.dataset.held_out_samples = '
+                    f'{dataset.held_out_samples or "unset"}, but stage "{first[0]}" reads the same source with '
+                    f'held_out_samples = {first[1] or "unset"}; stages that share a source must reserve the same '
+                    "samples of it, or one trains on what another holds out")
+    return problems
+
+
+def evaluation_problems(config: Config) -> list[str]:
+    """Every problem of [evaluation] that can be found without opening data."""
+    evaluation = config.evaluation
+    if evaluation is None:
+        return []
+    if not evaluation.datasets:
+        return ["evaluation: no [[evaluation.datasets]] to evaluate; add one, or remove [evaluation]"]
+    problems, seen = [], set()
+    stages = {stage.name: stage for stage in config.data_stages}
+    for i, entry in enumerate(evaluation.datasets):
+        label = f'evaluation.datasets[{i}] ("{entry.name}")'
+        if not entry.name.strip():
+            problems.append(f"evaluation.datasets[{i}].name: empty; give each eval set a name")
+        elif entry.name in seen:
+            problems.append(f"{label}.name: another eval set is named \"{entry.name}\"; names must be unique")
+        seen.add(entry.name)
+        if (entry.dataset is None) == (entry.held_out_of is None):
+            problems.append(f"{label}: give exactly one of a [evaluation.datasets.dataset] table and held_out_of "
+                            "(a stage whose source reserves held_out_samples)")
+            continue
+        if entry.held_out_of is not None:
+            stage = stages.get(entry.held_out_of)
+            if stage is None:
+                problems.append(f'{label}.held_out_of: no stage is named "{entry.held_out_of}" (stages: '
+                                + ", ".join(stages) + ")")
+                continue
+            dataset = stage.data.dataset
+            if dataset.held_out_samples is None:
+                problems.append(f'{label}.held_out_of: stage "{stage.name}" reserves nothing; set its '
+                                "data.dataset.held_out_samples = N to keep its last N samples out of training")
+            own = config.stage_tokens(list(stages).index(stage.name)).sequence_length
+            if entry.sequence_length not in (None, own):
+                problems.append(f'{label}.sequence_length = {entry.sequence_length}, but stage "{stage.name}" cuts '
+                                f"its windows (and so the held-out ones) at {own}; leave it unset")
+        else:
+            dataset = entry.dataset
+            problems.extend(f"{label}.dataset: {p}" for p in _dataset_problems(dataset))
+            if dataset.held_out_samples is not None:
+                problems.append(f"{label}.dataset.held_out_samples: an eval set reads all of its dataset; to evaluate "
+                                "a stage's reserved samples, use held_out_of = the stage's name")
+        if entry.metric == "exact_match" and not dataset.is_sft:
+            problems.append(f'{label}.metric = "exact_match" needs prompt/completion data (prompt_column_name and '
+                            "completion_column_name): it compares the greedy answer to the completion")
+        length = config.eval_sequence_length(entry)
+        if length > config.model.max_position_embeddings:
+            problems.append(f"{label}: sequence_length = {length} exceeds model.max_position_embeddings = "
+                            f"{config.model.max_position_embeddings}")
+        if config.parallelism.tp_mode == "REDUCE_SCATTER" and length % config.parallelism.tp:
+            problems.append(f"{label}: sequence_length = {length} is not divisible by parallelism.tp = "
+                            f'{config.parallelism.tp}, which parallelism.tp_mode = "REDUCE_SCATTER" needs')
+    return problems
 
 
 def unreached_stages(config: Config) -> list[str]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import glob
+import json
 import os
 import re
 import sys
@@ -37,13 +38,26 @@ def load_config(path: str | os.PathLike, overrides: list[str] = ()) -> Config:
     for override in overrides:
         apply_override(raw, override, path)
     _resolve_paths(raw, path.parent)
+    return _structure(raw, str(path))
+
+
+def config_from_dict(raw: dict, where: str, overrides: list[str] = ()) -> Config:
+    """A config recorded as plain data (a checkpoint's metadata "config", its paths already absolute), with
+    `--set` overrides, structured and validated as a file is; errors are prefixed with `where`."""
+    raw = json.loads(json.dumps(raw))   # a private copy: overrides never change the caller's dict
+    for override in overrides:
+        apply_override(raw, override, Path(where))
+    return _structure(raw, where)
+
+
+def _structure(raw: dict, where: str) -> Config:
     try:
         config = converter.structure(raw, Config)
     except Exception as e:  # cattrs gathers every problem into one exception group
-        raise ConfigError(f"{path}:\n  " + "\n  ".join(_describe_structure_errors(e, raw))) from None
+        raise ConfigError(f"{where}:\n  " + "\n  ".join(_describe_structure_errors(e, raw))) from None
     problems = validate(config)
     if problems:
-        raise ConfigError(f"{path}:\n  " + "\n  ".join(problems))
+        raise ConfigError(f"{where}:\n  " + "\n  ".join(problems))
     return config
 
 
@@ -114,8 +128,13 @@ def _resolve_paths(raw: dict, base: Path) -> None:
     if isinstance(tokenizer, dict) and isinstance(tokenizer.get("tokenizer_name_or_path"), str) \
             and tokenizer["tokenizer_name_or_path"] != "bytes":
         tokenizer["tokenizer_name_or_path"] = _resolve(base, tokenizer["tokenizer_name_or_path"])
-    for stage in raw.get("data_stages", []) if isinstance(raw.get("data_stages"), list) else []:
-        dataset = stage.get("data", {}).get("dataset") if isinstance(stage.get("data"), dict) else None
+    datasets = [stage.get("data", {}).get("dataset") if isinstance(stage.get("data"), dict) else None
+                for stage in raw.get("data_stages", []) if isinstance(stage, dict)] \
+        if isinstance(raw.get("data_stages"), list) else []
+    evaluation = raw.get("evaluation")
+    if isinstance(evaluation, dict) and isinstance(evaluation.get("datasets"), list):  # [[evaluation.datasets]]
+        datasets += [entry.get("dataset") for entry in evaluation["datasets"] if isinstance(entry, dict)]
+    for dataset in datasets:
         if not isinstance(dataset, dict):
             continue
         files = dataset.get("hf_data_files")

@@ -187,6 +187,9 @@ class DatasetArgs:
     dataset_overwrite_cache: bool = False
     # With a {name = weight} table: the same names' weights at the stage's end; shares move linearly in between.
     dataset_weights_end: Union[dict[str, float], None] = None
+    # Evaluation (issue 14): the last N samples (windows, or SFT rows) of each source are kept out of training,
+    # for an [[evaluation.datasets]] entry with held_out_of = this stage.
+    held_out_samples: Union[int, None] = field(default=None, validator=optional(positive))
 
     @property
     def is_sft(self) -> bool:
@@ -226,6 +229,7 @@ class NanosetDatasetsArgs:
     dataset_weights: Union[list[float], None] = None
     # The folders' weights at the stage's end (needs dataset_weights); shares move linearly in between.
     dataset_weights_end: Union[list[float], None] = None
+    held_out_samples: Union[int, None] = field(default=None, validator=optional(positive))   # as in DatasetArgs
 
     is_sft = False
 
@@ -264,6 +268,31 @@ class DatasetStageArgs:
     global_batch_size: Union[int, None] = field(default=None, validator=optional(positive))
 
 
+# ---------------------------------------------------------------------------------------------
+# [evaluation] (issue 14): fixed held-out sets, evaluated during training and by bin/eval
+
+@frozen
+class EvalDatasetArgs:
+    """One [[evaluation.datasets]] entry: its own `dataset` table (the keys of data_stages.data.dataset), or
+    `held_out_of` a stage, whose source keeps its last held_out_samples samples out of training for it."""
+
+    name: str
+    dataset: Union[DatasetArgs, NanosetDatasetsArgs, None] = None
+    held_out_of: Union[str, None] = None
+    max_samples: int = field(default=128, validator=positive)   # evenly spaced over the set: a fixed subset
+    metric: Literal["loss", "exact_match"] = "loss"
+    # Unset: the stage's for held_out_of (its windows are cut at that length), else tokens.sequence_length.
+    sequence_length: Union[int, None] = field(default=None, validator=optional(positive))
+    micro_batch_size: Union[int, None] = field(default=None, validator=optional(positive))  # unset: tokens'
+
+
+@frozen
+class EvaluationArgs:
+    # Every `interval` steps; always also at each stage's last step (the run's end is one).
+    interval: Union[int, None] = field(default=None, validator=optional(positive))
+    datasets: tuple[EvalDatasetArgs, ...] = ()
+
+
 def _by_start_step(stages) -> tuple[DatasetStageArgs, ...]:
     return tuple(sorted(stages, key=lambda s: s.start_training_step))
 
@@ -280,6 +309,7 @@ class Config:
     parallelism: ParallelismArgs = Factory(ParallelismArgs)
     checkpoints: CheckpointsArgs = Factory(CheckpointsArgs)
     logging: LoggingArgs = Factory(LoggingArgs)
+    evaluation: Union[EvaluationArgs, None] = None   # None: no evaluation (and nothing recorded for it)
 
     def stage_tokens(self, index: int) -> TokensArgs:
         """[tokens] with stage `index`'s overrides applied and the accumulation resolved."""
@@ -294,6 +324,16 @@ class Config:
             accumulation = stated // per_step if stated is not None and stated % per_step == 0 else 1
             tokens = attrs.evolve(tokens, batch_accumulation_per_replica=accumulation)
         return tokens
+
+    def eval_sequence_length(self, entry: EvalDatasetArgs) -> int:
+        """An eval set's sequence length: its own; else, held out of a stage, that stage's (the reserved windows
+        are cut at it); else tokens.sequence_length, the run's base length, which adding a stage never changes."""
+        if entry.sequence_length is not None:
+            return entry.sequence_length
+        names = [stage.name for stage in self.data_stages]
+        if entry.held_out_of in names:
+            return self.stage_tokens(names.index(entry.held_out_of)).sequence_length
+        return self.tokens.sequence_length
 
     def data_seed(self, index: int) -> int:
         seed = self.data_stages[index].data.seed
@@ -437,5 +477,7 @@ converter.register_structure_hook(Union[str, dict[str, float]], _structure_datas
 converter.register_structure_hook(Union[list[float], None], _structure_weights)
 converter.register_structure_hook(Union[dict[str, float], None], _structure_weight_table)
 converter.register_structure_hook(Union[DatasetArgs, NanosetDatasetsArgs], _structure_dataset)
+converter.register_structure_hook(Union[DatasetArgs, NanosetDatasetsArgs, None],
+                                  lambda value, cls: None if value is None else _structure_dataset(value, cls))
 
 

@@ -88,6 +88,8 @@ def stage_fingerprint(config: Config, index: int, tokenizer: Tokenizer) -> dict:
         for entry, end in zip(sources.values(), ends):
             entry["weight_end"] = end
         fingerprint["mixture_samples"] = stage_samples(Schedule.from_config(config), index)
+    if dataset.held_out_samples:  # what training reads, and in which order, depends on it (absent: as before)
+        fingerprint["held_out_samples"] = dataset.held_out_samples
     return fingerprint
 
 

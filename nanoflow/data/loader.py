@@ -71,7 +71,8 @@ def _stage_blend(config, schedule: Schedule, index: int, inputs) -> Blend | Movi
         weights = [w for _, w, _, _ in inputs]
     else:
         seq = schedule.stages[index].sequence_length
-        weights = [max(0, (len(TokenFolder(folder)) - 1) // seq) for _, _, _, folder in inputs]
+        held_out = config.data_stages[index].data.dataset.held_out_samples or 0   # as open_sources' training part
+        weights = [max(0, (len(TokenFolder(folder)) - 1) // seq - held_out) for _, _, _, folder in inputs]
     ends = None if any(e is None for _, _, e, _ in inputs) else [e for _, _, e, _ in inputs]
     return make_blend(weights, ends, stage_samples(schedule, index))
 

@@ -145,7 +145,53 @@ class SFTExamples:
         self.tokens = self.prompt_lengths = self.lengths = None
 
 
-Source = PackedText | SFTExamples
+class SampleRange:
+    """Samples start .. stop - 1 of a source, numbered from 0. A source with held_out_samples = N is read by
+    training as its head (all but the last N samples) and by evaluation as its tail, so no training batch ever
+    holds a held-out sample. (Packed windows share one boundary token: the last training window's final target
+    is the first held-out window's first input, which is never a target there.)"""
+
+    def __init__(self, source, start: int, stop: int):
+        self.source, self.start, self.stop = source, start, stop
+        self.sequence_length = source.sequence_length
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+    def _check(self, indices: np.ndarray) -> None:
+        if indices.size and (indices.min() < 0 or indices.max() >= len(self)):
+            bad = int(indices[(indices < 0) | (indices >= len(self))][0])
+            raise IndexError(f"sample {bad} is outside 0..{len(self) - 1}")
+
+    def sample(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        self._check(np.asarray([i]))
+        return self.source.sample(self.start + i)
+
+    def samples(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        indices = np.asarray(indices, dtype=np.int64)
+        self._check(indices)
+        return self.source.samples(indices + self.start)
+
+    def locate(self, i: int) -> str:
+        return self.source.locate(self.start + i)
+
+    def close(self) -> None:
+        self.source.close()
+
+
+def reserve(source, held_out: int | None, tail: bool, where: str):
+    """The part of `source` training reads (the head) or evaluation reads (`tail`: the last `held_out` samples)."""
+    if not held_out:
+        return source
+    if held_out >= len(source):
+        source.close()
+        raise DataInputError(f"{where}: held_out_samples = {held_out} leaves nothing to train on: the source has "
+                             f"{len(source)} samples")
+    cut = len(source) - held_out
+    return SampleRange(source, cut, len(source)) if tail else SampleRange(source, 0, cut)
+
+
+Source = PackedText | SFTExamples | SampleRange
 
 
 @attrs.define
@@ -248,19 +294,26 @@ def source_inputs(dataset: DatasetArgs | NanosetDatasetsArgs) -> list[tuple[str,
 
 def open_sources(dataset: DatasetArgs | NanosetDatasetsArgs, stage_name: str, tokenizer: Tokenizer,
                  sequence_length: int, cache_dir: str | None = None, vocab_size: int | None = None,
-                 accepted_names: Sequence[str] = ()) -> list[NamedSource]:
+                 accepted_names: Sequence[str] = (), held_out: bool = False) -> list[NamedSource]:
     """Every source of one stage (`source_inputs`), opened (HF ones tokenized or taken from the cache), in
-    config order. `accepted_names`: tokenizer.accept_recorded_names."""
-    inputs = source_inputs(dataset)
+    config order. `accepted_names`: tokenizer.accept_recorded_names. With held_out_samples = N, each source
+    is its samples but the last N, or with `held_out` those N only."""
+    inputs, n = source_inputs(dataset), dataset.held_out_samples
+
+    def part(label: str, source):
+        return reserve(source, n, held_out, f'stage "{stage_name}" ({label})')
+
     if isinstance(dataset, NanosetDatasetsArgs):
         return [NamedSource(f"dataset_folder {folder}", key, weight,
-                            open_token_folder(folder, stage_name, tokenizer, sequence_length, vocab_size,
-                                              accepted_names), end)
+                            part(f"dataset_folder {folder}",
+                                 open_token_folder(folder, stage_name, tokenizer, sequence_length, vocab_size,
+                                                   accepted_names)), end)
                 for key, weight, end, folder in inputs]
     try:
         specs = {spec.key: spec for spec in hf_specs(dataset)}
     except ValueError as e:
         raise DataInputError(f'stage "{stage_name}": {e}') from None
     return [NamedSource(specs[key].label, key, weight,
-                        open_hf_source(specs[key], stage_name, tokenizer, sequence_length, cache_dir), end)
+                        part(specs[key].label, open_hf_source(specs[key], stage_name, tokenizer, sequence_length,
+                                                              cache_dir)), end)
             for key, weight, end, _ in inputs]

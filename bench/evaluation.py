@@ -1,0 +1,121 @@
+"""What does evaluation cost? Eval tokens/s against training tokens/s, and evaluation's share of a run's wall time.
+
+    python bench/evaluation.py [--rounds N] [--steps S --interval I --samples M]
+
+1. Throughput: the curriculum's model (schedules/curriculum.toml) and its pretrain batch (16 × 256 tokens), one
+   fixed random batch. A training step (nanoflow.train_step: forward, backward, AdamW) and an evaluation of the
+   same 16 × 256 tokens (nanoflow.evaluation.score: forward only, under inference_mode, micro-batches of 8)
+   alternate round by round (the order flips every round), after a warm-up of both. Prints the median tokens/s
+   of each and the ratio eval / train (expected ≥ 2.5: a forward costs about a third of forward + backward).
+2. Share: `train()` on the curriculum for S steps with an eval set of M windows of its pretrain data evaluated
+   every I steps (and at the end); the time spent in evaluation over the loop's wall time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # works without `pip install -e .`
+
+import attrs  # noqa: E402
+import torch  # noqa: E402
+
+from nanoflow import evaluation  # noqa: E402
+from nanoflow.config import EvalDatasetArgs, EvaluationArgs, load_config  # noqa: E402
+from nanoflow.evaluation import EvalSet, score  # noqa: E402
+from nanoflow.parallel import SINGLE  # noqa: E402
+from nanoflow.state import init_state  # noqa: E402
+from nanoflow.step import train_step  # noqa: E402
+
+CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "schedules", "curriculum.toml")
+
+
+def throughput(rounds: int) -> tuple[float, float]:
+    """Median training and eval tokens/s on the curriculum's pretrain batch."""
+    config = load_config(CONFIG, [f"tokens.train_steps={10 * rounds}"])
+    tokens = config.stage_tokens(0)
+    rows = tokens.micro_batch_size * tokens.batch_accumulation_per_replica
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, config.model.vocab_size, (rows, tokens.sequence_length + 1), generator=generator)
+    batch = {"input_ids": ids[:, :-1].contiguous(), "labels": ids[:, 1:].contiguous()}
+    eval_set = EvalSet("bench", "loss", batch["input_ids"], batch["labels"], tokens.micro_batch_size)
+    state = init_state(config, SINGLE)
+    train_times, eval_times = [], []
+
+    def train_once():
+        nonlocal state
+        start = time.perf_counter()
+        state, _ = train_step(state, batch)
+        return time.perf_counter() - start
+
+    def eval_once():
+        start = time.perf_counter()
+        score(state.model, eval_set, SINGLE)
+        return time.perf_counter() - start
+
+    for _ in range(2):   # warm-up
+        train_once(), eval_once()
+    for r in range(rounds):
+        first, second = (train_once, eval_once) if r % 2 == 0 else (eval_once, train_once)
+        a, b = first(), second()
+        (train_times, eval_times)[first is eval_once].append(a)
+        (train_times, eval_times)[second is eval_once].append(b)
+    per_batch = rows * tokens.sequence_length
+    return per_batch / statistics.median(train_times), per_batch / statistics.median(eval_times)
+
+
+def share(steps: int, interval: int, samples: int) -> tuple[float, float, int]:
+    """(seconds in evaluation, the loop's wall seconds, evaluations) of a curriculum run of `steps` steps."""
+    from nanoflow.loop import train
+
+    with tempfile.TemporaryDirectory(prefix="bench-eval-") as folder:
+        config = load_config(CONFIG, [f"tokens.train_steps={steps}", f'checkpoints.checkpoints_path="{folder}"',
+                                      f"checkpoints.checkpoint_interval={steps}"])
+        pretrain = config.data_stages[0].data.dataset
+        config = attrs.evolve(config, evaluation=EvaluationArgs(interval=interval, datasets=(
+            EvalDatasetArgs(name="pretrain", dataset=pretrain, max_samples=samples),)))
+        spent, calls = [0.0], [0]
+        original = evaluation.Evaluator.maybe_run
+
+        def timed(self, state):
+            start = time.perf_counter()
+            rows = original(self, state)
+            if rows:
+                spent[0] += time.perf_counter() - start
+                calls[0] += 1
+            return rows
+
+        evaluation.Evaluator.maybe_run = timed
+        try:
+            start = time.perf_counter()
+            train(config, fresh=True, out=io.StringIO())
+            wall = time.perf_counter() - start
+        finally:
+            evaluation.Evaluator.maybe_run = original
+    return spent[0], wall, calls[0]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--interval", type=int, default=20)
+    parser.add_argument("--samples", type=int, default=64)
+    args = parser.parse_args()
+    torch.set_num_threads(min(2, os.cpu_count() or 1))
+    train_rate, eval_rate = throughput(args.rounds)
+    print(f"training {train_rate:,.0f} tok/s, evaluation {eval_rate:,.0f} tok/s: eval / train = "
+          f"{eval_rate / train_rate:.2f} (median of {args.rounds} rounds, threads {torch.get_num_threads()})")
+    spent, wall, calls = share(args.steps, args.interval, args.samples)
+    print(f"{args.steps} steps, {calls} evaluations of {args.samples} × 256 tokens (every {args.interval} steps): "
+          f"{spent:.1f} s of {wall:.1f} s in evaluation = {100 * spent / wall:.1f} % of the wall time")
+
+
+if __name__ == "__main__":
+    main()

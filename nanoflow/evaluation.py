@@ -1,0 +1,231 @@
+"""Evaluation: fixed eval sets scored by loss or exact match, during training and by bin/eval.
+
+An eval set's samples are a pure function of the config and its data: `max_samples` of them, evenly
+spaced over the set (its sources one after another, in config order; blend weights play no part),
+so every evaluation, on any dp × tp, before and after a resume, scores the same samples. Data-parallel
+rank r scores the r-th contiguous slice, padded to the same length on every rank (FSDP and tensor
+parallelism need every rank in every forward), and the sums (loss, target tokens, right answers) are
+added up over the replicas.
+
+exact_match: an example is right when greedy decoding of its completion's length reproduces every
+target token (the completion and its end-of-text, the tokens its loss is taken over). Greedy decoding
+continues a right prefix with the argmax, so the decoded answer equals the target exactly when, at
+each target position, the argmax given the true prefix is the true token: one teacher-forced forward
+gives the verdict token-by-token decoding would, for every example of a batch at once
+(tests/test_evaluation.py decodes token by token and checks that both agree).
+
+Evaluation runs under torch.inference_mode and touches no parameter, moment or data order: a run
+with evaluation trains the very weights a run without it trains.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from pathlib import Path
+
+import attrs
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from nanoflow.build import build_model
+from nanoflow.config import Config, EvalDatasetArgs
+from nanoflow.data.sources import IGNORE_INDEX, open_sources
+from nanoflow.data.tokens import DataInputError
+from nanoflow.io import read_init_weights
+from nanoflow.metrics import MetricsLog
+from nanoflow.parallel import Topology, all_reduce_sum
+from nanoflow.schedule import Schedule, active_stage, stage_steps
+from nanoflow.shards import load_weights, read_on_every_rank
+
+log = logging.getLogger(__name__)
+
+EVAL_LOG = "eval.jsonl"
+
+
+@attrs.frozen
+class EvalSet:
+    """The samples of one [[evaluation.datasets]] entry, as they are scored every time."""
+
+    name: str
+    metric: str                    # "loss" or "exact_match"
+    input_ids: torch.Tensor        # [samples, sequence_length] int64
+    labels: torch.Tensor           # the same shape; IGNORE_INDEX where no loss is taken
+    micro_batch_size: int
+
+    @property
+    def answerable(self) -> int:
+        """Examples with at least one target token: the denominator of accuracy."""
+        return int((self.labels != IGNORE_INDEX).any(dim=1).sum())
+
+
+def pick(total: int, max_samples: int) -> np.ndarray:
+    """min(max_samples, total) indices evenly spaced over range(total): all of a small set, a spread of a large one."""
+    count = min(max_samples, total)
+    return (np.arange(count, dtype=np.int64) * total) // count
+
+
+def load_eval_set(config: Config, entry: EvalDatasetArgs, tokenizer) -> EvalSet:
+    """Open the entry's data (a stage's held-out tail, or its own dataset), take its fixed samples, close it."""
+    sequence_length = config.eval_sequence_length(entry)
+    if entry.held_out_of is not None:   # messages name the stage: it is that stage's data
+        stage = next(s for s in config.data_stages if s.name == entry.held_out_of)
+        dataset, label = stage.data.dataset, stage.name
+    else:
+        dataset, label = entry.dataset, f"evaluation {entry.name}"
+    named = open_sources(dataset, label, tokenizer, sequence_length, None, config.model.vocab_size,
+                         config.tokenizer.accept_recorded_names or (), log.info, held_out=entry.held_out_of is not None)
+    try:
+        sizes = np.array([len(n.source) for n in named], dtype=np.int64)
+        bounds = np.concatenate([[0], np.cumsum(sizes)])
+        picks = pick(int(bounds[-1]), entry.max_samples)
+        which = np.searchsorted(bounds, picks, side="right") - 1
+        inputs = np.empty((len(picks), sequence_length), np.int64)
+        labels = np.empty_like(inputs)
+        for k, n in enumerate(named):
+            rows = np.flatnonzero(which == k)
+            if rows.size:
+                inputs[rows], labels[rows] = n.source.samples(picks[rows] - bounds[k])
+    finally:
+        for n in named:
+            n.source.close()
+    top = int(max(inputs.max(), labels.max()))
+    if top >= config.model.vocab_size:
+        raise DataInputError(f'eval set "{entry.name}": token id {top} is outside model.vocab_size = '
+                             f"{config.model.vocab_size} (was the data tokenized for another model?)")
+    return EvalSet(entry.name, entry.metric, torch.from_numpy(inputs), torch.from_numpy(labels),
+                   entry.micro_batch_size or config.tokens.micro_batch_size)
+
+
+def load_eval_sets(config: Config, tokenizer) -> list[EvalSet]:
+    if config.evaluation is None:
+        return []
+    return [load_eval_set(config, entry, tokenizer) for entry in config.evaluation.datasets]
+
+
+def score(model: torch.nn.Module, eval_set: EvalSet, topology: Topology, dtype: str = "float32") -> dict:
+    """{"loss", "tokens"} (+ "accuracy") of `model` on `eval_set`, the same on every rank."""
+    from nanoflow.step import _autocast  # the training forward's precision, from the one place that sets it
+
+    total = len(eval_set.input_ids)
+    per_rank = math.ceil(total / topology.dp)
+    start = min(topology.dp_rank * per_rank, total)
+    ids, labels = eval_set.input_ids[start:start + per_rank], eval_set.labels[start:start + per_rank]
+    padding = per_rank - len(ids)
+    if padding:  # rows without targets: they count for nothing, but this rank runs the same forwards as the others
+        ids = torch.cat([ids, torch.zeros(padding, ids.shape[1], dtype=ids.dtype)])
+        labels = torch.cat([labels, torch.full((padding, labels.shape[1]), IGNORE_INDEX, dtype=labels.dtype)])
+    target_device = next(model.parameters()).device
+    sums = torch.zeros(3, dtype=torch.float64, device=target_device)   # loss, target tokens, right answers
+    with torch.inference_mode():
+        for x, y in zip(ids.split(eval_set.micro_batch_size), labels.split(eval_set.micro_batch_size)):
+            x, y = x.to(target_device), y.to(target_device)
+            with _autocast(dtype, target_device):
+                logits = model(x)
+            if hasattr(logits, "full_tensor"):   # a DTensor under tensor parallelism
+                logits = logits.full_tensor()
+            logits = logits.float()
+            targets = y != IGNORE_INDEX
+            sums[0] += F.cross_entropy(logits.flatten(0, 1), y.flatten(), ignore_index=IGNORE_INDEX, reduction="sum")
+            sums[1] += targets.sum()
+            if eval_set.metric == "exact_match":
+                right = ((logits.argmax(dim=-1) == y) | ~targets).all(dim=1) & targets.any(dim=1)
+                sums[2] += right.sum()
+    loss, tokens, right = all_reduce_sum(sums, topology).tolist()
+    result = {"loss": loss / max(tokens, 1), "tokens": int(tokens)}
+    if eval_set.metric == "exact_match":
+        result["accuracy"] = right / max(eval_set.answerable, 1)
+        result["correct"] = int(right)
+    return result
+
+
+def evaluate(model: torch.nn.Module, sets: list[EvalSet], topology: Topology, step: int, stage: str,
+             dtype: str = "float32") -> list[dict]:
+    """One row per eval set, as eval.jsonl holds them, and a progress line saying them."""
+    rows = [{"step": step, "stage": stage, "dataset": s.name, **score(model, s, topology, dtype)} for s in sets]
+    log.info(f"eval step {step} ({stage}): " + "  ".join(
+        f"{r['dataset']} loss {r['loss']:.4f}" + (f" exact {r['accuracy']:.1%}" if "accuracy" in r else "")
+        for r in rows))
+    return rows
+
+
+def is_due(config: Config, schedule: Schedule, step: int) -> bool:
+    """Every evaluation.interval steps, and at each stage's last step (the run's end among them). Not at a stop
+    by a signal: the rows stay a function of the step, so a resumed run writes what an unbroken one writes."""
+    if config.evaluation is None:
+        return False
+    interval = config.evaluation.interval
+    last_of_stage = stage_steps(schedule, active_stage(schedule, step))[-1]
+    return (interval is not None and step % interval == 0) or step == last_of_stage
+
+
+class Evaluator:
+    """The loop's evaluation: `maybe_run(state)` after each step evaluates when it is due, writes the rows to
+    <run>/eval.jsonl (rank 0) and TensorBoard, and says them. Does nothing without [evaluation]."""
+
+    def __init__(self, config: Config, topology: Topology, tokenizer, run_directory: Path, start_step: int,
+                 tensorboard=None):
+        self.config, self.topology, self.tensorboard = config, topology, tensorboard
+        self.sets = load_eval_sets(config, tokenizer)
+        # eval.jsonl: metrics.jsonl's own writer, with its truncation of the rows after the resumed step
+        self.rows = MetricsLog(Path(run_directory) / EVAL_LOG, start_step, topology.is_main and bool(self.sets))
+
+    def __enter__(self) -> Evaluator:
+        self.rows.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.rows.__exit__(*exc)
+
+    def maybe_run(self, state) -> list[dict]:
+        if not self.sets or not is_due(self.config, state.schedule, state.step):
+            return []
+        stage = state.schedule.stages[active_stage(state.schedule, state.step)].name
+        rows = evaluate(state.model, self.sets, self.topology, state.step, stage, self.config.model.dtype)
+        for row in rows:
+            self.rows.write(row)
+            if self.tensorboard is not None:
+                self.tensorboard.write_eval(row)
+        return rows
+
+
+# ---------------------------------------------------------------------------------------------
+# bin/eval: a committed checkpoint, evaluated without training
+
+def load_checkpoint_weights(config: Config, topology: Topology, reader, path: str) -> torch.nn.Module:
+    """The model of `config` on `topology`, its weights read from `reader` (each rank reads only its own boxes)."""
+    model = build_model(config, topology, init=False)
+    read_on_every_rank(lambda: load_weights(model, reader, path), topology)
+    return model
+
+
+def evaluate_checkpoint(path: str, config: Config | None = None, overrides=(), topology: Topology | None = None,
+                        tokenizer=None) -> list[dict]:
+    """Evaluate the checkpoint at `path` on `config`'s eval sets (default: the config the checkpoint recorded,
+    with `overrides` applied as --set does). The rows are those training writes to eval.jsonl at that step."""
+    from nanoflow.config import ConfigError, config_from_dict
+    from nanoflow.data import load_run_tokenizer
+    from nanoflow.parallel import init_topology
+
+    reader = read_init_weights(path)  # a run folder's latest intact checkpoint, or a step folder; local or s3://
+    metadata = getattr(reader, "metadata", None)
+    if metadata is None:
+        raise ConfigError(f"{path}: an HF model folder, not a nanoflow checkpoint; bin/eval reads checkpoints")
+    if config is None:
+        config = config_from_dict(metadata["config"], f"{path} (its recorded config)", list(overrides))
+    if config.evaluation is None:
+        raise ConfigError(f"{path}: the config has no [evaluation] datasets to evaluate on; pass a CONFIG that has "
+                          "[[evaluation.datasets]], or add them with --set")
+    step = int(metadata["step"])
+    topology = init_topology(config) if topology is None else topology
+    sets = load_eval_sets(config, tokenizer or load_run_tokenizer(config))
+    model = load_checkpoint_weights(config, topology, reader, path)
+    schedule = Schedule.from_config(config)
+    stage = schedule.stages[active_stage(schedule, min(step, schedule.train_steps))].name
+    return evaluate(model, sets, topology, step, stage, config.model.dtype)
+
+
+def format_rows(rows: list[dict]) -> str:
+    return "\n".join(json.dumps(row) for row in rows)
