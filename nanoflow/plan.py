@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 from nanoflow.config import Config
-from nanoflow.lr import lr_at
+from nanoflow.lr import scheduled_lr
 from nanoflow.schedule import Schedule, consumed_samples, consumed_tokens, stage_steps
 
 
@@ -14,14 +14,14 @@ def render_plan(config: Config, tokenizer=None) -> str:
     schedule = Schedule.from_config(config)
     samples = consumed_samples(schedule, schedule.train_steps)
     tokens = consumed_tokens(schedule, schedule.train_steps)
-    lr_args = config.optimizer.learning_rate_scheduler
     header = ("stage", "steps", "n steps", "global batch", "seq len", "samples", "tokens", "lr first → last")
     rows = []
     for i, stage in enumerate(schedule.stages):
         steps = stage_steps(schedule, i)
         if steps:
             first, last = steps[0], steps[-1]
-            lr = f"{lr_at(first, lr_args, schedule.train_steps):.3g} → {lr_at(last, lr_args, schedule.train_steps):.3g}"
+            own = " (own)" if config.data_stages[i].learning_rate_scheduler is not None else ""
+            lr = f"{scheduled_lr(first, config, schedule):.3g} → {scheduled_lr(last, config, schedule):.3g}{own}"
             span = f"{first}–{last}"
         else:
             lr, span = "not reached", f"{stage.start_step}– (after train_steps)"

@@ -25,6 +25,7 @@ from nanoflow.config.schema import (
     OptimizerFactoryArgs,
     ParallelismArgs,
     RopeScalingArgs,
+    StageLRSchedulerArgs,
     TokenizerArgs,
     TokensArgs,
     converter,
@@ -33,6 +34,6 @@ from nanoflow.config.schema import (
 __all__ = [
     "BUILDERS", "CheckpointsArgs", "Config", "ConfigError", "DataArgs", "DatasetArgs", "DatasetStageArgs",
     "GeneralArgs", "LRSchedulerArgs", "LoggingArgs", "ModelArgs", "NanosetDatasetsArgs", "OptimizerArgs",
-    "OptimizerFactoryArgs", "ParallelismArgs", "RopeScalingArgs", "TokenizerArgs", "TokensArgs", "apply_override", "converter",
+    "OptimizerFactoryArgs", "ParallelismArgs", "RopeScalingArgs", "StageLRSchedulerArgs", "TokenizerArgs", "TokensArgs", "apply_override", "converter",
     "hf_config_mismatches", "load_config", "unreached_stages", "validate",
 ]
