@@ -8,7 +8,7 @@ import warnings
 from pathlib import Path
 from typing import Callable
 
-from nanoflow.config import load_config
+from nanoflow.config import ConfigError, load_config
 from nanoflow.errors import EXIT_BAD_INPUT, EXIT_BUG, EXIT_DONE, EXIT_INTERRUPTED, EXIT_STOPPED, NanoflowError
 
 
@@ -66,12 +66,24 @@ def train_main(argv: list[str] | None = None) -> int:
                         help="start from step 1 even if checkpoints_path or resume_checkpoint_path holds a checkpoint "
                              "(a step is replaced when the new run commits its own; the old run's later steps "
                              "rank after the new run's, and go first under checkpoints.keep)")
+    parser.add_argument("--until-step", "--stop-at", dest="until_step", type=_step_number, metavar="N",
+                        help="stop, and save, after step N without changing the schedule (train_steps, the LR); "
+                             "exit status 0 once step N is done. Run again without it, or with a later N, to go on")
     args = parser.parse_args(argv)
     return guarded(lambda: _train(args), where=args.config)
 
 
+def _step_number(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a step number (1 or more)")
+    return int(text)
+
+
 def _train(args: argparse.Namespace) -> int:
     config = load_config(args.config, args.overrides)
+    if args.until_step is not None and args.until_step > config.tokens.train_steps:
+        raise ConfigError(f"--until-step {args.until_step} is after tokens.train_steps = {config.tokens.train_steps}, "
+                          "where the run ends anyway (drop it, or raise train_steps: that changes the LR schedule)")
     if args.plan:
         from nanoflow.data.tokenizer import load_run_tokenizer
         from nanoflow.plan import render_plan
@@ -80,11 +92,13 @@ def _train(args: argparse.Namespace) -> int:
     from nanoflow.loop import train  # the training machinery, once the config is known to be good
     from nanoflow.parallel import shutdown
     try:
-        state = train(config, fresh=args.fresh)
+        state = train(config, fresh=args.fresh, until_step=args.until_step)
     finally:
         shutdown()
-    # train() returns before the last step only when a signal stopped it (after saving): requeue, rerun to resume
-    return EXIT_DONE if state.step >= state.schedule.train_steps else EXIT_STOPPED
+    # Short of the step asked for only when a signal stopped it (after saving): requeue, rerun to resume. A stop
+    # at --until-step is what was asked for: 0.
+    goal = state.schedule.train_steps if args.until_step is None else args.until_step
+    return EXIT_DONE if state.step >= goal else EXIT_STOPPED
 
 
 def verify_resume_main(argv: list[str] | None = None) -> int:

@@ -107,6 +107,9 @@ def _train(config: Config, *, fresh: bool, until_step: int | None, out: TextIO, 
     schedule = state.schedule
     if state.step >= schedule.train_steps:  # start_state said "nothing to do"
         return state
+    if until_step is not None and state.step >= until_step:
+        print(f"nothing to do: step {state.step} is done, at or after until_step = {until_step}", file=out)
+        return state
     needed = 0 if "://" in config.checkpoints.checkpoints_path else checkpoint_bytes(state)
     _on_main(topology, lambda: check_room(str(directory), needed))
     _check_stages_ahead(config, schedule, state.step, tokenizer, out)
@@ -135,6 +138,11 @@ def _train(config: Config, *, fresh: bool, until_step: int | None, out: TextIO, 
                 stopping = stop.agreed()
                 if step % config.checkpoints.checkpoint_interval == 0 or step == schedule.train_steps or stopping:
                     report.message(f"saved step {step}: {save(state, fingerprints)}")
+                if stopping and until_step is not None and step >= until_step:
+                    report.message(f"stopped after step {step} of {schedule.train_steps} as asked (until_step = "
+                                   f"{until_step}), schedule unchanged; run again without it, or with a later one, "
+                                   "to go on from the checkpoint just saved")
+                    break
                 if stopping:
                     report.message(f"stopped by {stopping} after step {step} of {schedule.train_steps}; "
                                    "run the same command again to resume from the checkpoint just saved")
@@ -235,6 +243,13 @@ def _checkpoints_to_try(config: Config, fresh: bool, out: TextIO) -> list[str]:
         if fresh:
             folders = []
             _say_what_fresh_ignores(checkpoints, out)
+        elif checkpoints.resume_checkpoint_path is not None and (own := _own_checkpoints(checkpoints)):
+            # resume_checkpoint_path is where the run began (a branch from another run): once the run has committed
+            # its own, rerunning the same command continues them instead of starting the branch over.
+            folders = own
+            print(f"checkpoints_path = {checkpoints.checkpoints_path} holds this run's own checkpoints: continuing "
+                  f"them, not resume_checkpoint_path = {checkpoints.resume_checkpoint_path} (where the run began)",
+                  file=out)
         elif checkpoints.resume_checkpoint_path is not None:
             folders = io.checkpoints_to_try(checkpoints.resume_checkpoint_path)
             if not folders:
@@ -250,6 +265,15 @@ def _checkpoints_to_try(config: Config, fresh: bool, out: TextIO) -> list[str]:
     for warning in caught:
         print(f"warning: {warning.message}", file=out)
     return folders
+
+
+def _own_checkpoints(checkpoints) -> list[str]:
+    """The committed checkpoints of checkpoints_path when resume_checkpoint_path lies outside it, else none (a
+    resume path inside the run's own folder rewinds the run to that step)."""
+    own, start = checkpoints.checkpoints_path.rstrip("/"), checkpoints.resume_checkpoint_path.rstrip("/")
+    if start == own or start.startswith(own + "/"):
+        return []
+    return io.checkpoints_to_try(own)
 
 
 def _say_what_fresh_ignores(checkpoints, out: TextIO) -> None:
