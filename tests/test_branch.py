@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import stat
+import subprocess
 import sys
 from pathlib import Path
 
@@ -119,4 +120,31 @@ def test_the_source_folder_is_only_read_the_lock_is_the_branchs(stable, tmp_path
     state = train(load_config(COOLDOWNS, branch(source, 6, tmp_path / "b")), until_step=7, out=quiet())
     assert state.step == 7 and io.latest(str(tmp_path / "b")) == f"{tmp_path / 'b'}/7"
     assert (tmp_path / "b" / "nanoflow.lock").exists()
+    unchanged(stable)
+
+
+@pytest.mark.slow
+def test_end_to_end_a_stage_lr_until_step_and_a_branch_killed_and_resumed_equal_a_straight_run(stable, tmp_path):
+    """bin/train only: a cooldown with its own LR branched from step 3, stopped with --until-step, SIGKILLed
+    mid-step, stopped again with --stop-at, finished; it ends torch.equal to the same branch trained straight."""
+    source, _ = stable
+    train(load_config(COOLDOWNS, branch(source, 3, tmp_path / "straight", 6)), out=quiet())   # steps 4–9
+    run = tmp_path / "run"
+    overrides = branch(source, 3, run, 6, "checkpoints.checkpoint_interval=1")
+    command = [sys.executable, str(REPO / "bin" / "train"), str(COOLDOWNS), *(a for o in overrides for a in ("--set", o))]
+    first = subprocess.run([*command, "--until-step", "5"], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert f"resuming from {source}/3" in first.stdout and io.latest(str(run)) == f"{run}/5"
+    code, stdout, stderr = signal_when_ready(
+        command, lambda _: (run / "6" / "checkpoint_metadata.json").exists(), signal.SIGKILL, cwd=REPO, timeout=300)
+    assert code == -signal.SIGKILL, stdout + stderr
+    third = subprocess.run([*command, "--stop-at", "8"], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert third.returncode == 0, third.stdout + third.stderr
+    assert "continuing them, not resume_checkpoint_path" in third.stdout and io.latest(str(run)) == f"{run}/8"
+    last = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert last.returncode == 0, last.stdout + last.stderr
+    assert_same_checkpoint(tmp_path / "straight" / "9", run / "9")
+    reference = metrics(tmp_path / "straight")
+    assert {s: m["lr"] for s, m in metrics(run).items()} == {s: m["lr"] for s, m in reference.items()}
+    assert reference[4]["lr"] == 1e-2 and reference[9]["lr"] == 1e-4
     unchanged(stable)
