@@ -62,6 +62,8 @@ def train_main(argv: list[str] | None = None) -> int:
                         help="override a config key; the value is TOML (a bare word is a string). "
                              "Stages by name or index: data_stages.sft.sequence_length=64. Repeatable.")
     parser.add_argument("--plan", action="store_true", help="print the stage plan and exit without training")
+    parser.add_argument("--plot", metavar="PNG", help="with --plan: also draw it (stages, LR, global batch, sequence "
+                                                      "length, source shares over the steps) into this PNG")
     parser.add_argument("--fresh", action="store_true",
                         help="start from step 1 even if checkpoints_path or resume_checkpoint_path holds a checkpoint "
                              "(a step is replaced when the new run commits its own; the old run's later steps "
@@ -70,6 +72,8 @@ def train_main(argv: list[str] | None = None) -> int:
                         help="stop, and save, after step N without changing the schedule (train_steps, the LR); "
                              "exit status 0 once step N is done. Run again without it, or with a later N, to go on")
     args = parser.parse_args(argv)
+    if args.plot is not None and not args.plan:
+        parser.error("--plot draws the plan: give --plan too")
     return guarded(lambda: _train(args), where=args.config)
 
 
@@ -88,6 +92,17 @@ def _train(args: argparse.Namespace) -> int:
         from nanoflow.data.tokenizer import load_run_tokenizer
         from nanoflow.plan import render_plan
         print(render_plan(config, load_run_tokenizer(config)))
+        if args.until_step is not None:
+            print(f"stops after step {args.until_step} (--until-step)")
+        if args.plot is not None:
+            from nanoflow.plan_plot import write_plan_plot
+            try:
+                print(f"\nwrote {write_plan_plot(config, args.plot)}")
+            except ImportError as e:  # matplotlib, an optional extra
+                print(f"error: {e}", file=sys.stderr)
+                return EXIT_BUG
+            except OSError as e:
+                raise PlotError(f"--plot {args.plot}: cannot write it: {e.strerror or e}") from None
         return EXIT_DONE
     from nanoflow.loop import train  # the training machinery, once the config is known to be good
     from nanoflow.parallel import shutdown
@@ -99,6 +114,10 @@ def _train(args: argparse.Namespace) -> int:
     # at --until-step is what was asked for: 0.
     goal = state.schedule.train_steps if args.until_step is None else args.until_step
     return EXIT_DONE if state.step >= goal else EXIT_STOPPED
+
+
+class PlotError(NanoflowError):
+    """The plan picture cannot be written where --plot says."""
 
 
 def verify_resume_main(argv: list[str] | None = None) -> int:

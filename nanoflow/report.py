@@ -149,11 +149,28 @@ def _figure():
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
     except ImportError:
-        raise ImportError("bin/report draws with matplotlib, which is not installed: "
+        raise ImportError("drawing needs matplotlib, which is not installed: "
                           "pip install 'nanoflow[report]' (or pip install matplotlib)") from None
     figure = Figure(figsize=(WIDTH / DPI, HEIGHT / DPI), dpi=DPI)
     FigureCanvasAgg(figure)
     return figure
+
+
+def draw_stage_bands(ax, spans: list[StageSpan]) -> None:
+    """Each stage a coloured band on `ax` (fainter when not reached), a dashed line at each switch."""
+    for i, span in enumerate(spans):
+        ax.axvspan(span.start - 0.5, span.end + 0.5, color=COLORS[i % len(COLORS)],
+                   alpha=0.12 if span.trained else 0.05, linewidth=0)
+        if i:
+            ax.axvline(span.start - 0.5, color="0.4", linewidth=0.8, linestyle="--")
+
+
+def label_stages(ax, spans: list[StageSpan]) -> None:
+    """The stage names above `ax`, each over its band."""
+    for i, span in enumerate(spans):
+        ax.text((span.start + span.end) / 2, 1.01, span.name + ("" if span.trained else " (not reached)"),
+                transform=ax.get_xaxis_transform(), ha="center", va="bottom", fontsize=9,
+                color=COLORS[i % len(COLORS)])
 
 
 def plot(metrics: list[dict], spans: list[StageSpan], path: str | os.PathLike, *, title: str = "") -> Path:
@@ -167,11 +184,7 @@ def plot(metrics: list[dict], spans: list[StageSpan], path: str | os.PathLike, *
               (axes[2], rate, "tokens / s", "tab:green"))
     rows = stage_summary(metrics)
     for ax, values, label, color in panels:
-        for i, span in enumerate(spans):
-            ax.axvspan(span.start - 0.5, span.end + 0.5, color=COLORS[i % len(COLORS)],
-                       alpha=0.12 if span.trained else 0.05, linewidth=0)
-            if i:
-                ax.axvline(span.start - 0.5, color="0.4", linewidth=0.8, linestyle="--")
+        draw_stage_bands(ax, spans)
         start = 0
         for row in rows:   # one segment per stage: no line drawn across a stage switch
             ax.plot(steps[start:start + row.steps], values[start:start + row.steps], color=color, linewidth=1.2,
@@ -179,10 +192,7 @@ def plot(metrics: list[dict], spans: list[StageSpan], path: str | os.PathLike, *
             start += row.steps
         ax.set_ylabel(label)
         ax.grid(True, alpha=0.3)
-    for i, span in enumerate(spans):
-        axes[0].text((span.start + span.end) / 2, 1.01, span.name + ("" if span.trained else " (not reached)"),
-                     transform=axes[0].get_xaxis_transform(), ha="center", va="bottom", fontsize=9,
-                     color=COLORS[i % len(COLORS)])
+    label_stages(axes[0], spans)
     axes[1].ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
     axes[2].set_xlabel("step")
     axes[2].set_xlim(min(spans[0].start, steps[0]) - 0.5, max(spans[-1].end, steps[-1]) + 0.5)
