@@ -158,6 +158,12 @@ class Checkpointer:
         root, folders = checkpoints.checkpoints_path, []
         if fresh:
             self._say_what_fresh_ignores()
+        elif checkpoints.resume_checkpoint_path is not None and (own := self._own_checkpoints()):
+            # resume_checkpoint_path is where the run began (a branch from another run): once the run has committed
+            # its own, rerunning the same command continues them instead of starting the branch over.
+            folders = own
+            self._say(f"checkpoints_path = {root} holds this run's own checkpoints: continuing them, not "
+                      f"resume_checkpoint_path = {checkpoints.resume_checkpoint_path} (where the run began)")
         elif checkpoints.resume_checkpoint_path is not None:
             root = checkpoints.resume_checkpoint_path
             folders = io.checkpoints_to_try(root)
@@ -172,6 +178,15 @@ class Checkpointer:
                 raise io.DamagedCheckpointError(f"{e}\nRefusing to start from scratch over them: repair or "
                                                 "move them, or pass --fresh") from None
         return root, folders
+
+    def _own_checkpoints(self) -> list[str]:
+        """The committed checkpoints of checkpoints_path when resume_checkpoint_path lies outside it, else none (a
+        resume path inside the run's own folder rewinds the run to that step)."""
+        checkpoints = self.config.checkpoints
+        own, start = checkpoints.checkpoints_path.rstrip("/"), checkpoints.resume_checkpoint_path.rstrip("/")
+        if start == own or start.startswith(own + "/"):
+            return []
+        return io.checkpoints_to_try(own)
 
     def _say_what_fresh_ignores(self) -> None:
         """Name the committed checkpoints --fresh passes over, so that nobody takes a fresh start for a resume."""

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Callable
 
 from nanoflow import console
-from nanoflow.config import load_config
+from nanoflow.config import ConfigError, load_config
 from nanoflow.errors import EXIT_BAD_INPUT, EXIT_BUG, EXIT_DONE, EXIT_INTERRUPTED, EXIT_STOPPED, NanoflowError
 
 # What a command says as it works (and its closing summary line) is a message, through logging; what a command
@@ -55,29 +55,62 @@ def train_main(argv: list[str] | None = None) -> int:
                         help="override a config key; the value is TOML (a bare word is a string). "
                              "Stages by name or index: data_stages.sft.sequence_length=64. Repeatable.")
     parser.add_argument("--plan", action="store_true", help="print the stage plan and exit without training")
+    parser.add_argument("--plot", metavar="PNG", help="with --plan: also draw it (stages, LR, global batch, sequence "
+                                                      "length, source shares over the steps) into this PNG")
     parser.add_argument("--fresh", action="store_true",
                         help="start from step 1 even if checkpoints_path or resume_checkpoint_path holds a checkpoint "
                              "(a step is replaced when the new run commits its own; the old run's later steps "
                              "rank after the new run's, and go first under checkpoints.keep)")
+    parser.add_argument("--until-step", "--stop-at", dest="until_step", type=_step_number, metavar="N",
+                        help="stop, and save, after step N without changing the schedule (train_steps, the LR); "
+                             "exit status 0 once step N is done. Run again without it, or with a later N, to go on")
     args = parser.parse_args(argv)
+    if args.plot is not None and not args.plan:
+        parser.error("--plot draws the plan: give --plan too")
     return guarded(lambda: _train(args), where=args.config)
+
+
+def _step_number(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a step number (1 or more)")
+    return int(text)
 
 
 def _train(args: argparse.Namespace) -> int:
     config = load_config(args.config, args.overrides)
+    if args.until_step is not None and args.until_step > config.tokens.train_steps:
+        raise ConfigError(f"--until-step {args.until_step} is after tokens.train_steps = {config.tokens.train_steps}, "
+                          "where the run ends anyway (drop it, or raise train_steps: that changes the LR schedule)")
     if args.plan:
         from nanoflow.plan import render_plan
         from nanoflow.preflight import preflight
         print(render_plan(config, preflight(config).tokenizer))   # the checks a training run would pass first
+        if args.until_step is not None:
+            print(f"stops after step {args.until_step} (--until-step)")
+        if args.plot is not None:
+            from nanoflow.plan_plot import write_plan_plot
+            try:
+                print(f"\nwrote {write_plan_plot(config, args.plot)}")
+            except ImportError as e:  # matplotlib, an optional extra
+                print(f"error: {e}", file=sys.stderr)
+                return EXIT_BUG
+            except OSError as e:
+                raise PlotError(f"--plot {args.plot}: cannot write it: {e.strerror or e}") from None
         return EXIT_DONE
     from nanoflow.loop import train  # the training machinery, once the config is known to be good
     from nanoflow.parallel import shutdown
     try:
-        state = train(config, fresh=args.fresh)
+        state = train(config, fresh=args.fresh, until_step=args.until_step)
     finally:
         shutdown()
-    # train() returns before the last step only when a signal stopped it (after saving): requeue, rerun to resume
-    return EXIT_DONE if state.step >= state.schedule.train_steps else EXIT_STOPPED
+    # Short of the step asked for only when a signal stopped it (after saving): requeue, rerun to resume. A stop
+    # at --until-step is what was asked for: 0.
+    goal = state.schedule.train_steps if args.until_step is None else args.until_step
+    return EXIT_DONE if state.step >= goal else EXIT_STOPPED
+
+
+class PlotError(NanoflowError):
+    """The plan picture cannot be written where --plot says."""
 
 
 def verify_resume_main(argv: list[str] | None = None) -> int:

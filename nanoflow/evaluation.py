@@ -35,14 +35,12 @@ from nanoflow.config import Config, EvalDatasetArgs
 from nanoflow.data.sources import IGNORE_INDEX, open_sources
 from nanoflow.data.tokens import DataInputError
 from nanoflow.io import read_init_weights
-from nanoflow.metrics import MetricsLog
+from nanoflow.metrics import EVAL_FILE, MetricsLog
 from nanoflow.parallel import Topology, all_reduce_sum
 from nanoflow.schedule import Schedule, active_stage, stage_steps
 from nanoflow.shards import load_weights, read_on_every_rank
 
 log = logging.getLogger(__name__)
-
-EVAL_LOG = "eval.jsonl"
 
 
 @attrs.frozen
@@ -170,7 +168,7 @@ class Evaluator:
         self.config, self.topology, self.tensorboard = config, topology, tensorboard
         self.sets = load_eval_sets(config, tokenizer)
         # eval.jsonl: metrics.jsonl's own writer, with its truncation of the rows after the resumed step
-        self.rows = MetricsLog(Path(run_directory) / EVAL_LOG, start_step, topology.is_main and bool(self.sets))
+        self.rows = MetricsLog(Path(run_directory) / EVAL_FILE, start_step, topology.is_main and bool(self.sets))
 
     def __enter__(self) -> Evaluator:
         self.rows.__enter__()

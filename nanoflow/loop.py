@@ -79,6 +79,9 @@ def _train(config: Config, checkpointer: Checkpointer, *, fresh: bool, until_ste
     schedule = state.schedule
     if state.step >= schedule.train_steps:  # restore said "nothing to do"
         return state
+    if until_step is not None and state.step >= until_step:
+        log.info(f"nothing to do: step {state.step} is done, at or after until_step = {until_step}")
+        return state
     needed = 0 if "://" in config.checkpoints.checkpoints_path else state_bytes(state.model)
     checkpointer.on_main(lambda: check_room(str(directory), needed))
     _check_stages_ahead(config, schedule, state.step, tokenizer)
@@ -110,6 +113,11 @@ def _train(config: Config, checkpointer: Checkpointer, *, fresh: bool, until_ste
                 stopping = stop.agreed()
                 if checkpointer.should_save(step, stopping):
                     log.info(f"saved step {step}: {checkpointer.save(state)}")
+                if stopping and until_step is not None and step >= until_step:
+                    log.info(f"stopped after step {step} of {schedule.train_steps} as asked (until_step = "
+                             f"{until_step}), schedule unchanged; run again without it, or with a later one, "
+                             "to go on from the checkpoint just saved")
+                    break
                 if stopping:
                     log.info(f"stopped by {stopping} after step {step} of {schedule.train_steps}; "
                              "run the same command again to resume from the checkpoint just saved")

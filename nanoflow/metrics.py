@@ -15,6 +15,7 @@ from nanoflow.errors import NanoflowError
 from nanoflow.io.runfolder import RunFolderError, RunFolderWriteError, open_for_append
 
 FILE = "metrics.jsonl"
+EVAL_FILE = "eval.jsonl"   # nanoflow.evaluation's rows, one per (step, eval set), written like metrics.jsonl
 
 
 class MetricsError(NanoflowError, ValueError):
@@ -92,6 +93,21 @@ def _kept_length(f, step: int, block: int = 1 << 16) -> int:
         limit = start
 
 
+def _read_rows(path: Path, lines: list[str]) -> list[dict]:
+    """The JSON rows of a .jsonl file nanoflow appends to (a last line cut by a kill is skipped)."""
+    rows = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            if number == len(lines):
+                continue
+            raise MetricsError(f"{path}:{number}: not a JSON line") from None
+    return rows
+
+
 def read_metrics(run_dir: str | os.PathLike) -> list[dict]:
     """A run folder's metrics.jsonl, one dict per step, in step order (a last line cut by a kill is skipped)."""
     path = Path(run_dir) / FILE
@@ -100,19 +116,20 @@ def read_metrics(run_dir: str | os.PathLike) -> list[dict]:
     except FileNotFoundError:
         raise MetricsError(f"{path}: no such file (bin/train writes it into the run folder, "
                            "checkpoints.checkpoints_path; runs/<run>/ when checkpoints go to S3)") from None
-    metrics = []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            metrics.append(json.loads(line))
-        except ValueError:
-            if number == len(lines):
-                continue
-            raise MetricsError(f"{path}:{number}: not a JSON line") from None
+    metrics = _read_rows(path, lines)
     if not metrics:
         raise MetricsError(f"{path} holds no steps yet")
     return sorted(metrics, key=lambda m: m["step"])
+
+
+def read_eval(run_dir: str | os.PathLike) -> list[dict]:
+    """A run folder's eval.jsonl rows (step, stage, dataset, loss, tokens, accuracy), none without evaluation."""
+    path = Path(run_dir) / EVAL_FILE
+    try:
+        lines = path.read_text().splitlines()
+    except FileNotFoundError:
+        return []
+    return _read_rows(path, lines)
 
 
 def tokens_per_second(tokens: float, seconds: float) -> float:

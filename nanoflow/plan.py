@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import os
 
-from nanoflow.config import Config
-from nanoflow.lr import lr_at
-from nanoflow.schedule import Schedule, consumed_samples, consumed_tokens, stage_steps
+from nanoflow.config import Config, NanosetDatasetsArgs
+from nanoflow.lr import scheduled_lr
+from nanoflow.schedule import Schedule, active_stage, consumed_samples, consumed_tokens, stage_steps
 
 
 def render_plan(config: Config, tokenizer=None) -> str:
@@ -14,14 +14,14 @@ def render_plan(config: Config, tokenizer=None) -> str:
     schedule = Schedule.from_config(config)
     samples = consumed_samples(schedule, schedule.train_steps)
     tokens = consumed_tokens(schedule, schedule.train_steps)
-    lr_args = config.optimizer.learning_rate_scheduler
     header = ("stage", "steps", "n steps", "global batch", "seq len", "samples", "tokens", "lr first → last")
     rows = []
     for i, stage in enumerate(schedule.stages):
         steps = stage_steps(schedule, i)
         if steps:
             first, last = steps[0], steps[-1]
-            lr = f"{lr_at(first, lr_args, schedule.train_steps):.3g} → {lr_at(last, lr_args, schedule.train_steps):.3g}"
+            own = " (own)" if config.data_stages[i].learning_rate_scheduler is not None else ""
+            lr = f"{scheduled_lr(first, config, schedule):.3g} → {scheduled_lr(last, config, schedule):.3g}{own}"
             span = f"{first}–{last}"
         else:
             lr, span = "not reached", f"{stage.start_step}– (after train_steps)"
@@ -49,6 +49,32 @@ def render_plan(config: Config, tokenizer=None) -> str:
         f"checkpoints: {_shown_path(config.checkpoints.checkpoints_path)} every {config.checkpoints.checkpoint_interval} steps",
     ]
     return "\n".join(out)
+
+
+def source_shares(config: Config, step: int) -> dict[str, float] | None:
+    """The share of each source of the blend in the samples of global step `step`, by source name (a token
+    folder by its folder name); None when the stage's token folders have no dataset_weights (then the
+    shares follow the folders' sizes, which only reading them tells)."""
+    dataset = config.data_stages[active_stage(Schedule.from_config(config), step)].data.dataset
+    if isinstance(dataset, NanosetDatasetsArgs):
+        if dataset.dataset_weights is None:
+            return None if len(dataset.folders) > 1 else {os.path.basename(dataset.folders[0].rstrip("/")): 1.0}
+        named = [(os.path.basename(f.rstrip("/")), w) for f, w in zip(dataset.folders, dataset.dataset_weights)]
+    else:
+        named = [(_source_label(dataset, name), w) for name, w in dataset.weighted_names()]
+    total = sum(w for _, w in named)
+    return {name: w / total for name, w in named}
+
+
+def _source_label(dataset, name: str) -> str:
+    """A source of HF datasets as a person names it: a builder by its files ("json: data/sft.jsonl")."""
+    if not isinstance(dataset.hf_dataset_or_datasets, str):   # a table: the name is a path or glob, or a hub name
+        return _shown_path(name) if os.path.isabs(name) else name
+    files = dataset.hf_data_files
+    if files is None:
+        return name
+    files = [files] if isinstance(files, str) else files
+    return f"{name}: " + ", ".join(_shown_path(f) for f in files)
 
 
 def _shown_path(path: str) -> str:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import attrs
 
-from nanoflow.metrics import read_metrics, step_seconds, tokens_per_second
+from nanoflow.metrics import read_eval, read_metrics, step_seconds, tokens_per_second
 
 WIDTH, HEIGHT, DPI = 1200, 900, 100   # report.png's size in pixels
 COLORS = ("#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860")
@@ -111,25 +111,11 @@ def _figure():
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
     except ImportError:
-        raise ImportError("bin/report draws with matplotlib, which is not installed: "
+        raise ImportError("drawing needs matplotlib, which is not installed: "
                           "pip install 'nanoflow[report]' (or pip install matplotlib)") from None
     figure = Figure(figsize=(WIDTH / DPI, HEIGHT / DPI), dpi=DPI)
     FigureCanvasAgg(figure)
     return figure
-
-
-def load_eval(run_dir: str | os.PathLike) -> list[dict]:
-    """The run's eval.jsonl rows (step, stage, dataset, loss, tokens, accuracy), none when it has no evaluation."""
-    path = Path(run_dir) / "eval.jsonl"
-    if not path.exists():
-        return []
-    rows = []
-    for line in path.read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except ValueError:   # a last line cut by a kill
-            continue
-    return rows
 
 
 def _plot_eval(ax, rows: list[dict]) -> None:
@@ -155,6 +141,23 @@ def _plot_eval(ax, rows: list[dict]) -> None:
     ax.legend(handles, labels, fontsize=8, loc="upper right")
 
 
+def draw_stage_bands(ax, spans: list[StageSpan]) -> None:
+    """Each stage a coloured band on `ax` (fainter when not reached), a dashed line at each switch."""
+    for i, span in enumerate(spans):
+        ax.axvspan(span.start - 0.5, span.end + 0.5, color=COLORS[i % len(COLORS)],
+                   alpha=0.12 if span.trained else 0.05, linewidth=0)
+        if i:
+            ax.axvline(span.start - 0.5, color="0.4", linewidth=0.8, linestyle="--")
+
+
+def label_stages(ax, spans: list[StageSpan]) -> None:
+    """The stage names above `ax`, each over its band."""
+    for i, span in enumerate(spans):
+        ax.text((span.start + span.end) / 2, 1.01, span.name + ("" if span.trained else " (not reached)"),
+                transform=ax.get_xaxis_transform(), ha="center", va="bottom", fontsize=9,
+                color=COLORS[i % len(COLORS)])
+
+
 def plot(metrics: list[dict], spans: list[StageSpan], path: str | os.PathLike, *, title: str = "",
          eval_rows: list[dict] = ()) -> Path:
     """Draw loss, learning rate and tokens/s against step (and the eval curves, when there are eval rows), each
@@ -171,11 +174,7 @@ def plot(metrics: list[dict], spans: list[StageSpan], path: str | os.PathLike, *
     for ax in axes[3:]:
         _plot_eval(ax, list(eval_rows))
     for ax in axes:
-        for i, span in enumerate(spans):
-            ax.axvspan(span.start - 0.5, span.end + 0.5, color=COLORS[i % len(COLORS)],
-                       alpha=0.12 if span.trained else 0.05, linewidth=0)
-            if i:
-                ax.axvline(span.start - 0.5, color="0.4", linewidth=0.8, linestyle="--")
+        draw_stage_bands(ax, spans)
         ax.grid(True, alpha=0.3)
     for ax, values, label, color in panels:
         start = 0
@@ -184,10 +183,7 @@ def plot(metrics: list[dict], spans: list[StageSpan], path: str | os.PathLike, *
                     marker="." if len(steps) <= 60 else None)
             start += row.steps
         ax.set_ylabel(label)
-    for i, span in enumerate(spans):
-        axes[0].text((span.start + span.end) / 2, 1.01, span.name + ("" if span.trained else " (not reached)"),
-                     transform=axes[0].get_xaxis_transform(), ha="center", va="bottom", fontsize=9,
-                     color=COLORS[i % len(COLORS)])
+    label_stages(axes[0], spans)
     axes[1].ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
     axes[-1].set_xlabel("step")
     axes[-1].set_xlim(min(spans[0].start, steps[0]) - 0.5, max(spans[-1].end, steps[-1]) + 0.5)
@@ -206,5 +202,5 @@ def write_report(run_dir: str | os.PathLike, out: str | os.PathLike | None = Non
     general = ((metadata or {}).get("config") or {}).get("general", {})
     title = "/".join(x for x in (general.get("project"), general.get("run")) if x) or os.fspath(run_dir)
     path = plot(metrics, stage_spans(metrics, metadata), out or Path(run_dir) / "report.png", title=title,
-                eval_rows=load_eval(run_dir))
+                eval_rows=read_eval(run_dir))
     return path, stage_summary(metrics)

@@ -9,7 +9,7 @@ import torch
 
 from nanoflow.data.sources import IGNORE_INDEX
 from nanoflow.errors import EXIT_DIVERGED, NanoflowError
-from nanoflow.lr import lr_at
+from nanoflow.lr import scheduled_lr
 from nanoflow.parallel import all_reduce_sum, grad_norm, scale_gradients
 from nanoflow.schedule import active_stage
 from nanoflow.state import TrainState
@@ -48,7 +48,7 @@ def train_step(state: TrainState, batch) -> tuple[TrainState, dict]:
 
     target_device = next(state.model.parameters()).device
     input_ids, labels = input_ids.to(target_device, non_blocking=True), labels.to(target_device, non_blocking=True)
-    lr = lr_at(step, config.optimizer.learning_rate_scheduler, schedule.train_steps, state.lr_origin)
+    lr = scheduled_lr(step, config, schedule, state.lr_origin)
     model, optimizer = state.model, state.optimizer
     for group in optimizer.param_groups:
         group["lr"] = lr

@@ -376,5 +376,5 @@ def test_until_step_is_a_planned_stop_not_a_signal(tmp_path):
     state = train(load_config(ROOT / TINY, [f'checkpoints.checkpoints_path="{tmp_path / "run"}"']), until_step=2,
                   out=out, progress=False)
     assert state.step == 2 and committed_step(tmp_path / "run") == 2
-    assert "stopped by until_step = 2 (a planned stop, not a signal) after step 2 of 12" in out.getvalue()
+    assert "stopped after step 2 of 12 as asked (until_step = 2)" in out.getvalue()
     assert "SIG" not in out.getvalue()

@@ -215,3 +215,171 @@ def test_lr_bounded_and_non_increasing_after_warmup(setup):
         assert values[a.lr_warmup_steps - 1] == pytest.approx(a.learning_rate, rel=1e-12)
     if a.lr_warmup_style == "linear":
         assert all(x <= y for x, y in zip(values[:warmup], values[1:warmup]))
+
+
+# ---------------------------------------------------------------------------------------------
+# A stage's own schedule ([data_stages.learning_rate_scheduler])
+
+from types import SimpleNamespace  # noqa: E402
+
+from nanoflow.config import StageLRSchedulerArgs  # noqa: E402
+from nanoflow.lr import scheduled_lr, stage_span  # noqa: E402
+from nanoflow.schedule import Schedule, Stage  # noqa: E402
+
+STYLES = ["linear", "cosine", "1-sqrt"]
+
+
+def run_of(starts, train_steps, run_args, own_args):
+    """A config-shaped record (what scheduled_lr reads) and its Schedule: stage i starts at starts[i]."""
+    stages = [SimpleNamespace(learning_rate_scheduler=own) for own in own_args]
+    config = SimpleNamespace(optimizer=SimpleNamespace(learning_rate_scheduler=run_args), data_stages=stages)
+    schedule = Schedule([Stage(f"s{i}", start, 4, 16) for i, start in enumerate(starts)], train_steps)
+    return config, schedule
+
+
+@st.composite
+def stage_setups(draw):
+    """Two stages, the second with its own schedule; the run's schedule of any style, with or without warmup."""
+    train_steps = draw(st.integers(4, 300))
+    start = draw(st.integers(2, train_steps))
+    run_args = args(lr_warmup_steps=draw(st.integers(0, start - 1)), lr_decay_style=draw(st.sampled_from(STYLES)))
+    length = train_steps - start + 1
+    own = StageLRSchedulerArgs(lr_decay_style=draw(st.sampled_from(STYLES)),
+                               min_decay_lr=draw(st.sampled_from([None, 0.0, 1e-5])),
+                               lr_warmup_steps=draw(st.integers(0, max(0, length - 1))))
+    return run_of([1, start], train_steps, run_args, [None, own])
+
+
+def reference_stage_lr(step, first, last, peak, floor, warmup, style):
+    """Written from the documented contract, not from the module: warmup from the stage's first step, then
+    from the peak at the last warmup step (or the first step) down to the floor at the stage's last step."""
+    if step - first + 1 <= warmup:
+        return peak * (step - first + 1) / warmup
+    top = first - 1 + max(warmup, 1)
+    if last == top:
+        return floor
+    return floor + (peak - floor) * SHAPES[style]((step - top) / (last - top))
+
+
+@settings(max_examples=300, deadline=None)
+@given(stage_setups())
+def test_a_stage_schedule_joins_continuously_decays_monotonically_and_ends_at_min(setup):
+    config, schedule = setup
+    run_args, own = config.optimizer.learning_rate_scheduler, config.data_stages[1].learning_rate_scheduler
+    span = stage_span(schedule, 1)
+    first, last = span.start, span.stop - 1
+    floor = run_args.min_decay_lr if own.min_decay_lr is None else own.min_decay_lr
+    peak = lr_at(first, run_args, schedule.train_steps)        # "decay from here"
+    values = [scheduled_lr(s, config, schedule) for s in span]
+    for s in range(1, first):                                  # the run's schedule before the stage
+        assert scheduled_lr(s, config, schedule) == lr_at(s, run_args, schedule.train_steps)
+    if own.lr_warmup_steps == 0 and len(span) > 1:
+        assert values[0] == peak                               # the join: exactly what the run gave that step
+    top = own.lr_warmup_steps
+    after_warmup = values[max(top - 1, 0):]
+    assert all(a >= b for a, b in zip(after_warmup, after_warmup[1:]))
+    assert values[-1] == floor
+    for s, v in zip(span, values):
+        assert v == pytest.approx(reference_stage_lr(s, first, last, peak, floor, own.lr_warmup_steps,
+                                                     own.lr_decay_style), rel=1e-12, abs=1e-18)
+
+
+@pytest.mark.parametrize("style", STYLES + ["constant"])
+def test_every_style_with_an_explicit_rate_and_wsd_inside_the_stage(style):
+    own = StageLRSchedulerArgs(learning_rate=5e-3, lr_warmup_steps=2, lr_decay_style=style,
+                               lr_decay_starting_step=25, lr_decay_steps=10, min_decay_lr=1e-4)
+    config, schedule = run_of([1, 11], 50, args(), [None, own])   # stage 2: steps 11–50
+    lrs = {s: scheduled_lr(s, config, schedule) for s in range(11, 51)}
+    assert lrs[11] == approx(5e-3 / 2) and lrs[12] == approx(5e-3)    # warmup over the stage's first 2 steps
+    assert all(lrs[s] == approx(5e-3) for s in range(12, 26))          # stable to the decay start
+    if style == "constant":
+        assert all(v == approx(5e-3) for v in lrs.values() if v != lrs[11])
+    else:
+        assert lrs[30] == approx(expected_decay_to(style, 5e-3, 1e-4, (30 - 25) / 10))
+        assert all(lrs[s] == 1e-4 for s in range(35, 51))              # the floor after 10 decay steps
+
+
+def expected_decay_to(style, peak, floor, p):
+    return floor + (peak - floor) * SHAPES[style](p)
+
+
+def test_a_one_step_stage_trains_at_min_decay_lr():
+    config, schedule = run_of([1, 10, 11], 20, args(), [None, StageLRSchedulerArgs(min_decay_lr=1e-4), None])
+    assert scheduled_lr(10, config, schedule) == 1e-4
+    assert scheduled_lr(11, config, schedule) == lr_at(11, args(), 20)   # the run's schedule again after it
+
+
+def test_a_stage_cut_short_by_train_steps_trains_the_full_runs_lrs():
+    """A trial of the first steps of a long schedule trains the LRs of the full run (the stage spans its steps
+    in the schedule, not those train_steps leaves it); the decay still ends at the stage's last step."""
+    own = [None, StageLRSchedulerArgs(lr_decay_style="linear"), None]
+    full = run_of([1, 21, 41], 60, args(lr_decay_style="constant"), own)
+    trial = run_of([1, 21, 41], 30, args(lr_decay_style="constant"), own)
+    assert [scheduled_lr(s, *trial) for s in range(1, 31)] == [scheduled_lr(s, *full) for s in range(1, 31)]
+    assert scheduled_lr(40, *full) == MIN
+
+
+def test_an_unreached_last_stage_is_never_evaluated_and_has_no_span():
+    config, schedule = run_of([1, 30], 20, args(), [None, StageLRSchedulerArgs()])
+    assert not stage_span(schedule, 1)
+    assert [scheduled_lr(s, config, schedule) for s in range(1, 21)] == [lr_at(s, args(), 20) for s in range(1, 21)]
+
+
+def test_origin_before_the_stage_joins_the_restarted_run_schedule():
+    """load_lr_scheduler = false at step 5: the run's schedule restarts there; a later stage decays from the
+    LR that restarted schedule gives at its first step."""
+    config, schedule = run_of([1, 21], 40, args(lr_decay_style="constant"), [None, StageLRSchedulerArgs()])
+    assert scheduled_lr(6, config, schedule, origin=5) == approx(LR / 10)      # the run's warmup again
+    assert scheduled_lr(21, config, schedule, origin=5) == lr_at(21, args(lr_decay_style="constant"), 40, 5)
+    assert scheduled_lr(40, config, schedule, origin=5) == MIN
+
+
+@pytest.mark.parametrize("origin", [20, 25, 38])  # 20: the resume step is the step before the stage
+def test_origin_inside_the_stage_restarts_the_stage_schedule(origin):
+    """load_lr_scheduler = false mid-stage: the stage's schedule restarts at origin + 1, warmup too, from the run's
+    learning_rate (or its own) down to min_decay_lr at the stage's last step."""
+    config, schedule = run_of([1, 21], 40, args(), [None, StageLRSchedulerArgs(lr_warmup_steps=1)])
+    assert scheduled_lr(origin + 1, config, schedule, origin=origin) == LR
+    assert scheduled_lr(40, config, schedule, origin=origin) == MIN
+    values = [scheduled_lr(s, config, schedule, origin=origin) for s in range(origin + 1, 41)]
+    assert all(a >= b for a, b in zip(values, values[1:]))
+    with pytest.raises(ValueError, match="precedes"):
+        scheduled_lr(origin, config, schedule, origin=origin)
+
+
+# ---------------------------------------------------------------------------------------------
+# Validation: a stage's schedule must fit in the stage; errors name the stage and the key
+
+from pathlib import Path  # noqa: E402
+
+from nanoflow.config import ConfigError, load_config  # noqa: E402
+
+TINY = Path(__file__).resolve().parent.parent / "schedules" / "tiny.toml"   # sft: steps 8–12
+SFT = 'data_stages[1] (stage "sft").learning_rate_scheduler.'
+
+
+@pytest.mark.parametrize(("key", "value", "message"), [
+    ("lr_warmup_steps", "5", "lr_warmup_steps = 5 leaves no step of the stage's 5 steps 8–12 to decay in"),
+    ("lr_decay_starting_step", "3", "lr_decay_starting_step = 3 is outside the stage's 5 steps 8–12"),
+    ("lr_decay_starting_step", "13", "lr_decay_starting_step = 13 is outside"),
+    ("lr_decay_steps", "5", "would end at step 13, after the stage's last step 12; at most 4"),
+    ("min_decay_lr", "-1.0", "'min_decay_lr' must be >= 0"),
+    ("learning_rate", "0", "'learning_rate' must be > 0"),
+    ("lr_decay_style", '"cosin"', "lr_decay_style"),
+    ("learnin_rate", "1e-3", "did you mean 'learning_rate'"),
+])
+def test_a_stage_schedule_that_does_not_fit_names_the_stage_and_the_key(key, value, message):
+    with pytest.raises(ConfigError) as error:
+        load_config(TINY, [f"data_stages.sft.learning_rate_scheduler.{key}={value}"])
+    assert message in str(error.value) and 'stage "sft"' in str(error.value)
+    assert str(TINY) in str(error.value)
+
+
+def test_a_stage_schedule_from_toml_drives_the_lr_and_the_last_stage_ends_at_its_floor():
+    config = load_config(TINY, ["data_stages.sft.learning_rate_scheduler.min_decay_lr=1e-5",
+                                "data_stages.sft.learning_rate_scheduler.lr_decay_style=\"cosine\""])
+    schedule = Schedule.from_config(config)
+    run = config.optimizer.learning_rate_scheduler
+    assert scheduled_lr(8, config, schedule) == lr_at(8, run, 12)
+    assert scheduled_lr(12, config, schedule) == 1e-5
+    assert scheduled_lr(7, config, schedule) == lr_at(7, run, 12)

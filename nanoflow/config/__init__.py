@@ -27,6 +27,7 @@ from nanoflow.config.schema import (
     OptimizerFactoryArgs,
     ParallelismArgs,
     RopeScalingArgs,
+    StageLRSchedulerArgs,
     TokenizerArgs,
     TokensArgs,
     converter,
@@ -36,7 +37,7 @@ __all__ = [
     "BUILDERS", "CheckpointsArgs", "Config", "ConfigError", "DataArgs", "DatasetArgs", "DatasetStageArgs",
     "EvalDatasetArgs", "EvaluationArgs",
     "GeneralArgs", "LRSchedulerArgs", "LoggingArgs", "ModelArgs", "NanosetDatasetsArgs", "OptimizerArgs",
-    "OptimizerFactoryArgs", "ParallelismArgs", "RopeScalingArgs", "TokenizerArgs", "TokensArgs", "apply_override",
-    "check_world_size", "config_from_dict", "converter",
+    "OptimizerFactoryArgs", "ParallelismArgs", "RopeScalingArgs", "StageLRSchedulerArgs", "TokenizerArgs", "TokensArgs",
+    "apply_override", "check_world_size", "config_from_dict", "converter",
     "hf_config_mismatches", "load_config", "unreached_stages", "validate",
 ]

@@ -16,6 +16,7 @@ from nanoflow.config.schema import (
     NanosetDatasetsArgs,
     RopeScalingArgs,
 )
+from nanoflow.lr import resolve_stage_lr, stage_span
 from nanoflow.schedule import Schedule, ScheduleError, stage_steps
 
 # ---------------------------------------------------------------------------------------------
@@ -75,7 +76,9 @@ def validate(config: Config) -> list[str]:
     problems.extend(evaluation_problems(config))
 
     try:
-        Schedule.from_config(config)
+        schedule = Schedule.from_config(config)
+        for i in range(len(config.data_stages)):
+            problems.extend(f"{stage_label(i)}.learning_rate_scheduler.{p}" for p in _stage_lr_problems(config, schedule, i))
     except ScheduleError as e:
         # The last stage of that name: for a duplicate name, the second one is the culprit.
         culprit = next((i for i, s in reversed(list(enumerate(config.data_stages))) if s.name == e.stage), None)
@@ -84,6 +87,29 @@ def validate(config: Config) -> list[str]:
             "tokens.train_steps" if e.key == "train_steps" else e.key)
         problems.append(f"{prefix}: {e}")
     return problems
+
+
+def _stage_lr_problems(config: Config, schedule: Schedule, index: int) -> list[str]:
+    """A stage's own LR schedule must fit in the stage: warmup, decay start and decay end within its steps."""
+    own = config.data_stages[index].learning_rate_scheduler
+    span = stage_span(schedule, index)
+    if own is None or not span:
+        return []
+    first, last = span.start, span.stop - 1
+    steps = f"the stage's {len(span)} steps {first}–{last}"
+    resolved = resolve_stage_lr(own, config.optimizer.learning_rate_scheduler, span, schedule.train_steps)
+    if own.lr_warmup_steps > len(span) or (own.lr_warmup_steps == len(span) and resolved.decay_style != "constant"):
+        return [f"lr_warmup_steps = {own.lr_warmup_steps} leaves no step of {steps} to decay in "
+                '(lr_decay_style = "constant" keeps the peak after the warmup)']
+    earliest = first - 1 + max(own.lr_warmup_steps, 1)
+    if own.lr_decay_starting_step is not None and not earliest <= own.lr_decay_starting_step <= last:
+        return [f"lr_decay_starting_step = {own.lr_decay_starting_step} is outside {steps}: it is a global step, "
+                f"from {earliest} (the {'last warmup' if own.lr_warmup_steps else 'first'} step) to {last}"]
+    if own.lr_decay_steps is not None and resolved.decay_start + resolved.decay_steps > last:
+        return [f"lr_decay_steps = {own.lr_decay_steps}: the decay from step {resolved.decay_start} would end at step "
+                f"{resolved.decay_start + resolved.decay_steps}, after the stage's last step {last}; at most "
+                f"{last - resolved.decay_start} (unset: to the stage's last step)"]
+    return []
 
 
 # ---------------------------------------------------------------------------------------------

@@ -257,6 +257,23 @@ class DataArgs:
 
 
 @frozen
+class StageLRSchedulerArgs:
+    """[data_stages.learning_rate_scheduler]: the stage's own LR schedule, replacing the run's for its steps
+    (nanoflow.lr.resolve_stage_lr). Every key is optional: learning_rate defaults to the run's LR at the
+    stage's first step, the decay (linear) to the stage's last step, min_decay_lr to the run's.
+    lr_decay_starting_step is a global step, as in nanotron."""
+
+    learning_rate: Union[float, None] = field(default=None, validator=optional(positive_float))
+    lr_warmup_steps: int = field(default=0, validator=non_negative)
+    lr_warmup_style: Literal["linear", "constant"] = "linear"
+    # nanotron's default; not the run's style, which for a WSD run is the "constant" a cooldown ends
+    lr_decay_style: Literal["linear", "cosine", "1-sqrt", "constant"] = "linear"
+    lr_decay_starting_step: Union[int, None] = field(default=None, validator=optional(positive))
+    lr_decay_steps: Union[int, None] = field(default=None, validator=optional(positive))
+    min_decay_lr: Union[float, None] = field(default=None, validator=optional([instance_of((int, float)), ge(0)]))
+
+
+@frozen
 class DatasetStageArgs:
     name: str
     start_training_step: int
@@ -266,6 +283,7 @@ class DatasetStageArgs:
     micro_batch_size: Union[int, None] = field(default=None, validator=optional(positive))
     batch_accumulation_per_replica: Union[int, None] = field(default=None, validator=optional(positive))
     global_batch_size: Union[int, None] = field(default=None, validator=optional(positive))
+    learning_rate_scheduler: Union[StageLRSchedulerArgs, None] = None   # None: the run's schedule
 
 
 # ---------------------------------------------------------------------------------------------

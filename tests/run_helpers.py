@@ -1,0 +1,48 @@
+"""Comparing runs by what they committed: every tensor of a checkpoint, every file of a folder, the metrics."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def checkpoint_tensors(step_folder: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a committed step folder, by group and name (file names may differ between saves)."""
+    tensors = {}
+    for file in sorted(Path(step_folder).rglob("*.safetensors")):
+        group = file.relative_to(step_folder).parts[0]
+        for name, tensor in load_file(file).items():
+            tensors[f"{group}/{file.name}/{name}"] = tensor
+    return tensors
+
+
+def assert_same_checkpoint(a: Path, b: Path) -> None:
+    x, y = checkpoint_tensors(a), checkpoint_tensors(b)
+    assert x and sorted(x) == sorted(y), (sorted(x), sorted(y))
+    for name in x:
+        assert torch.equal(x[name], y[name]), f"{name} differs between {a} and {b}"
+
+
+def metrics(run: Path) -> dict[int, dict]:
+    """metrics.jsonl by step (the last line of a step wins, as the file is kept)."""
+    return {m["step"]: m for m in map(json.loads, (Path(run) / "metrics.jsonl").read_text().splitlines())}
+
+
+def folder_digest(folder: Path) -> dict[str, str]:
+    """Every file under `folder` (hidden ones too) and the SHA-256 of its bytes."""
+    return {os.fspath(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(Path(folder).rglob("*")) if p.is_file()}
+
+
+def bin_train(config: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(REPO / "bin" / "train"), str(config), *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=timeout)

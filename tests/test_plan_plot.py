@@ -1,0 +1,79 @@
+"""bin/train CONFIG --plan --plot PNG: the plan drawn over global steps, from the config alone."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from nanoflow import cli, load_config
+from nanoflow.lr import scheduled_lr
+from nanoflow.plan import source_shares
+from nanoflow.plan_plot import PANELS, plan_figure, plan_steps
+from nanoflow.schedule import Schedule
+
+REPO = Path(__file__).resolve().parent.parent
+COOLDOWNS = REPO / "schedules" / "cooldowns.toml"
+TINY = REPO / "schedules" / "tiny.toml"
+BRANCH = ["data_stages.cooldown.start_training_step=9"]   # stable 1–8, cooldown (own LR, batch 8, length 24) 9–12
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_figure_has_a_panel_each_for_lr_batch_length_and_shares_with_the_plans_values():
+    config = load_config(COOLDOWNS, BRANCH)
+    figure = plan_figure(config)
+    axes = figure.axes
+    assert [ax.get_ylabel() for ax in axes] == list(PANELS)
+    assert {t.get_text() for t in axes[0].texts} == {"stable", "cooldown"}
+    schedule = Schedule.from_config(config)
+    drawn = [(x, y) for line in axes[0].get_lines() if line.get_color() == "tab:orange" for x, y in zip(*line.get_data())]
+    assert drawn == [(s, scheduled_lr(s, config, schedule)) for s in range(1, 13)]
+    assert drawn[-1][1] == 1e-4                                       # the cooldown's own floor at its last step
+    batch, length = (ax.patches[-1].get_data()[0] for ax in axes[1:3])   # stairs: values per step
+    assert list(batch) == [4] * 8 + [8] * 4 and list(length) == [32] * 8 + [24] * 4
+    assert [h.get_label() for h in axes[3].patches if not h.get_label().startswith("_") and h.get_label()] == \
+        ["text: nanoflow/*.py", "json: schedules/data/arithmetic.jsonl"]
+
+
+def test_source_shares_are_the_normalised_weights_of_the_stage_training_the_step(tmp_path):
+    text = TINY.read_text().replace('hf_dataset_or_datasets = "text"\nhf_data_files = ["../nanoflow/*.py"]',
+                                    'hf_dataset_or_datasets = { "../README.md" = 3.0, "../nanoflow/*.py" = 1.0 }')
+    (tmp_path / "schedules").mkdir()
+    (tmp_path / "schedules" / "blend.toml").write_text(text.replace('"data/', f'"{REPO}/schedules/data/'))
+    for name in ("README.md", "nanoflow"):
+        (tmp_path / name).symlink_to(REPO / name)
+    config = load_config(tmp_path / "schedules" / "blend.toml")
+    shares = source_shares(config, 7)
+    assert [Path(name).name for name in shares] == ["README.md", "*.py"] and list(shares.values()) == [0.75, 0.25]
+    assert list(source_shares(config, 8).values()) == [1.0]
+
+
+def test_a_long_run_is_sampled_but_every_stage_switch_is_drawn():
+    config = load_config(COOLDOWNS, ["tokens.train_steps=1000003", "data_stages.cooldown.start_training_step=777777"])
+    steps = plan_steps(Schedule.from_config(config))
+    assert len(steps) <= 2100 and {1, 777776, 777777, 1000003} <= set(steps)
+
+
+def test_plan_plot_writes_a_png_and_says_where(tmp_path, capsys):
+    out = tmp_path / "plan.png"
+    assert cli.train_main([str(COOLDOWNS), "--plan", "--plot", str(out), *sum((["--set", o] for o in BRANCH), [])]) == 0
+    assert out.read_bytes()[:8] == PNG and f"wrote {out}" in capsys.readouterr().out
+
+
+def test_missing_matplotlib_is_one_clean_error_and_no_file(tmp_path, capsys, monkeypatch):
+    for name in ("matplotlib", "matplotlib.figure", "matplotlib.backends.backend_agg"):
+        monkeypatch.setitem(sys.modules, name, None)   # import of it raises ImportError, as when not installed
+    out = tmp_path / "plan.png"
+    assert cli.train_main([str(COOLDOWNS), "--plan", "--plot", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert "error: drawing needs matplotlib, which is not installed: pip install 'nanoflow[report]'" in err
+    assert "Traceback" not in err and not out.exists()
+
+
+def test_plot_without_plan_and_an_unwritable_path_are_exit_2(tmp_path, capsys):
+    with pytest.raises(SystemExit) as stop:
+        cli.train_main([str(COOLDOWNS), "--plot", str(tmp_path / "x.png")])
+    assert stop.value.code == 2 and "--plot draws the plan: give --plan too" in capsys.readouterr().err
+    assert cli.train_main([str(COOLDOWNS), "--plan", "--plot", str(tmp_path / "no" / "x.png")]) == 2
+    assert "cannot write it" in capsys.readouterr().err
