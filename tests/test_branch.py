@@ -17,7 +17,8 @@ from process_helpers import signal_when_ready
 from run_helpers import REPO, assert_same_checkpoint, folder_digest, metrics
 
 from nanoflow import io, load_config
-from nanoflow.loop import start_state, train
+from nanoflow.checkpointer import Checkpointer
+from nanoflow.loop import train
 from nanoflow.schedule import ScheduleDriftError
 
 COOLDOWNS = REPO / "schedules" / "cooldowns.toml"   # "stable" at a constant LR, then a "cooldown" stage
@@ -107,7 +108,7 @@ def test_a_branch_whose_begun_stages_differ_from_the_source_is_refused_and_write
     source, _ = stable
     config = load_config(COOLDOWNS, branch(source, 6, tmp_path / "bad", 3, "data_stages.stable.sequence_length=16"))
     with pytest.raises(ScheduleDriftError, match="stable"):
-        start_state(config, out=quiet())
+        Checkpointer(config, out=quiet()).restore()
     unchanged(stable)
     assert not (tmp_path / "bad").exists() or not any((tmp_path / "bad").iterdir())
 

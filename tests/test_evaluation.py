@@ -17,7 +17,8 @@ import pytest
 import torch
 
 from nanoflow.config import ConfigError, load_config
-from nanoflow.data import ByteTokenizer, StageLoader, write_token_file
+from nanoflow.data import ByteTokenizer, write_token_file
+from nanoflow.data.loader import StageLoader
 from nanoflow.data.sources import IGNORE_INDEX
 from nanoflow.evaluation import EvalSet, load_eval_set, pick, score
 from nanoflow.parallel import SINGLE
