@@ -22,7 +22,7 @@ from nanoflow.data.loader import StageLoader
 from nanoflow.data.sources import IGNORE_INDEX
 from nanoflow.evaluation import EvalSet, load_eval_set, pick, score
 from nanoflow.parallel import SINGLE
-from nanoflow.state import new_model
+from nanoflow.build import build_model
 from tests.process_helpers import signal_when_ready
 
 REPO = Path(__file__).parent.parent
@@ -193,7 +193,7 @@ def greedy(model, prompt: list[int], length: int) -> list[int]:
 
 def test_exact_match_counts_the_answers_greedy_decoding_gets_right(tmp_path):
     config = load_config(write_run(tmp_path))
-    model = new_model(config)
+    model = build_model(config)
     rng = np.random.default_rng(0)
     prompts = [rng.integers(0, 256, 5).tolist() for _ in range(6)]
     answers = [greedy(model, p, 3) for p in prompts]
