@@ -263,8 +263,10 @@ def _eval(args: argparse.Namespace) -> int:
     from nanoflow.parallel import init_topology, shutdown
     try:
         topology = init_topology(config) if config is not None else None
-        rows = evaluate_checkpoint(args.checkpoint, config, args.overrides, topology)
-        if os.environ.get("RANK", "0") == "0":   # under torchrun, one copy of the rows
+        main = os.environ.get("RANK", "0") == "0"
+        with console.routed(sys.stderr, enabled=main):   # stdout is the rows', for piping; messages go beside them
+            rows = evaluate_checkpoint(args.checkpoint, config, args.overrides, topology)
+        if main:   # under torchrun, one copy of the rows
             print(format_rows(rows), flush=True)
     finally:
         shutdown()
