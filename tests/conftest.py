@@ -1,4 +1,6 @@
-"""A real S3 endpoint on loopback for the S3 tests: moto in server mode, in this process.
+"""The tests' fixtures: a real S3 endpoint on loopback, and a snapshot of tiny.toml with its uninterrupted run.
+
+A real S3 endpoint on loopback for the S3 tests: moto in server mode, in this process.
 
 `s3_endpoint` (session) starts moto's ThreadedMotoServer on 127.0.0.1 and a free port and points the
 standard AWS environment at it (AWS_ENDPOINT_URL, dummy credentials, region), so boto3 —
@@ -8,6 +10,9 @@ bucket and yields an s3:// prefix inside it.
 
 moto keeps its data in this process's memory, so the server can be stopped and started again on the
 same port with its objects intact: that is how the tests simulate an outage in the middle of a save.
+
+`tiny_toml` (module) is a snapshot of schedules/tiny.toml and the sources it trains on (helpers.tiny_snapshot), and
+`reference` (module) the uninterrupted run of it: what the S3 and lock tests compare their runs with, bit for bit.
 """
 
 from __future__ import annotations
@@ -19,6 +24,10 @@ import threading
 import uuid
 
 import pytest
+
+from helpers import TRAIN_STEPS, quiet, tiny, tiny_snapshot
+from nanoflow.loop import train
+from run_helpers import groups_of
 
 SECRET_ACCESS_KEY = "testing"
 AWS_ENVIRONMENT = {
@@ -208,3 +217,18 @@ def s3_bucket(s3_endpoint):
     s3_endpoint._drops.clear()
     if not s3_endpoint.running:
         s3_endpoint.start()
+
+
+@pytest.fixture(scope="module")
+def tiny_toml(tmp_path_factory):
+    """schedules/tiny.toml with its data (../nanoflow/*.py, data/…), copied to the same relative places."""
+    return tiny_snapshot(tmp_path_factory.mktemp("tiny"))
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, tiny_toml):
+    """The uninterrupted run: schedules/tiny.toml, 12 steps, locally, saved only at the end."""
+    run_folder = tmp_path_factory.mktemp("reference") / "run"
+    state = train(tiny(run_folder, "checkpoints.checkpoint_interval=100", schedule=tiny_toml), out=quiet(), fresh=True)
+    assert state.step == TRAIN_STEPS
+    return groups_of(state)

@@ -99,3 +99,15 @@ def eot_tokenizer(path: Path, vocab_size: int = 280) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     tok.save(str(path))
     return path
+
+
+def write_word_level_tokenizer(path: Path, specials: list[str]) -> Path:
+    """A word-level tokenizer.json, trained here with `tokenizers` on three lines, with [UNK] and `specials`."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.WordLevel(unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    lines = ["the cat sat on the mat", "a dog sat on a log", "the end"]
+    tokenizer.train_from_iterator(lines, trainers.WordLevelTrainer(special_tokens=["[UNK]", *specials]))
+    tokenizer.save(str(path))
+    return path

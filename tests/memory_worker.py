@@ -18,10 +18,10 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import nanoflow  # noqa: E402
+from helpers import TINY  # noqa: E402 - tests/ is on sys.path: this script's folder, or pytest's
 from nanoflow.model import Llama  # noqa: E402
 from nanoflow.parallel import Topology, init_topology, parallelize  # noqa: E402
 
-TINY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "schedules", "tiny.toml")
 VARIANTS = ("plain", "chunked", "recompute")  # recompute: the chunked loss and recompute_layer = true
 
 

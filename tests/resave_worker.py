@@ -6,14 +6,14 @@ The re-saved checkpoint must hold exactly the tensors of the source: what a layo
 """
 
 import sys
-from pathlib import Path
 
+from helpers import TINY
 from nanoflow import load_config
 from nanoflow.checkpointer import Checkpointer
 from nanoflow.parallel import exit_process, init_topology, shutdown
 
 source, destination, *overrides = sys.argv[1:]
-config = load_config(Path(__file__).parent.parent / "schedules" / "tiny.toml", [
+config = load_config(TINY, [
     *overrides, f'checkpoints.resume_checkpoint_path="{source}"', f'checkpoints.checkpoints_path="{destination}"'])
 topology = init_topology(config)
 checkpointer = Checkpointer(config, topology)

@@ -1,4 +1,4 @@
-"""Comparing runs by what they committed: every tensor of a checkpoint, every file of a folder, the metrics."""
+"""Comparing runs by what they committed: every tensor of a checkpoint or a state, every file of a folder, the metrics."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-REPO = Path(__file__).resolve().parent.parent
+from helpers import REPO
+from nanoflow.shards import state_blocks
 
 
 def checkpoint_tensors(step_folder: Path) -> dict[str, torch.Tensor]:
@@ -46,3 +47,18 @@ def folder_digest(folder: Path) -> dict[str, str]:
 def bin_train(config: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(REPO / "bin" / "train"), str(config), *args], cwd=REPO,
                           capture_output=True, text=True, timeout=timeout)
+
+
+def groups_of(state) -> dict[str, dict[str, torch.Tensor]]:
+    """A copy of every tensor of a state, by checkpoint group (model, optimizer) and name."""
+    groups = state_blocks(state.model, state.optimizer, state.topology)  # one process: every block is whole
+    return {g: {name: b.data.detach().clone() for name, b in blocks.items()} for g, blocks in groups.items()}
+
+
+def assert_same(got: dict, want: dict, groups=("model", "optimizer")) -> None:
+    """torch.equal on every parameter and every AdamW moment (exp_avg, exp_avg_sq, step)."""
+    for group in groups:
+        assert got[group].keys() == want[group].keys(), group
+        differ = [name for name, t in want[group].items()
+                  if got[group][name].dtype != t.dtype or not torch.equal(got[group][name], t)]
+        assert not differ, f"{group}: {len(differ)} tensors differ, e.g. {differ[:4]}"

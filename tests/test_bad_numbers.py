@@ -8,11 +8,9 @@ from pathlib import Path
 import pytest
 
 from data_helpers import stage, write_config
+from helpers import REPO, TINY
 from nanoflow import ConfigError, load_config
 from nanoflow.data import ByteTokenizer, DataInputError, open_stage
-
-REPO = Path(__file__).resolve().parents[1]
-TINY = REPO / "schedules" / "tiny.toml"
 
 
 @pytest.mark.parametrize("override, message", [

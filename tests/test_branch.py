@@ -3,7 +3,6 @@ a step folder of the stable run. A branch resumes exactly, and the stable run's 
 
 from __future__ import annotations
 
-import io as text_io
 import json
 import os
 import signal
@@ -13,8 +12,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import REPO, quiet
 from process_helpers import signal_when_ready
-from run_helpers import REPO, assert_same_checkpoint, folder_digest, metrics
+from run_helpers import assert_same_checkpoint, folder_digest, metrics
 
 from nanoflow import io, load_config
 from nanoflow.checkpointer import Checkpointer
@@ -30,10 +30,6 @@ def branch(source: Path, step: int, run: Path, length: int = 3, *more: str) -> l
     return [f"general.run=cooldown-{step}", f"checkpoints.checkpoints_path={json.dumps(str(run))}",
             f"checkpoints.resume_checkpoint_path={json.dumps(str(source / str(step)))}",
             f"data_stages.cooldown.start_training_step={step + 1}", f"tokens.train_steps={step + length}", *more]
-
-
-def quiet() -> text_io.StringIO:
-    return text_io.StringIO()
 
 
 @pytest.fixture(scope="module")

@@ -7,16 +7,10 @@ import pytest
 import torch
 
 import nanoflow
-from nanoflow import Checkpointer, init_state, io, load_config, stage_data, train_step
+from helpers import tiny
+from nanoflow import Checkpointer, init_state, io, stage_data, train_step
 from nanoflow.io.checkpoint import save_checkpoint
 from nanoflow.shards import state_blocks
-
-ROOT = Path(__file__).resolve().parent.parent
-TINY = ROOT / "schedules" / "tiny.toml"
-
-
-def tiny(run: Path, *overrides: str):
-    return load_config(TINY, [f'checkpoints.checkpoints_path="{run}"', *overrides])
 
 
 def trained(config, steps: int):

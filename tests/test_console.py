@@ -7,19 +7,12 @@ import json
 import logging
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-from nanoflow import cli, console, load_config
+from helpers import REPO, TINY, tiny
+from nanoflow import cli, console
 from nanoflow.loop import train
-
-ROOT = Path(__file__).resolve().parent.parent
-TINY = ROOT / "schedules" / "tiny.toml"
-
-
-def tiny(run: Path, *overrides: str):
-    return load_config(TINY, [f"checkpoints.checkpoints_path={json.dumps(str(run))}", *overrides])
 
 
 @pytest.mark.slow
@@ -29,7 +22,7 @@ def test_a_checkpoint_skipped_by_io_is_one_warning_line_on_bin_train_stdout(tmp_
     (run / "4" / "checkpoint_metadata.json").unlink()   # step 4 incomplete: io skips it for step 2, and says so
     result = subprocess.run([sys.executable, "bin/train", str(TINY), "--set",
                              f"checkpoints.checkpoints_path={json.dumps(str(run))}", "--set", "tokens.train_steps=6"],
-                            cwd=ROOT, capture_output=True, text=True, timeout=180)
+                            cwd=REPO, capture_output=True, text=True, timeout=180)
     assert result.returncode == 0, result.stdout + result.stderr
     warnings = [line for line in result.stdout.splitlines() if "is incomplete" in line]
     assert len(warnings) == 1, result.stdout

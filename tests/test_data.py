@@ -13,15 +13,14 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from data_helpers import BYTES, write_word_level_tokenizer
+from helpers import REPO
 from nanoflow.config import load_config
 from nanoflow.data import IGNORE_INDEX, ByteTokenizer, TokenizerError, load_tokenizer, open_stage, sample_order
 from nanoflow.data.hf_datasets import expand_data_files
 from nanoflow.data.sources import PackedText, SFTExamples
 from nanoflow.data.tokenizer import HFTokenizer
 from nanoflow.schedule import Schedule
-
-REPO = Path(__file__).resolve().parents[1]
-BYTES = ByteTokenizer()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -35,17 +34,6 @@ def test_byte_tokenizer_round_trips_utf8_and_skips_special_ids():
     assert BYTES.decode(ids[:3] + [BYTES.eos_id] + ids[3:]) == text
     assert (BYTES.eos_id, BYTES.vocab_size) == (256, 257)
     assert [a.tolist() for a in BYTES.encode_batch([text, ""])] == [ids, []]
-
-
-def write_word_level_tokenizer(path: Path, specials: list[str]) -> Path:
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-
-    tokenizer = Tokenizer(models.WordLevel(unk_token="[UNK]"))
-    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
-    lines = ["the cat sat on the mat", "a dog sat on a log", "the end"]
-    tokenizer.train_from_iterator(lines, trainers.WordLevelTrainer(special_tokens=["[UNK]", *specials]))
-    tokenizer.save(str(path))
-    return path
 
 
 def test_hf_tokenizer_finds_eos_and_round_trips(tmp_path):

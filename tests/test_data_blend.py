@@ -6,7 +6,6 @@ import subprocess
 import sys
 import textwrap
 import threading
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,12 +14,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from data_helpers import BYTES, documents, load, stage, write_folder
+from helpers import REPO
 from log_helpers import logged
 from nanoflow.data import open_stage, sample_order
 from nanoflow.data.blend import Blend
 from nanoflow.schedule import Schedule
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 # ---------------------------------------------------------------------------------------------

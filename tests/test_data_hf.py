@@ -12,13 +12,12 @@ import torch
 
 import nanoflow.data.hf_datasets as hf_datasets
 from data_helpers import BYTES, load, stage, write_config
+from helpers import REPO
 from nanoflow.config import ConfigError
 from nanoflow.data import open_stage
 from nanoflow.data.hf_datasets import load_rows
 from nanoflow.data.sources import PackedText
 from nanoflow.data.hf_datasets import hf_specs
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers import REPO
 import nanoflow.data.prepare as prepare_module
 from nanoflow import load_config
 from nanoflow.data import TokenFolder, load_tokenizer
@@ -17,8 +18,6 @@ from nanoflow.data.hf_datasets import load_rows
 from nanoflow.data.prepare import PrepareError, prepare
 from nanoflow.config import DatasetArgs
 from nanoflow.data.hf_datasets import hf_specs, tokenize_rows
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture

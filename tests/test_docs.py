@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers import REPO
 from nanoflow import ConfigError, load_config
 from nanoflow.nanotron import to_toml
 
@@ -33,8 +34,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-ROOT = Path(__file__).resolve().parent.parent
-DOCS = ROOT / "docs"
+DOCS = REPO / "docs"
 PAGES = sorted(p.name for p in DOCS.glob("*.md") if p.name != "README.md")   # README.md: the index
 FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```\s*$", re.MULTILINE | re.DOTALL)
 NO_RUN = "<!-- no-run -->"
@@ -53,10 +53,10 @@ def blocks(page: str) -> list[tuple[str, str, int, bool]]:
 
 def scratch(tmp_path: Path) -> Path:
     """A folder that looks like the repository: links to its files, a copy of schedules/ (fragments are written there)."""
-    for entry in ROOT.iterdir():
+    for entry in REPO.iterdir():
         if entry.name not in NOT_MIRRORED:
             (tmp_path / entry.name).symlink_to(entry)
-    shutil.copytree(ROOT / "schedules", tmp_path / "schedules")
+    shutil.copytree(REPO / "schedules", tmp_path / "schedules")
     return tmp_path
 
 
@@ -76,7 +76,7 @@ def test_docs_pages_exist():
 
 
 def load_toml_block(folder: Path, page: str, n: int, code: str, line: int, *, strict: bool = True) -> None:
-    tiny = tomllib.loads((ROOT / "schedules" / "tiny.toml").read_text())
+    tiny = tomllib.loads((REPO / "schedules" / "tiny.toml").read_text())
     raw = tomllib.loads(code)
     complete = "model" in raw and "data_stages" in raw
     path = folder / "schedules" / f"_docs_{n}.toml"

@@ -6,16 +6,16 @@ from __future__ import annotations
 import importlib
 import subprocess
 import sys
-from pathlib import Path
+
+from helpers import REPO
 
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
-ROOT = Path(__file__).resolve().parent.parent
-SCRIPTS = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
-COMMANDS = sorted(path.name for path in (ROOT / "bin").iterdir() if path.is_file())
+SCRIPTS = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+COMMANDS = sorted(path.name for path in (REPO / "bin").iterdir() if path.is_file())
 
 
 def test_each_bin_command_is_a_console_script_calling_the_same_function():
@@ -23,7 +23,7 @@ def test_each_bin_command_is_a_console_script_calling_the_same_function():
     for name in COMMANDS:
         module, _, function = SCRIPTS[f"nanoflow-{name}"].partition(":")
         assert module == "nanoflow.cli" and callable(getattr(importlib.import_module(module), function))
-        text = (ROOT / "bin" / name).read_text()
+        text = (REPO / "bin" / name).read_text()
         assert f"from nanoflow.cli import {function}" in text and f"    {function}()" in text, name
         assert "sys.path" not in text, name
 

@@ -19,17 +19,17 @@ import numpy as np
 import pytest
 
 from data_helpers import EOS, stage, write_config, write_folder
+from helpers import REPO, TINY as TINY_FILE
 from nanoflow import cli, errors, load_config
 from nanoflow.config import ConfigError
 from nanoflow.config.load import looks_local
 from process_helpers import signal_when_ready
 
-ROOT = Path(__file__).resolve().parent.parent
-TINY = "schedules/tiny.toml"
+TINY = str(TINY_FILE.relative_to(REPO))   # as typed at the repository root, where bin/* run here
 
 
 def run(*args: str, timeout: float = 180, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+    return subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout,
                           env={**os.environ, **(env or {})})
 
 
@@ -192,7 +192,7 @@ def test_a_token_file_cut_short_mid_run_exits_2_and_keeps_the_checkpoint(tmp_pat
                           micro_batch_size=8, accumulation=1, train_steps=400)
     folder = tmp_path / "checkpoints"
     process = subprocess.Popen([sys.executable, "bin/train", str(config), "--set", "checkpoints.checkpoint_interval=2"],
-                               cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE,
+                               cwd=REPO, env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)
     try:
         while "saved step 2:" not in (line := process.stdout.readline()):
@@ -224,7 +224,7 @@ def test_a_token_file_cut_short_mid_run_exits_2_and_keeps_the_checkpoint(tmp_pat
 ])
 def test_an_enum_typo_names_the_key_the_allowed_values_and_the_nearest(override, key, nearest):
     with pytest.raises(ConfigError) as caught:
-        load_config(ROOT / TINY, [override])
+        load_config(REPO / TINY, [override])
     message = str(caught.value)
     assert key in message and f"(did you mean {nearest!r}?)" in message, message
     assert "expected one of " in message and "unknown error" not in message and "Literal" not in message
@@ -235,7 +235,7 @@ def test_an_enum_typo_names_the_key_the_allowed_values_and_the_nearest(override,
 def test_an_enum_value_far_from_every_allowed_one_lists_them_without_a_guess():
     with pytest.raises(ConfigError, match=r"lr_decay_style: 'zzz' is not allowed: expected one of 'linear', "
                                           r"'cosine', '1-sqrt', 'constant'$"):
-        load_config(ROOT / TINY, ["optimizer.learning_rate_scheduler.lr_decay_style=zzz"])
+        load_config(REPO / TINY, ["optimizer.learning_rate_scheduler.lr_decay_style=zzz"])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -306,7 +306,7 @@ def test_ctrl_c_during_start_up_exits_130_with_one_line(tmp_path):
         return True
 
     returncode, stdout, stderr = signal_when_ready([sys.executable, "bin/train", str(config)], started,
-                                                   signal.SIGINT, cwd=ROOT, env=env)
+                                                   signal.SIGINT, cwd=REPO, env=env)
     assert returncode == errors.EXIT_INTERRUPTED, (stdout, stderr)
     assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr
     assert stderr.strip().splitlines() == ["interrupted: stopped at once, without saving; the last committed "
@@ -321,7 +321,7 @@ def test_a_signal_stop_after_saving_exits_75(tmp_path):
                "--set", "data_stages.sft.start_training_step=390", "--set", "checkpoints.checkpoint_interval=1000"]
     metrics = folder / "metrics.jsonl"
     returncode, stdout, stderr = signal_when_ready(
-        command, lambda _: metrics.exists() and len(metrics.read_text().splitlines()) >= 2, signal.SIGTERM, cwd=ROOT)
+        command, lambda _: metrics.exists() and len(metrics.read_text().splitlines()) >= 2, signal.SIGTERM, cwd=REPO)
     assert returncode == errors.EXIT_STOPPED, (stdout, stderr)
     assert "stopped by SIGTERM" in stdout and "Traceback" not in stderr
     stopped = committed_step(folder)
@@ -373,7 +373,7 @@ def test_until_step_is_a_planned_stop_not_a_signal(tmp_path):
     from nanoflow.loop import train
 
     out = text_io.StringIO()
-    state = train(load_config(ROOT / TINY, [f'checkpoints.checkpoints_path="{tmp_path / "run"}"']), until_step=2,
+    state = train(load_config(REPO / TINY, [f'checkpoints.checkpoints_path="{tmp_path / "run"}"']), until_step=2,
                   out=out, progress=False)
     assert state.step == 2 and committed_step(tmp_path / "run") == 2
     assert "stopped after step 2 of 12 as asked (until_step = 2)" in out.getvalue()

@@ -16,18 +16,18 @@ import numpy as np
 import pytest
 import torch
 
+from data_helpers import BYTES
+from helpers import REPO
 from nanoflow.config import ConfigError, load_config
-from nanoflow.data import ByteTokenizer, write_token_file
+from nanoflow.build import build_model
+from nanoflow.data import write_token_file
 from nanoflow.data.loader import StageLoader
 from nanoflow.data.sources import IGNORE_INDEX
 from nanoflow.evaluation import EvalSet, load_eval_set, pick, score
 from nanoflow.parallel import SINGLE
-from nanoflow.build import build_model
-from tests.process_helpers import signal_when_ready
+from process_helpers import signal_when_ready
 
-REPO = Path(__file__).parent.parent
 PYTHON = sys.executable
-BYTES = ByteTokenizer()
 SUMS = [{"prompt": f"{a}+{b}=", "completion": str(a + b)} for a in range(1, 5) for b in range(1, 3)]
 
 # A two-stage run: packed text that holds its last 10 windows out, then SFT sums; evaluated on both.

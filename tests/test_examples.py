@@ -3,18 +3,17 @@
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from helpers import REPO
 
 STEP_LINE = re.compile(r"^step\s+(\d+)\s+(\S+)\s+loss\s+([0-9.]+)", re.MULTILINE)
 
 
 @pytest.mark.slow
 def test_notebook_example_runs_and_losses_fall():
-    result = subprocess.run([sys.executable, "examples/notebook.py"], cwd=ROOT, capture_output=True, text=True,
+    result = subprocess.run([sys.executable, "examples/notebook.py"], cwd=REPO, capture_output=True, text=True,
                             timeout=120)
     assert result.returncode == 0, result.stderr
     steps = [(int(step), stage, float(loss)) for step, stage, loss in STEP_LINE.findall(result.stdout)]

@@ -1,6 +1,5 @@
 """Data fingerprints: a begun stage never resumes on other data, another tokenizer or other seeds without being told."""
 
-import io as text_io
 import json
 import os
 import subprocess
@@ -10,20 +9,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from data_helpers import stage, write_config, write_folder
+from data_helpers import stage, write_config, write_folder, write_word_level_tokenizer
+from helpers import REPO, quiet
 from nanoflow import io, load_config
 from nanoflow.data import ByteTokenizer
 from nanoflow.data import fingerprint as fp
 from nanoflow.data.fingerprint import DataChangedError, fingerprint_changes, stage_fingerprint
 from nanoflow.checkpointer import Checkpointer
 from nanoflow.loop import train
-from test_data import write_word_level_tokenizer
-
-REPO = Path(__file__).resolve().parents[1]
-
-
-def quiet() -> text_io.StringIO:
-    return text_io.StringIO()
 
 
 @pytest.fixture

@@ -4,11 +4,10 @@ is not its first run."""
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).parent.parent
+from helpers import REPO
 
 
 @pytest.mark.slow   # five processes (two measurements, three loop runs): ≈ 45 s of CPU

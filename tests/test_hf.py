@@ -14,8 +14,10 @@ import pytest
 import torch
 import transformers
 
+import helpers
 import nanoflow
-from nanoflow import ConfigError, load_config
+from helpers import REPO, TINY
+from nanoflow import ConfigError
 from nanoflow.export import export_hf
 from nanoflow.io import read_hf, read_model
 from nanoflow.io.hf import HFFormatError, HFWeights, is_hf_folder, read_init_weights
@@ -23,14 +25,12 @@ from nanoflow.checkpointer import Checkpointer
 from nanoflow.preflight import preflight
 from nanoflow.loop import train
 
-ROOT = Path(__file__).resolve().parent.parent
-TINY = ROOT / "schedules" / "tiny.toml"
 MODEL_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
               "num_key_value_heads", "max_position_embeddings", "rms_norm_eps", "rope_theta", "tie_word_embeddings")
 
 
 def tiny(tmp_path: Path, *overrides: str, run: str = "run"):
-    return load_config(TINY, [f"checkpoints.checkpoints_path={json.dumps(str(tmp_path / run))}", *overrides])
+    return helpers.tiny(tmp_path / run, *overrides)
 
 
 def checked(tmp_path: Path, *overrides: str):
@@ -282,20 +282,20 @@ def test_export_and_import_on_s3(trained, s3_bucket):
 def test_cli_export_and_mismatch_exit_status(trained, tmp_path):
     run, _ = trained
     result = subprocess.run([sys.executable, "bin/export", str(run), str(tmp_path / "hf"), "--max-shard-size", "30KB"],
-                            cwd=ROOT, capture_output=True, text=True, timeout=120)
+                            cwd=REPO, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert "exported step 3" in result.stdout and (tmp_path / "hf" / "model.safetensors.index.json").exists()
 
     result = subprocess.run([sys.executable, "bin/train", str(TINY), "--set",
                              f"checkpoints.checkpoints_path={json.dumps(str(tmp_path / 'run2'))}", "--set",
                              f"model.init_from={json.dumps(str(tmp_path / 'hf'))}", "--set", "model.hidden_size=64"],
-                            cwd=ROOT, capture_output=True, text=True, timeout=120)
+                            cwd=REPO, capture_output=True, text=True, timeout=120)
     assert result.returncode == 2, result.stderr
     assert "model.init_from: model.hidden_size = 64, but" in result.stderr and "Traceback" not in result.stderr
     assert not (tmp_path / "run2").exists()
 
     result = subprocess.run([sys.executable, "bin/export", str(tmp_path / "nothing"), str(tmp_path / "x")],
-                            cwd=ROOT, capture_output=True, text=True, timeout=120)
+                            cwd=REPO, capture_output=True, text=True, timeout=120)
     assert result.returncode == 2 and "holds no" in result.stderr, result.stderr
 
 
@@ -467,7 +467,7 @@ def test_cli_refuses_attention_dropout_with_exit_2(tmp_path):
     result = subprocess.run([sys.executable, "bin/train", str(TINY), "--set",
                              f"checkpoints.checkpoints_path={json.dumps(str(tmp_path / 'run'))}", "--set",
                              f"model.init_from={json.dumps(str(tmp_path / 'hf'))}"],
-                            cwd=ROOT, capture_output=True, text=True, timeout=120)
+                            cwd=REPO, capture_output=True, text=True, timeout=120)
     assert result.returncode == 2, result.stderr
     assert f"{path}: attention_dropout = 0.1" in result.stderr and "Traceback" not in result.stderr
     assert not (tmp_path / "run").exists()

@@ -19,9 +19,11 @@ from pathlib import Path
 
 import pytest
 
+from helpers import REPO, TRAIN_STEPS
 from nanoflow.io import CheckpointError, LockLostError, RunLock, RunLockedError, confirm_held, read_checkpoint
 from nanoflow.io.lock import LEASE_ENV, LOCK
-from test_s3 import ROOT, TRAIN_STEPS, assert_same, reference, split, tiny, tiny_toml  # noqa: F401 - fixtures
+from run_helpers import assert_same
+from s3_helpers import split
 
 HOST = socket.gethostname()
 
@@ -44,7 +46,7 @@ except CheckpointError as e:
 print("OK", os.getpid(), flush=True)
 {then}
 """
-    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT),
+    return subprocess.run([sys.executable, "-c", code], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO),
                           **(env or {})}, capture_output=True, text=True, timeout=60)
 
 
@@ -197,7 +199,7 @@ def test_a_bad_lease_setting_is_an_error(tmp_path, monkeypatch, value):
 # bin/train: the lock around a real run
 
 def train_command(tiny_toml: Path, url: str, *extra: str) -> list[str]:
-    return [sys.executable, str(ROOT / "bin" / "train"), str(tiny_toml), "--set",
+    return [sys.executable, str(REPO / "bin" / "train"), str(tiny_toml), "--set",
             f"checkpoints.checkpoints_path={json.dumps(url)}", "--set", "checkpoints.checkpoint_interval=2", *extra]
 
 

@@ -350,11 +350,9 @@ def test_origin_inside_the_stage_restarts_the_stage_schedule(origin):
 # ---------------------------------------------------------------------------------------------
 # Validation: a stage's schedule must fit in the stage; errors name the stage and the key
 
-from pathlib import Path  # noqa: E402
-
+from helpers import TINY  # noqa: E402   # sft: steps 8–12
 from nanoflow.config import ConfigError, load_config  # noqa: E402
 
-TINY = Path(__file__).resolve().parent.parent / "schedules" / "tiny.toml"   # sft: steps 8–12
 SFT = 'data_stages[1] (stage "sft").learning_rate_scheduler.'
 
 

@@ -3,7 +3,6 @@ and gradients; the step reads device values once. Multi-process layouts run unde
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -11,12 +10,11 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 
 import nanoflow
+from helpers import REPO
 from memory_worker import batch, config_for, gradients
 from nanoflow.loss import cross_entropy_sum
 from nanoflow.model import Llama
 from nanoflow.parallel import SINGLE, parallelize
-
-REPO = Path(__file__).parent.parent
 
 
 def plain_loss(hidden, weight, labels):

@@ -14,6 +14,7 @@ import yaml
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from helpers import REPO
 from nanoflow import load_config
 from nanoflow.config import ConfigError
 from nanoflow.lr import lr_at
@@ -24,7 +25,6 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-ROOT = Path(__file__).resolve().parent.parent
 
 # The shape of nanotron's examples/config_tiny_llama.yaml (as nanotron's own dump writes it), with local data.
 NANOTRON_YAML = """
@@ -244,13 +244,13 @@ def test_legacy_layouts(tmp_path):
 
 def test_cli_writes_toml_to_stdout_and_report_to_stderr(tmp_path):
     (tmp_path / "config.yaml").write_text(NANOTRON_YAML)
-    result = subprocess.run([sys.executable, "bin/convert-nanotron-config", str(tmp_path / "config.yaml")], cwd=ROOT,
+    result = subprocess.run([sys.executable, "bin/convert-nanotron-config", str(tmp_path / "config.yaml")], cwd=REPO,
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert tomllib.loads(result.stdout)["tokens"]["train_steps"] == 15
     assert f"{tmp_path / 'config.yaml'}: not carried over: parallelism.pp = 2" in result.stderr
     (tmp_path / "bad.yaml").write_text("a: [b\n")
-    result = subprocess.run([sys.executable, "bin/convert-nanotron-config", str(tmp_path / "bad.yaml")], cwd=ROOT,
+    result = subprocess.run([sys.executable, "bin/convert-nanotron-config", str(tmp_path / "bad.yaml")], cwd=REPO,
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and "error:" in result.stderr and not result.stdout
 

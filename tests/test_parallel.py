@@ -11,13 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from helpers import REPO, TINY
 from nanoflow import io
 from nanoflow.verify import first_difference
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).parent.parent
-TINY = REPO / "schedules" / "tiny.toml"
 STEPS = 4
 # One schedule for every layout: global batch 8 = micro 2 × accumulation × dp (the accumulation derived
 # from the stated global batch), the SFT stage out of reach. adam_eps = 1e-6: AdamW's first updates are

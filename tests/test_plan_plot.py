@@ -7,15 +7,14 @@ from pathlib import Path
 
 import pytest
 
+from helpers import REPO, TINY
 from nanoflow import cli, load_config
 from nanoflow.lr import scheduled_lr
 from nanoflow.plan import source_shares
 from nanoflow.plan_plot import PANELS, plan_figure, plan_steps
 from nanoflow.schedule import Schedule
 
-REPO = Path(__file__).resolve().parent.parent
 COOLDOWNS = REPO / "schedules" / "cooldowns.toml"
-TINY = REPO / "schedules" / "tiny.toml"
 BRANCH = ["data_stages.cooldown.start_training_step=9"]   # stable 1–8, cooldown (own LR, batch 8, length 24) 9–12
 PNG = b"\x89PNG\r\n\x1a\n"
 

@@ -12,18 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from nanoflow import load_config
+from helpers import REPO, tiny
 from nanoflow import tensorboard as nanoflow_tensorboard
 from nanoflow.loop import train
 from nanoflow.metrics import MetricsError, read_metrics, step_seconds, tokens_per_second
 from nanoflow.report import HEIGHT, WIDTH, format_summary, read_run_metadata, stage_spans, stage_summary, write_report
-
-ROOT = Path(__file__).resolve().parent.parent
-TINY = ROOT / "schedules" / "tiny.toml"
-
-
-def tiny(run: Path, *overrides: str):
-    return load_config(TINY, [f"checkpoints.checkpoints_path={json.dumps(str(run))}", *overrides])
 
 
 @pytest.fixture(scope="module")
@@ -119,11 +112,11 @@ def test_tensorboard_is_a_no_op_without_the_package(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_cli_report(run, tmp_path):
-    result = subprocess.run([sys.executable, "bin/report", str(run), "--out", str(tmp_path / "r.png")], cwd=ROOT,
+    result = subprocess.run([sys.executable, "bin/report", str(run), "--out", str(tmp_path / "r.png")], cwd=REPO,
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert png_size(tmp_path / "r.png") == (WIDTH, HEIGHT)
     assert "pretrain" in result.stdout and "total: 10 steps" in result.stdout
-    result = subprocess.run([sys.executable, "bin/report", str(tmp_path / "none")], cwd=ROOT, capture_output=True,
+    result = subprocess.run([sys.executable, "bin/report", str(tmp_path / "none")], cwd=REPO, capture_output=True,
                             text=True, timeout=120)
     assert result.returncode == 2 and "no such file" in result.stderr

@@ -1,6 +1,5 @@
 """Resume: a run that stops and resumes ends exactly where an uninterrupted run ends."""
 
-import io as text_io
 import json
 import os
 import re
@@ -12,9 +11,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import REPO, TINY, quiet, tiny
 from log_helpers import logged
 
-from nanoflow import io, load_config
+from nanoflow import io
 from nanoflow.io.marker import FORMAT, sealed
 from nanoflow.io.store import StoreError
 from nanoflow.checkpointer import Checkpointer
@@ -23,17 +23,6 @@ from nanoflow.metrics import MetricsLog
 from nanoflow.lr import lr_at
 from nanoflow.schedule import ScheduleDriftError
 from nanoflow.verify import first_difference
-
-REPO = Path(__file__).parent.parent
-TINY = REPO / "schedules" / "tiny.toml"
-
-
-def tiny(run: Path, *overrides: str):
-    return load_config(TINY, [f'checkpoints.checkpoints_path="{run}"', *overrides])
-
-
-def quiet() -> text_io.StringIO:
-    return text_io.StringIO()
 
 
 def restore(config, *, fresh: bool = False, out):

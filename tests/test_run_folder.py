@@ -11,13 +11,11 @@ from pathlib import Path
 import pytest
 from log_helpers import logged
 
+from helpers import REPO, TINY
 from nanoflow import io, load_config
 from nanoflow.io.runfolder import RunFolderError, RunFolderWriteError
 from nanoflow.loop import train
 from nanoflow.tensorboard import TensorBoardLog, available
-
-REPO = Path(__file__).resolve().parents[1]
-TINY = REPO / "schedules" / "tiny.toml"
 
 
 def train_command(run: Path, *overrides: str) -> list[str]:

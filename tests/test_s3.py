@@ -13,10 +13,8 @@ from __future__ import annotations
 
 import io
 import json
-import glob
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -27,32 +25,23 @@ from pathlib import Path
 
 import pytest
 import torch
+import helpers
+from helpers import REPO, TRAIN_STEPS
 from log_helpers import logged
+from run_helpers import assert_same, groups_of
+from s3_helpers import copy_run, get, keys, split, step_folders
 
-from nanoflow import load_config
 from nanoflow.io import (CheckpointError, latest, read_checkpoint, read_metadata, read_model,
                         save_checkpoint)
 from nanoflow.io.store import Store, StoreError
 from nanoflow.loop import train
-from nanoflow.shards import MOMENTS, STEP, state_blocks
+from nanoflow.shards import MOMENTS, STEP
 
-ROOT = Path(__file__).resolve().parent.parent
-TRAIN_STEPS = 12
 FILES = ("checkpoint_metadata.json", "model/rank00000.safetensors", "optimizer/rank00000.safetensors")
-
-@pytest.fixture(scope="module")
-def tiny_toml(tmp_path_factory) -> Path:
-    """schedules/tiny.toml with its data (../nanoflow/*.py, data/…), copied to the same relative places."""
-    snapshot = tmp_path_factory.mktemp("tiny")
-    shutil.copytree(ROOT / "schedules", snapshot / "schedules")
-    (snapshot / "nanoflow").mkdir()
-    for source in glob.glob(str(ROOT / "nanoflow" / "*.py")):
-        shutil.copy(source, snapshot / "nanoflow")
-    return snapshot / "schedules" / "tiny.toml"
 
 
 def tiny(tiny_toml: Path, checkpoints_path: str, *overrides: str):
-    return load_config(tiny_toml, [f"checkpoints.checkpoints_path={json.dumps(str(checkpoints_path))}", *overrides])
+    return helpers.tiny(checkpoints_path, *overrides, schedule=tiny_toml)
 
 
 def run(config, **kwargs):
@@ -62,65 +51,8 @@ def run(config, **kwargs):
     return state, out.getvalue()
 
 
-def groups_of(state) -> dict[str, dict[str, torch.Tensor]]:
-    groups = state_blocks(state.model, state.optimizer, state.topology)  # one process: every block is whole
-    return {g: {name: b.data.detach().clone() for name, b in blocks.items()} for g, blocks in groups.items()}
-
-
-def assert_same(got: dict, want: dict, groups=("model", "optimizer")) -> None:
-    """torch.equal on every parameter and every AdamW moment (exp_avg, exp_avg_sq, step)."""
-    for group in groups:
-        assert got[group].keys() == want[group].keys(), group
-        differ = [name for name, t in want[group].items()
-                  if got[group][name].dtype != t.dtype or not torch.equal(got[group][name], t)]
-        assert not differ, f"{group}: {len(differ)} tensors differ, e.g. {differ[:4]}"
-
-
-def split(url: str) -> tuple[str, str]:
-    bucket, _, prefix = url.removeprefix("s3://").partition("/")
-    return bucket, prefix
-
-
-def keys(endpoint, url: str) -> dict[str, int]:
-    """Every object under the s3:// prefix, as {path relative to it: size}."""
-    bucket, prefix = split(url)
-    found = {}
-    for page in endpoint.client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix + "/"):
-        found.update({o["Key"][len(prefix) + 1:]: o["Size"] for o in page.get("Contents", [])})
-    return found
-
-
-def get(endpoint, url: str, relative: str) -> bytes:
-    bucket, prefix = split(url)
-    return endpoint.client().get_object(Bucket=bucket, Key=f"{prefix}/{relative}")["Body"].read()
-
-
-def step_folders(endpoint, url: str) -> set[str]:
-    """The immediate 'sub-folders' of the prefix (S3 CommonPrefixes)."""
-    bucket, prefix = split(url)
-    listing = endpoint.client().list_objects_v2(Bucket=bucket, Prefix=prefix + "/", Delimiter="/")
-    return {p["Prefix"][len(prefix) + 1:].rstrip("/") for p in listing.get("CommonPrefixes", [])}
-
-
-def copy_run(endpoint, source: str, target: str) -> None:
-    """Server-side copy of every object of a run prefix (to damage a copy, not the shared run)."""
-    client = endpoint.client()
-    (sb, sp), (tb, tp) = split(source), split(target)
-    for relative in keys(endpoint, source):
-        client.copy_object(Bucket=tb, Key=f"{tp}/{relative}", CopySource={"Bucket": sb, "Key": f"{sp}/{relative}"})
-
-
 # ---------------------------------------------------------------------------------------------
-# Shared runs
-
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory, tiny_toml):
-    """The uninterrupted run: schedules/tiny.toml, 12 steps, locally, saved only at the end."""
-    run_folder = tmp_path_factory.mktemp("reference") / "run"
-    state, _ = run(tiny(tiny_toml, run_folder, "checkpoints.checkpoint_interval=100"), fresh=True)
-    assert state.step == TRAIN_STEPS
-    return groups_of(state)
-
+# Shared runs (the uninterrupted `reference` and the `tiny_toml` snapshot are conftest.py's)
 
 @pytest.fixture(scope="module")
 def s3_run(s3_endpoint, tmp_path_factory, tiny_toml, reference):
@@ -265,7 +197,7 @@ def test_retention_on_s3_keeps_the_newest_committed_steps(s3_endpoint, s3_bucket
 
 def bin_train(tiny_toml: Path, url: str, cwd: Path, *, fail_fast: bool = False, env: dict | None = None,
               timeout: float = 90) -> subprocess.CompletedProcess:
-    args = [str(ROOT / "bin" / "train"), str(tiny_toml), "--set", f"checkpoints.checkpoints_path={json.dumps(url)}",
+    args = [str(REPO / "bin" / "train"), str(tiny_toml), "--set", f"checkpoints.checkpoints_path={json.dumps(url)}",
             "--set", "checkpoints.checkpoint_interval=2"]
     # The AWS_* variables the s3_endpoint fixture set are inherited; fail_fast: one try per S3 request.
     fast = {"NANOFLOW_S3_ATTEMPTS": "1"} if fail_fast else {}
@@ -469,7 +401,7 @@ def test_bin_train_storage_errors_at_start_up_exit_2_without_a_traceback(s3_endp
         ('checkpoints.checkpoints_path="s3:/bucket/run"', os.environ, "is not an S3 URL"),
     ]
     for override, env, message in cases:
-        result = subprocess.run([sys.executable, str(ROOT / "bin" / "train"), str(tiny_toml), "--set", override],
+        result = subprocess.run([sys.executable, str(REPO / "bin" / "train"), str(tiny_toml), "--set", override],
                                 cwd=tmp_path, env={**env, "NANOFLOW_S3_ATTEMPTS": "1"}, capture_output=True,
                                 text=True, timeout=120)
         assert result.returncode == 2, (override, result.stdout + result.stderr)

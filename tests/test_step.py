@@ -1,14 +1,12 @@
 """train_step: one optimizer step on one global batch, whatever its split into micro-batches."""
 
-from pathlib import Path
 
 import pytest
 import torch
 
 import nanoflow
+from helpers import TINY
 from nanoflow import StaleStateError, init_state, load_config, train_step
-
-TINY = Path(__file__).parent.parent / "schedules" / "tiny.toml"
 
 
 def tiny(*overrides: str):

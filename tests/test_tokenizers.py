@@ -16,12 +16,12 @@ import pytest
 import transformers
 
 from data_helpers import EOT_TEXTS, eot_tokenizer, stage, write_config
+from helpers import REPO
 from nanoflow.config import load_config
 from nanoflow.data import TokenFolder, TokenizerError, load_run_tokenizer, load_tokenizer, open_stage
 from nanoflow.export import export_hf
 from nanoflow.loop import train
 
-ROOT = Path(__file__).resolve().parent.parent
 TEXTS = EOT_TEXTS
 
 
@@ -89,20 +89,20 @@ def test_an_hf_tokenizer_folder_names_its_special_tokens(tmp_path, eot_json):
         load_tokenizer(older)
 
 
-def run_bin(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+def run_bin(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=300)
 
 
 def test_bin_prepare_with_a_non_standard_eos(tmp_path, eot_json):
     docs = tmp_path / "docs.jsonl"
     docs.write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXTS))
-    failed = run_bin(str(ROOT / "bin" / "prepare"), str(docs), "--output", str(tmp_path / "no"), "--tokenizer",
+    failed = run_bin(str(REPO / "bin" / "prepare"), str(docs), "--output", str(tmp_path / "no"), "--tokenizer",
                      str(eot_json), "--num-proc", "1")
     assert failed.returncode == 2 and "Traceback" not in failed.stderr, failed.stderr
     assert "found no end-of-text token" in failed.stderr and "--eos-token" in failed.stderr
     assert not (tmp_path / "no").exists()              # refused before anything was written
 
-    done = run_bin(str(ROOT / "bin" / "prepare"), str(docs), "--output", str(tmp_path / "tokens"), "--tokenizer",
+    done = run_bin(str(REPO / "bin" / "prepare"), str(docs), "--output", str(tmp_path / "tokens"), "--tokenizer",
                    str(eot_json), "--eos-token", "<EOT>", "--num-proc", "2", "--docs-per-shard", "2")
     assert done.returncode == 0, done.stderr
     tok = raw(eot_json)
@@ -113,7 +113,7 @@ def test_bin_prepare_with_a_non_standard_eos(tmp_path, eot_json):
 
 
 def eot_config(tmp_path: Path, tokenizer: Path, *extra: str, stages=None, name="run.toml"):
-    readme = {"hf_dataset_or_datasets": "text", "hf_data_files": str(ROOT / "README.md")}
+    readme = {"hf_dataset_or_datasets": "text", "hf_data_files": str(REPO / "README.md")}
     stages = stages or [stage("pretrain", 1, readme)]
     path = write_config(tmp_path, stages, tokenizer=str(tokenizer), train_steps=2, name=name)
     path.write_text(path.read_text().replace("[tokenizer]\n", "[tokenizer]\n" + "".join(f"{e}\n" for e in extra)))
@@ -125,7 +125,7 @@ def test_a_training_stage_ends_documents_with_the_named_eos(tmp_path, eot_json):
     tokenizer = load_run_tokenizer(config)
     assert tokenizer.eos_id == 1
     # README.md is one document: the stage's token stream is its text, then <EOT>.
-    stream = raw(eot_json).encode(Path(ROOT / "README.md").read_text(), add_special_tokens=False).ids + [1]
+    stream = raw(eot_json).encode(Path(REPO / "README.md").read_text(), add_special_tokens=False).ids + [1]
     with open_stage(config, 0, tokenizer, cache_dir=str(tmp_path / "cache")) as loader:
         assert np.asarray(loader.parts[0].source.tokens).tolist() == stream
     out = io.StringIO()
@@ -139,18 +139,18 @@ def test_a_training_stage_ends_documents_with_the_named_eos(tmp_path, eot_json):
 
 
 def test_plan_loads_the_tokenizer_and_refuses_a_too_small_vocabulary(tmp_path, eot_json):
-    tiny = str(ROOT / "schedules" / "tiny.toml")
-    small = run_bin(str(ROOT / "bin" / "train"), tiny, "--plan", "--set", "model.vocab_size=200")
+    tiny = str(REPO / "schedules" / "tiny.toml")
+    small = run_bin(str(REPO / "bin" / "train"), tiny, "--plan", "--set", "model.vocab_size=200")
     assert small.returncode == 2 and "Traceback" not in small.stderr, small.stderr
     assert "model.vocab_size = 200 is smaller than the tokenizer's vocabulary (257 ids, bytes)" in small.stderr
     assert small.stdout == ""
 
     path = json.dumps(str(eot_json))
-    named = run_bin(str(ROOT / "bin" / "train"), tiny, "--plan", "--set", f"tokenizer.tokenizer_name_or_path={path}",
+    named = run_bin(str(REPO / "bin" / "train"), tiny, "--plan", "--set", f"tokenizer.tokenizer_name_or_path={path}",
                     "--set", 'tokenizer.eos_token="<EOT>"')
     assert named.returncode == 0, named.stderr
     assert "280 ids, eos <EOT> = 1" in named.stdout
-    unnamed = run_bin(str(ROOT / "bin" / "train"), tiny, "--plan", "--set", f"tokenizer.tokenizer_name_or_path={path}")
+    unnamed = run_bin(str(REPO / "bin" / "train"), tiny, "--plan", "--set", f"tokenizer.tokenizer_name_or_path={path}")
     assert unnamed.returncode == 2 and "Traceback" not in unnamed.stderr and "eos_token" in unnamed.stderr
 
 

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
+from helpers import REPO, TINY as TINY_FILE
 from nanoflow import load_config
 from nanoflow.schedule import Schedule, consumed_tokens, stage_steps
 from process_helpers import signal_when_ready
 
-ROOT = Path(__file__).resolve().parent.parent
-TINY = "schedules/tiny.toml"
+TINY = str(TINY_FILE.relative_to(REPO))   # as typed at the repository root, where bin/* run here
 
 pytestmark = pytest.mark.slow
 
@@ -29,7 +29,7 @@ def run_arg(tmp_path: Path) -> list[str]:
 
 
 def train(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "bin/train", *args], cwd=ROOT, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "bin/train", *args], cwd=REPO, capture_output=True, text=True,
                           timeout=timeout)
 
 
@@ -38,7 +38,7 @@ def read_metrics(tmp_path: Path) -> list[dict]:
 
 
 def test_tiny_trains_both_stages_and_switches_sequence_length(tmp_path):
-    config = load_config(ROOT / TINY)
+    config = load_config(REPO / TINY)
     schedule = Schedule.from_config(config)
     pretrain, sft = schedule.stages
     sft_start = config.data_stages[1].start_training_step
@@ -62,7 +62,7 @@ def test_tiny_trains_both_stages_and_switches_sequence_length(tmp_path):
 
 
 def test_plan_prints_the_table_and_trains_nothing(tmp_path):
-    config = load_config(ROOT / TINY)
+    config = load_config(REPO / TINY)
     schedule = Schedule.from_config(config)
     total = sum(consumed_tokens(schedule, schedule.train_steps))
 
@@ -132,7 +132,7 @@ def test_bad_config_exits_2_with_a_message_naming_the_culprit(tmp_path, case):
 
 def test_stage_after_train_steps_is_not_reached(tmp_path):
     late = ["--set", "data_stages.sft.start_training_step=50"]
-    train_steps = load_config(ROOT / TINY).tokens.train_steps
+    train_steps = load_config(REPO / TINY).tokens.train_steps
 
     plan = train(TINY, "--plan", *late, *run_arg(tmp_path))
     assert plan.returncode == 0, plan.stderr
@@ -155,7 +155,7 @@ def test_sigint_stops_cleanly_after_the_current_step(tmp_path):
                *run_arg(tmp_path)]
     returncode, stdout, stderr = signal_when_ready(
         command, lambda _: metrics_path.exists() and len(metrics_path.read_text().splitlines()) >= 3, signal.SIGINT,
-        cwd=ROOT)
+        cwd=REPO)
     assert returncode == 75, stderr   # EXIT_STOPPED: saved, not finished; a finished run exits 0
     assert "Traceback" not in stderr
     assert "stopped" in stdout and "SIGINT" in stdout

@@ -6,12 +6,12 @@ import json
 from pathlib import Path
 
 import pytest
-from run_helpers import REPO, assert_same_checkpoint, bin_train, metrics
+from helpers import TINY
+from run_helpers import assert_same_checkpoint, bin_train, metrics
 
 from nanoflow import io, load_config
 from nanoflow.loop import train
 
-TINY = REPO / "schedules" / "tiny.toml"
 # 8 steps, "sft" from step 5 with its own LR schedule (a cooldown), a checkpoint every 3 steps.
 SHORT = ["tokens.train_steps=8", "data_stages.sft.start_training_step=5", "checkpoints.checkpoint_interval=3",
          'data_stages.sft.learning_rate_scheduler.lr_decay_style="1-sqrt"',

@@ -2,14 +2,11 @@
 
 import logging
 import random
-from pathlib import Path
 
 import pytest
 
+from helpers import TINY
 from nanoflow.verify import Kill, _aimed, plan_kills, save_steps, verify_resume
-
-REPO = Path(__file__).resolve().parents[1]
-TINY = REPO / "schedules" / "tiny.toml"
 
 
 def test_save_steps_are_every_interval_and_the_last():
