@@ -163,6 +163,7 @@ def test_a_failed_background_write_is_raised_in_the_loop_naming_the_step(straigh
     assert first_difference(io.read_checkpoint(str(reference_run / "4")), io.read_checkpoint(str(tmp_path))) is None
 
 
+@pytest.mark.slow   # two bin/train processes
 def test_a_full_disk_during_the_background_write_stops_the_run_and_a_rerun_ends_exact(straight, tmp_path):
     """A real full disk: a tmpfs with room for the first checkpoint and not the second."""
     reference, reference_run = straight
@@ -191,6 +192,7 @@ def test_a_full_disk_during_the_background_write_stops_the_run_and_a_rerun_ends_
         subprocess.run(["umount", str(run)], capture_output=True)
 
 
+@pytest.mark.slow   # two bin/train processes
 def test_kill_9_mid_background_write_keeps_the_previous_commit_and_a_rerun_ends_exact(straight, tmp_path):
     _, reference_run = straight
     size = sum(entry["bytes"] for entry in io.read_metadata(str(reference_run / "4"))["files"].values())
