@@ -14,15 +14,10 @@ between ranks are made here, so that an error on one rank stops them all instead
 others waiting. The bytes, the layout and the commit protocol are nanoflow.io's.
 
 With [checkpoints] async_save, a save copies this rank's boxes to host memory and a background thread
-(nanoflow/async_save.py) writes them while training goes on; the commit — the same protocol, the
-metadata last and latest.txt after it — follows at the first poll() at which every rank's files are
-written, or at finish(), which the next save, a stop and the run's end call. Every collective of a
-save stays on the calling (main) thread, in the order every rank makes its calls: the writing
-thread only writes this rank's files. A collective from a second thread would interleave with the
-step's own collectives on the same process group, in an order the ranks need not share; a second
-(gloo) group just for checkpoints would avoid that, at the cost of a second set of connections,
-and would still leave the ranks to agree on when an error is raised. poll() costs one small
-collective a step, only while a save is in flight.
+(nanoflow/async_save.py) writes them while training goes on; the commit, by the same protocol, follows
+at the first poll() that finds every rank's files written, or at finish(). Every collective stays on
+the calling thread, in the order every rank makes its calls (docs/resume.md says why); the writing
+thread only writes this rank's files.
 """
 
 from __future__ import annotations
