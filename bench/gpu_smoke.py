@@ -8,7 +8,7 @@ Every result is one line that starts with "smoke: " (the test of --tiny checks t
   smoke: device …                       the machine and the model
   smoke: step …                         tokens/s, model TFLOP/s, MFU, peak memory, host reads a step
   smoke: recompute_layer …              the same with recompute_layer = true, as ratios to the line above
-  smoke: async-save stall …             TODO: the async-save item (issue 16 item 1) fills this in
+  smoke: async-save stall …             step time lost to a save, async_save = true vs false
   smoke: resume …                       straight run vs stopped-and-resumed run, torch.equal on every weight
   smoke: done in …
 
@@ -109,11 +109,55 @@ def measure(args, overrides: list[str]) -> dict:
     return result
 
 
-def async_save_stall(args) -> None:
-    # TODO(issue 16 item 1, async save): once `[checkpoints] async_save = true` exists, time a few
-    # steps around a save of the 1B state with async_save = false and = true and print
-    # "smoke: async-save stall {async_s:.3f} s vs sync {sync_s:.3f} s ({ratio:.1%})". Until then:
-    say("async-save stall: not measured (TODO: [checkpoints] async_save, issue 16 item 1)")
+def async_save_stall(args, common: list[str]) -> None:
+    """The step time a checkpoint save costs, [checkpoints] async_save = false and = true, as bench/async_save.py
+    measures it (once here): S plain steps, then a save and S steps through its commit; the difference."""
+    from nanoflow.checkpointer import Checkpointer
+
+    steps = max(2, args.steps // 2)
+    with tempfile.TemporaryDirectory(prefix="gpu-smoke-save-") as root:
+        configs = {mode: nanoflow.load_config(CONFIG, [
+            *common, "tokens.train_steps=1000000", "checkpoints.checkpoint_interval=1000000", "checkpoints.keep=1",
+            f"checkpoints.async_save={flag}", f"checkpoints.checkpoints_path={json.dumps(os.path.join(root, mode))}"])
+            for mode, flag in (("sync", "false"), ("async", "true"))}
+        state = nanoflow.init_state(configs["sync"])
+        config = configs["sync"]
+        rows, seq = config.tokens.micro_batch_size, config.tokens.sequence_length
+        generator = torch.Generator().manual_seed(0)
+        batch = {key: torch.randint(0, config.model.vocab_size, (rows, seq), generator=generator)
+                 for key in ("input_ids", "labels")}
+        cuda = torch.cuda.is_available()
+
+        def segment(state, checkpointer=None):
+            if cuda:
+                torch.cuda.synchronize()
+            started = time.perf_counter()
+            if checkpointer is not None:
+                checkpointer.save(state)
+            for _ in range(steps):
+                state, _ = nanoflow.train_step(state, batch)
+                if checkpointer is not None:
+                    checkpointer.poll()
+            if checkpointer is not None:
+                checkpointer.finish()
+            if cuda:
+                torch.cuda.synchronize()
+            return state, time.perf_counter() - started
+
+        for _ in range(args.warmup):
+            state, _ = nanoflow.train_step(state, batch)
+        checkpointers = {mode: Checkpointer(c, out=open(os.devnull, "w")) for mode, c in configs.items()}
+        lost, first = {}, 0.0
+        with checkpointers["sync"].locked(), checkpointers["async"].locked():
+            state, first = segment(state, checkpointers["async"])  # the first async save allocates (pins) its buffers
+            for mode in ("sync", "async"):
+                state, plain = segment(state)
+                state, saving = segment(state, checkpointers[mode])
+                lost[mode] = saving - plain
+    gigabytes = sum(3 * p.numel() * p.element_size() for p in state.model.parameters()) / 1e9
+    say(f"async-save stall {lost['async']:.3f} s vs sync {lost['sync']:.3f} s "
+        f"({lost['async'] / lost['sync']:.1%}): step time lost to a save of {gigabytes:.1f} GB, {steps} steps after "
+        f"it; the first async save, which allocates its host buffers, took {first:.1f} s with its steps")
 
 
 def resume_check(args, root: str) -> None:
@@ -204,7 +248,7 @@ def main() -> None:
     recomputed = measure(args, [*common, "parallelism.recompute_layer=true"])
     say(f"recompute_layer {line(recomputed)}; step time ×{recomputed['step_s'] / plain['step_s']:.2f}, "
         f"peak memory ×{recomputed['peak'] / plain['peak']:.2f}")
-    async_save_stall(args)
+    async_save_stall(args, common)
     with tempfile.TemporaryDirectory(prefix="gpu-smoke-") as root:
         resume_check(args, root)
     say(f"done in {time.perf_counter() - started:.0f} s")

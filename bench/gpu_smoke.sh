@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU smoke check (bench/gpu_smoke.py): a ~1B Llama in bf16 with torch.compile — tokens/s, MFU, peak
-# memory, host syncs, recompute_layer, async-save stall (TODO), resume equality. Under 8 minutes on one H200.
+# memory, host syncs, recompute_layer, async-save stall, resume equality. Under 8 minutes on one H200.
 #
 #   bash bench/gpu_wheels.sh          # here, once, with network: the missing pure-Python wheels into .whl/
 #   bash bench/gpu_smoke.sh           # there: installs .whl/ if nanoflow's imports fail, then runs

@@ -5,12 +5,19 @@
         state = checkpointer.restore()           # a fresh state, or the one the checkpoint to resume from holds
         ...
         if checkpointer.should_save(step, stopping):
-            checkpointer.save(state)             # the step folder, committed
+            checkpointer.save(state)             # the step folder, committed (async_save: written in the
+        checkpointer.poll()                      # background, and committed here once written)
 
 Under torchrun every rank makes the same calls. Rank 0 lists the checkpoints, takes the lock and
 commits; every rank reads and writes only the boxes it holds (nanoflow.shards); the agreements
 between ranks are made here, so that an error on one rank stops them all instead of leaving the
 others waiting. The bytes, the layout and the commit protocol are nanoflow.io's.
+
+With [checkpoints] async_save, a save copies this rank's boxes to host memory and a background thread
+(nanoflow/async_save.py) writes them while training goes on; the commit, by the same protocol, follows
+at the first poll() that finds every rank's files written, or at finish(). Every collective stays on
+the calling thread, in the order every rank makes its calls (docs/resume.md says why); the writing
+thread only writes this rank's files.
 """
 
 from __future__ import annotations
@@ -19,12 +26,15 @@ import contextlib
 import logging
 from typing import TextIO
 
+import attrs
+
 from nanoflow import console, io
+from nanoflow.async_save import BackgroundWork, HostCopy
 from nanoflow.build import build_model, build_optimizer, init_state
 from nanoflow.config import Config
 from nanoflow.data import load_run_tokenizer
 from nanoflow.data.fingerprint import DataChangedError, Fingerprints, fingerprint_changes
-from nanoflow.errors import NanoflowError
+from nanoflow.errors import EXIT_STORAGE, NanoflowError
 from nanoflow.io.checkpoint import commit, first_readable, new_save, write_files
 from nanoflow.parallel import Topology, broadcast_object, gather_objects, init_topology
 from nanoflow.schedule import ResumePoint, Schedule, TrainingMetadata, begun_stages, resume_point, training_metadata
@@ -36,6 +46,21 @@ log = logging.getLogger(__name__)
 # The model keys a checkpoint's weights must match to be restored into this config's model.
 ARCHITECTURE = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                 "num_key_value_heads", "tie_word_embeddings")
+
+
+class StorageLostError(NanoflowError):
+    """Storage failed once training had begun: not the config's fault, and what was committed stands."""
+
+    exit_status = EXIT_STORAGE
+
+
+@attrs.frozen
+class InFlight:
+    """An asynchronous save of step `step` being written; `info` is what its metadata records."""
+
+    step: int
+    info: dict
+    work: BackgroundWork
 
 
 def checkpoint_info(state: TrainState, data_fingerprint: dict | None = None) -> dict:
@@ -67,6 +92,8 @@ class Checkpointer:
         self.fingerprints = fingerprints
         self.out = out
         self.run = Run(config, Schedule.from_config(config), self.topology)
+        self._host_copy = HostCopy()          # async_save: the host buffers, reused by every save
+        self._in_flight: InFlight | None = None
 
     # -- agreement across ranks ------------------------------------------------------------------
 
@@ -106,12 +133,17 @@ class Checkpointer:
     @contextlib.contextmanager
     def locked(self):
         """Rank 0 holds checkpoints_path's lock (nanoflow.io.lock) inside the block; every rank fails together
-        if it cannot be taken."""
+        if it cannot be taken. A save still in flight when the block ends is committed before the lock goes
+        (when the block raised, only where that needs no other rank: see _settle_after_error)."""
         path, held = self.config.checkpoints.checkpoints_path, []
         with self._messages():
             self.on_main(lambda: held.append(io.RunLock.acquire(path, run=self.config.general.run, say=self._say)))
         try:
             yield self
+            self.finish()  # a save left in flight is committed while the lock is still held
+        except BaseException as e:
+            self._settle_after_error(e)
+            raise
         finally:
             with self._messages():
                 for lock in held:
@@ -264,14 +296,22 @@ class Checkpointer:
         return (step % self.config.checkpoints.checkpoint_interval == 0 or step == self.run.schedule.train_steps
                 or bool(stopping))
 
-    def save(self, state: TrainState) -> str:
+    def save(self, state: TrainState, *, last: bool = False) -> str | None:
         """Commit `state` as a checkpoint of step state.step under checkpoints_path; the step folder.
 
         Rank 0 confirms the run lock is still this run's and marks the folder as a save; every rank
         writes its boxes; rank 0 commits (the metadata, then latest.txt) and drops what `keep` no longer
         keeps; no rank goes on before the commit has landed.
+
+        With [checkpoints] async_save, each rank's boxes are copied to host memory here and written by a
+        background thread while training goes on; poll() or finish() commits them once every rank's files
+        are written (rank 0 confirming the lock first). This returns None then — or, with `last` (the
+        run's end, a stop), waits and returns the folder. A save still in flight is committed first: at
+        most one is. What the metadata records (the schedule position, the data fingerprints) is taken
+        here, at the save step.
         """
         state.check_live()
+        self.finish()
         topology, checkpoints = self.topology, self.config.checkpoints
         fingerprint = None
         if topology.is_main:  # only rank 0 writes the metadata
@@ -281,5 +321,80 @@ class Checkpointer:
         root, step = checkpoints.checkpoints_path, state.step
         self.on_main(lambda: io.confirm_held(root))  # still ours: renewed now
         suffix = self.on_main(lambda: new_save(root, step))
-        gathered = gather_objects(write_files(root, step, groups, suffix, topology.rank), topology)
-        return self.on_main(lambda: commit(root, step, gathered, info, keep=checkpoints.keep))
+        if not checkpoints.async_save:
+            gathered = gather_objects(write_files(root, step, groups, suffix, topology.rank), topology)
+            return self._commit(step, gathered, info)
+        host = self._host_copy
+        copied = host.copy(groups)
+
+        def write() -> tuple[dict, dict]:
+            host.ready()
+            return write_files(root, step, copied, suffix, topology.rank)
+
+        self._in_flight = InFlight(step, info, BackgroundWork(write, name=f"nanoflow: saving step {step}"))
+        return self.finish() if last else None
+
+    def poll(self) -> str | None:
+        """Commit the save in flight if every rank has written its files by now; its folder, else None. Cheap:
+        nothing while no save is in flight, one small collective under torchrun while one is."""
+        if self._in_flight is None:
+            return None
+        if not all(gather_objects(self._in_flight.work.done, self.topology)):
+            return None
+        return self.finish()
+
+    def finish(self) -> str | None:
+        """Wait for the save in flight, if any, and commit it once every rank's files are written; its folder.
+
+        A write that failed on any rank fails every rank alike (StorageLostError, naming the step and the
+        rank): nothing of it is committed, and the checkpoints committed before stand."""
+        in_flight, self._in_flight = self._in_flight, None
+        if in_flight is None:
+            return None
+        failure = None
+        try:
+            written = in_flight.work.wait()
+        except Exception as e:  # noqa: BLE001 - every rank learns of it below, then raises
+            written, failure = None, e
+        gathered = gather_objects(written if failure is None else f"{type(failure).__name__}: {failure}",
+                                  self.topology)
+        failed = [(rank, report) for rank, report in enumerate(gathered) if isinstance(report, str)]
+        if failed:
+            rank, report = failed[0]
+            where = f" (on rank {rank})" if self.topology.world_size > 1 else ""
+            raise StorageLostError(f"the checkpoint of step {in_flight.step} could not be written{where}: {report}\n"
+                                   "nothing of it was committed; the last committed checkpoint stands: run the "
+                                   "same command again to resume from it") from failure
+        return self._commit(in_flight.step, gathered, in_flight.info)
+
+    def _commit(self, step: int, gathered: list[tuple[dict, dict]], info: dict) -> str:
+        root, checkpoints = self.config.checkpoints.checkpoints_path, self.config.checkpoints
+
+        def commit_on_main() -> str:
+            if checkpoints.async_save:  # the write took a while, in the background: still ours?
+                io.confirm_held(root)
+            return commit(root, step, gathered, info, keep=checkpoints.keep)
+
+        with self._messages():
+            folder = self.on_main(commit_on_main)
+            self._say(f"saved step {step}: {folder}")
+        return folder
+
+    def _settle_after_error(self, error: BaseException) -> None:
+        """The block under locked() raised `error`: commit a save still in flight if that needs no other rank
+        (a single process, an ordinary exception), else leave it uncommitted, saying so (under torchrun the
+        other ranks may never reach the agreement; after a second Ctrl-C nobody waits for a write)."""
+        if self._in_flight is None:
+            return
+        step = self._in_flight.step
+        if self.topology.world_size == 1 and isinstance(error, Exception):
+            try:
+                self.finish()
+                return
+            except Exception as e:  # noqa: BLE001 - the error that stopped the run is the one raised
+                problem = str(e).partition("\n")[0]
+        else:
+            self._in_flight = None
+            problem = "the run stopped before every rank had written it"
+        with self._messages():
+            self._warn(f"the checkpoint of step {step} was not committed: {problem}")

@@ -12,12 +12,11 @@ from pathlib import Path
 from typing import TextIO
 
 from nanoflow import console, io
-from nanoflow.checkpointer import Checkpointer
+from nanoflow.checkpointer import Checkpointer, StorageLostError
 from nanoflow.config import Config, unreached_stages
 from nanoflow.data import open_stage
 from nanoflow.data.loader import check_stages
 from nanoflow.data.fingerprint import Fingerprints
-from nanoflow.errors import EXIT_STORAGE, NanoflowError
 from nanoflow.evaluation import Evaluator
 from nanoflow.io.runfolder import check_folder, check_room
 from nanoflow.io.store import StoreError, check_root
@@ -33,12 +32,6 @@ from nanoflow.step import train_step
 from nanoflow.tensorboard import TensorBoardLog
 
 log = logging.getLogger(__name__)
-
-
-class StorageLostError(NanoflowError):
-    """Storage failed once training had begun: not the config's fault, and what was committed stands."""
-
-    exit_status = EXIT_STORAGE
 
 
 def run_dir(config: Config) -> Path:
@@ -111,8 +104,9 @@ def _train(config: Config, checkpointer: Checkpointer, *, fresh: bool, until_ste
                 if until_step is not None and step >= until_step:
                     stop.requested = stop.requested or f"until_step = {until_step} (a planned stop, not a signal)"
                 stopping = stop.agreed()
-                if checkpointer.should_save(step, stopping):
-                    log.info(f"saved step {step}: {checkpointer.save(state)}")
+                checkpointer.poll()  # commits a background save (async_save) once every rank has written it
+                if checkpointer.should_save(step, stopping):  # the last save waits for its commit
+                    checkpointer.save(state, last=bool(stopping) or step == schedule.train_steps)
                 if stopping and until_step is not None and step >= until_step:
                     log.info(f"stopped after step {step} of {schedule.train_steps} as asked (until_step = "
                              f"{until_step}), schedule unchanged; run again without it, or with a later one, "

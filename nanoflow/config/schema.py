@@ -163,6 +163,8 @@ class CheckpointsArgs:
     keep: Union[int, None] = field(default=None, validator=optional(positive))
     # Resume although a begun stage's data, tokenizer or seeds changed (OLMo-core's name); warns, naming the change.
     ignore_fingerprint_mismatch: bool = False
+    # Write checkpoints from a background thread off a host copy of the state; training goes on meanwhile.
+    async_save: bool = False
 
 
 @frozen
