@@ -170,6 +170,8 @@ def test_two_launchers_on_loopback_train_dp2_together(reference, tmp_path):
         outputs = [finish(node, log) for node, log in zip(nodes, logs)]
     finally:
         stop(*nodes)
+    for node, output in enumerate(outputs):   # each launcher was one node of two (torchrun's own report)
+        assert "group_world_size=2" in output and f"group_rank={node}" in output, output
     assert sum(f"step {STEPS}/{STEPS}" in output for output in outputs) == 1   # rank 0 reports, on one of them
     problem = first_difference(io.read_checkpoint(str(run_dir)), reference)
     assert problem is None, problem
