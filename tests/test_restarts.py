@@ -157,6 +157,39 @@ def test_a_worker_killed_mid_run_is_restarted_and_resumes_exactly(reference, tmp
     assert problem is None, problem
 
 
+def test_a_signal_to_torchrun_saves_and_the_same_command_resumes_exactly(reference, tmp_path):
+    """The README's SLURM recipe, short of SLURM: the warning signal goes to the launcher, which forwards it
+    (--signals-to-handle); the workers save and stop; the requeued job's same command resumes."""
+    run_dir = tmp_path / "run"
+    launcher = ["--standalone", "--nproc_per_node=2", "--max-restarts=2",
+                "--signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"]
+    first = torchrun(run_dir, tmp_path / "first.log", *launcher)
+    try:
+        deadline = time.monotonic() + TIMEOUT
+        while steps_logged(run_dir) < KILL_AFTER:
+            assert first.poll() is None, f"torchrun ended before step {KILL_AFTER}:\n{(tmp_path / 'first.log').read_text()}"
+            assert time.monotonic() < deadline, f"step {KILL_AFTER} not reached within {TIMEOUT} s"
+            time.sleep(0.01)
+        first.send_signal(signal.SIGUSR1)
+        code = first.wait(TIMEOUT)
+    finally:
+        stop(first)
+    output = (tmp_path / "first.log").read_text()
+    assert code != 0 and "will restart worker group" not in output, output   # stopped, not restarted
+    stopped = [line for line in output.splitlines() if line.startswith("stopped by SIGUSR1 after step ")]
+    assert len(stopped) == 1, output
+    step = int(stopped[0].split("after step ")[1].split()[0])
+    assert KILL_AFTER <= step < STEPS and (run_dir / "latest.txt").read_text().strip() == str(step)
+    second = torchrun(run_dir, tmp_path / "second.log", *launcher)
+    try:
+        output = finish(second, tmp_path / "second.log")
+    finally:
+        stop(second)
+    assert f"resuming from {run_dir}/{step}: step {step} done" in output, output
+    problem = first_difference(io.read_checkpoint(str(run_dir)), reference)
+    assert problem is None, problem
+
+
 def test_two_launchers_on_loopback_train_dp2_together(reference, tmp_path):
     run_dir = tmp_path / "run"
     port, rdzv_id = free_port(), uuid.uuid4().hex[:8]
