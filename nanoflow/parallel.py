@@ -88,11 +88,34 @@ def init_topology(config: Config) -> Topology:
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         if backend == "nccl":
             torch.cuda.set_device(device())
-        dist.init_process_group(backend, timeout=timedelta(minutes=10))
+        timeout = timedelta(minutes=10)
+        store = _restart_store(timeout)
+        if store is None:
+            dist.init_process_group(backend, timeout=timeout)
+        else:
+            dist.init_process_group(backend, store=store, rank=int(os.environ["RANK"]),
+                                    world_size=int(os.environ["WORLD_SIZE"]), timeout=timeout)
     global _joined_a_group
     _joined_a_group = True
     mesh = init_device_mesh(device().type, (dp, tp), mesh_dim_names=("dp", "tp"))
     return Topology(dp, tp, dist.get_rank(), mesh)
+
+
+def _restart_store(timeout: timedelta):
+    """The key-value store for this attempt's process group when torchrun shares its own (None: torch's default).
+
+    torchrun's c10d rendezvous (--standalone, --rdzv_backend=c10d) hands every attempt of the worker group the
+    same store at the same MASTER_PORT, and torch (2.13) sets the process group up in it under the same keys
+    each time: after `--max-restarts` restarts the workers, a new worker can read the address its killed
+    predecessor published and wait on it until the 10-minute timeout (seen: both workers hung in
+    init_process_group after rank 1 was killed). A prefix per attempt keeps each attempt's keys apart; the
+    agent counts the attempts (TORCHELASTIC_RESTART_COUNT), the same for all the workers of one node, and a
+    failure on one node fails, and so restarts, the workers of every node."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    shared = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), int(os.environ["WORLD_SIZE"]),
+                           is_master=False, timeout=timeout)
+    return dist.PrefixStore(f"nanoflow/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/", shared)
 
 
 def parallelize(model: torch.nn.Module, topology: Topology, config: Config) -> torch.nn.Module:
