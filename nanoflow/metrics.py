@@ -17,6 +17,8 @@ from nanoflow.errors import NanoflowError
 from nanoflow.io.runfolder import RunFolderError, RunFolderWriteError, open_for_append
 
 FILE = "metrics.jsonl"
+# The keys of a record that measure the machine, not the training: two runs of the same steps differ in these alone
+MEASURED = ("elapsed", "tokens_per_s", "mfu", "peak_memory_bytes")
 EVAL_FILE = "eval.jsonl"   # nanoflow.evaluation's rows, one per (step, eval set), written like metrics.jsonl
 
 

@@ -63,34 +63,40 @@ class Costs:
 def device_peak(device: torch.device, config, schedule: Schedule) -> tuple[float | None, str]:
     """(one device's peak FLOP/s or None, where it comes from): a CUDA device's from nanoflow.flops' table of dense
     bf16 peaks by its name, whatever [model] dtype (the figure MFU is usually quoted against); the CPU's measured
-    on matmuls shaped like the first stage's micro-batch through the MLP's first projection."""
+    on matmuls shaped like rows of a micro-batch through the MLP's first projection."""
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
         peak = gpu_peak(name)
         return peak, f"{name}, " + ("dense bf16 peak from nanoflow.flops" if peak else "not in nanoflow.flops: no MFU")
     if device.type == "cpu":
-        # At least 256 wide: a toy model's matmuls measure Python and dispatch, not the machine
-        rows = config.stage_tokens(0).micro_batch_size * schedule.stages[0].sequence_length
-        shape = (min(max(rows, 256), 4096), max(config.model.hidden_size, 256), max(config.model.intermediate_size, 256))
-        return cpu_matmul_peak(*shape), f"cpu, {torch.get_num_threads()} threads, fp32 matmul {'×'.join(map(str, shape))} measured"
+        # 512 rows of a micro-batch (each row costs the same); at least 128 wide: a toy model's matmuls
+        # would measure dispatch, not the machine
+        shape = (512, max(config.model.hidden_size, 128), max(config.model.intermediate_size, 128))
+        return cpu_matmul_peak(*shape), f"cpu, fp32 matmul {'×'.join(map(str, shape))} measured on 1 thread × {torch.get_num_threads()} threads"
     return None, f"{device.type}: peak unknown, no MFU"
 
 
 def cpu_matmul_peak(m: int, k: int, n: int, budget: float = PEAK_SECONDS) -> float:
-    """FLOP/s of the fastest of a few fp32 [m, k] @ [k, n] products within `budget` seconds (the fastest: on a
-    shared machine the others were slowed by someone else)."""
+    """FLOP/s of this process's torch threads on fp32 [m, k] @ [k, n] products: one thread's fastest of those that
+    fit in `budget` seconds, times the threads. One thread, short products and the fastest of them, because on a
+    shared machine a product whose threads were descheduled halfway says nothing about the machine."""
     generator = torch.Generator().manual_seed(0)
     a, b = torch.randn(m, k, generator=generator), torch.randn(k, n, generator=generator)
-    a @ b  # the first call pays for allocation and dispatch
-    best, start = math.inf, time.perf_counter()
-    for repeat in range(50):
-        began = time.perf_counter()
-        a @ b
-        finished = time.perf_counter()
-        best = min(best, finished - began)
-        if repeat >= 2 and finished - start > budget:
-            break
-    return 2 * m * k * n / best
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        a @ b  # the first call pays for allocation and dispatch
+        best, start = math.inf, time.perf_counter()
+        for repeat in range(200):
+            began = time.perf_counter()
+            a @ b
+            finished = time.perf_counter()
+            best = min(best, finished - began)
+            if repeat >= 2 and finished - start > budget:
+                break
+    finally:
+        torch.set_num_threads(threads)
+    return threads * 2 * m * k * n / best
 
 
 def peak_memory(device: torch.device) -> int:
