@@ -193,7 +193,8 @@ class Window:
         self._stage_seconds, self._stage_work = self._stage_seconds + seconds, self._stage_work + work
         while len(self._steps) > 1 and self.seconds - self._steps[0][1] >= self.span:  # the rest still spans it
             old_stage, old_seconds, old_tokens, old_work = self._steps.popleft()
-            self.seconds, self.tokens, self.work = self.seconds - old_seconds, self.tokens - old_tokens, self.work - old_work
+            self.seconds, self.tokens = self.seconds - old_seconds, self.tokens - old_tokens
+            self.work -= old_work
             if old_stage == self._stage:
                 self._stage_seconds, self._stage_work = self._stage_seconds - old_seconds, self._stage_work - old_work
 

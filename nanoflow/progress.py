@@ -72,7 +72,8 @@ def device_peak(device: torch.device, config, schedule: Schedule) -> tuple[float
         # 512 rows of a micro-batch (each row costs the same); at least 128 wide: a toy model's matmuls
         # would measure dispatch, not the machine
         shape = (512, max(config.model.hidden_size, 128), max(config.model.intermediate_size, 128))
-        return cpu_matmul_peak(*shape), f"cpu, fp32 matmul {'×'.join(map(str, shape))} measured on 1 thread × {torch.get_num_threads()} threads"
+        measured = f"measured: fp32 matmul {'×'.join(map(str, shape))} on 1 thread × {torch.get_num_threads()} threads"
+        return cpu_matmul_peak(*shape), measured
     return None, f"{device.type}: peak unknown, no MFU"
 
 
@@ -117,7 +118,8 @@ class Progress:
         self.interval, self.train_steps, self.start_step, self.costs = interval, train_steps, start_step, costs
         self.window = Window(window)
         self.device = torch.device("cpu") if costs is None else costs.device
-        self._stage_flops = {} if costs is None else dict(zip((s.name for s in costs.schedule.stages), costs.stage_flops))
+        names = () if costs is None else (stage.name for stage in costs.schedule.stages)
+        self._stage_flops = {} if costs is None else dict(zip(names, costs.stage_flops))
         self.start_time = time.perf_counter()
         stream = console.stream()
         self.bar = None
