@@ -46,6 +46,7 @@ import torch  # noqa: E402
 
 import nanoflow  # noqa: E402
 import nanoflow.loop as loop  # noqa: E402
+import nanoflow.progress as progress  # noqa: E402
 from nanoflow.data import load_tokenizer, open_stage  # noqa: E402
 from nanoflow.schedule import Schedule, active_stage  # noqa: E402
 
@@ -146,7 +147,7 @@ def run_loop(config, timers: Timers, plain: bool, alone: Alone) -> tuple[float, 
     timers.wrap(loop, "open_stage", "data: stage switch (open, close)", result_hook=timers.wrap_loader)
     timers.wrap(loop.Checkpointer, "save", "checkpoint saves")
     timers.wrap(loop.Checkpointer, "restore", "start: fresh state")
-    timers.wrap(loop, "load_tokenizer", "start: tokenizer")
+    timers.wrap(loop, "preflight", "start: tokenizer (preflight)")
     timers.wrap(loop.MetricsLog, "write", "metrics.jsonl")
     timers.wrap(loop.MetricsLog, "__init__", "metrics.jsonl")
     timers.wrap(loop.TensorBoardLog, "write", "TensorBoard events")
@@ -155,6 +156,8 @@ def run_loop(config, timers: Timers, plain: bool, alone: Alone) -> tuple[float, 
     timers.wrap(loop.Progress, "step_done", "progress display")
     timers.wrap(loop.Progress, "__init__", "progress display")
     timers.wrap(loop.Progress, "close", "progress display")
+    timers.wrap(progress.Costs, "of", "progress: start-up header (CPU matmul peak measured once)")
+    timers.wrap(progress, "header", "progress: start-up header (CPU matmul peak measured once)")
     timers.wrap(loop.StopRequest, "agreed", "signals (agree on a stop)")
     with open(os.devnull, "w") as out:
         start = time.perf_counter()

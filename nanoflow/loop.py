@@ -78,8 +78,8 @@ def _train(config: Config, checkpointer: Checkpointer, *, fresh: bool, until_ste
     needed = 0 if "://" in config.checkpoints.checkpoints_path else state_bytes(state.model)
     checkpointer.on_main(lambda: check_room(str(directory), needed))
     _check_stages_ahead(config, schedule, state.step, tokenizer)
-    report = Progress(schedule.train_steps, state.step, progress if topology.is_main else False,
-                      config.logging.iteration_step_info_interval)
+    report = Progress.start(state, progress if topology.is_main else False,  # logs the start-up header
+                            config.logging.iteration_step_info_interval)
     stop = StopRequest(topology)
     loader, loader_index = None, None
     try:
@@ -97,9 +97,9 @@ def _train(config: Config, checkpointer: Checkpointer, *, fresh: bool, until_ste
                     report.stage_started(schedule, index)
                 state, metrics = train_step(state, loader.batch_at(step, topology.dp_rank, topology.dp))
                 metrics["elapsed"] = round(report.elapsed(), 3)
+                report.step_done(metrics)  # shown, with its recent tokens/s, MFU and peak memory added to the record
                 metrics_log.write(metrics)
                 tensorboard_log.write(metrics)
-                report.step_done(metrics)
                 evaluator.maybe_run(state)  # when due: every evaluation.interval steps and at each stage's end
                 if until_step is not None and step >= until_step:
                     stop.requested = stop.requested or f"until_step = {until_step} (a planned stop, not a signal)"

@@ -1,10 +1,12 @@
 """metrics.jsonl, the record of a run: one JSON object per step (step, stage, loss, lr, grad_norm, tokens,
-elapsed …), written by `MetricsLog` during training and read back by `read_metrics`, and the one
-definition of tokens/s that the progress line, TensorBoard and bin/report all show.
+elapsed, tokens_per_s, mfu, peak_memory_bytes …), written by `MetricsLog` during training and read back by
+`read_metrics`, and the one definition of tokens/s that the progress line, TensorBoard and bin/report all show
+(`Throughput`; `Window` for the recent rate).
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import math
@@ -15,6 +17,8 @@ from nanoflow.errors import NanoflowError
 from nanoflow.io.runfolder import RunFolderError, RunFolderWriteError, open_for_append
 
 FILE = "metrics.jsonl"
+# The keys of a record that measure the machine, not the training: two runs of the same steps differ in these alone
+MEASURED = ("elapsed", "tokens_per_s", "mfu", "peak_memory_bytes")
 EVAL_FILE = "eval.jsonl"   # nanoflow.evaluation's rows, one per (step, eval set), written like metrics.jsonl
 
 
@@ -164,3 +168,47 @@ def step_seconds(metrics: list[dict]) -> list[float]:
     """The wall time of each step of a run's record, in order."""
     throughput = Throughput()
     return [throughput.add(m) for m in metrics]
+
+
+class Window:
+    """The steps of the last `span` seconds of wall time (at least the latest step), timed as `Throughput` times
+    them: tokens/s over them is the rate the progress line and metrics.jsonl's "tokens_per_s" show, which follows
+    a change of speed that the mean since the start hides for hours. Each step brings its `work` too (its model
+    FLOPs; any measure of its cost), for work/s over the same steps and for `seconds_per_work` of the latest
+    stage's steps among them (the ETA's measure). A resumed process starts with an empty window."""
+
+    def __init__(self, span: float = 30.0):
+        self.span = span
+        self._clock = Throughput()
+        self._steps = collections.deque()   # (stage, seconds, tokens, work), oldest first
+        self.seconds, self.tokens, self.work = 0.0, 0, 0.0
+        self._stage, self._stage_seconds, self._stage_work = None, 0.0, 0.0
+
+    def add(self, metrics: dict, work: float = 0.0) -> None:
+        seconds, stage, tokens = self._clock.add(metrics), metrics["stage"], metrics["tokens"]
+        if stage != self._stage:  # stages never come back: the new one's sums start here
+            self._stage, self._stage_seconds, self._stage_work = stage, 0.0, 0.0
+        self._steps.append((stage, seconds, tokens, work))
+        self.seconds, self.tokens, self.work = self.seconds + seconds, self.tokens + tokens, self.work + work
+        self._stage_seconds, self._stage_work = self._stage_seconds + seconds, self._stage_work + work
+        while len(self._steps) > 1 and self.seconds - self._steps[0][1] >= self.span:  # the rest still spans it
+            old_stage, old_seconds, old_tokens, old_work = self._steps.popleft()
+            self.seconds, self.tokens = self.seconds - old_seconds, self.tokens - old_tokens
+            self.work -= old_work
+            if old_stage == self._stage:
+                self._stage_seconds, self._stage_work = self._stage_seconds - old_seconds, self._stage_work - old_work
+
+    @property
+    def rate(self) -> float:
+        """tokens/s over the window."""
+        return tokens_per_second(self.tokens, self.seconds)
+
+    @property
+    def work_rate(self) -> float:
+        """work/s over the window (model FLOP/s when the work is model FLOPs)."""
+        return self.work / self.seconds if self.seconds > 0 else math.nan
+
+    @property
+    def seconds_per_work(self) -> float:
+        """Seconds per unit of work over the window's steps of the latest stage."""
+        return self._stage_seconds / self._stage_work if self._stage_work > 0 else math.nan

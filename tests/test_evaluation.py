@@ -24,6 +24,7 @@ from nanoflow.data import write_token_file
 from nanoflow.data.loader import StageLoader
 from nanoflow.data.sources import IGNORE_INDEX
 from nanoflow.evaluation import EvalSet, load_eval_set, pick, score
+from nanoflow.metrics import MEASURED
 from nanoflow.parallel import SINGLE
 from process_helpers import signal_when_ready
 
@@ -240,7 +241,7 @@ def test_evaluation_never_changes_training_and_writes_a_row_per_step_and_set(tmp
     a, b = dict(with_eval.model.named_parameters()), dict(without.model.named_parameters())
     assert a.keys() == b.keys() and all(torch.equal(a[name], b[name]) for name in a)
     assert rows_of(tmp_path / "run" / "metrics.jsonl") == [
-        {**m, "elapsed": n["elapsed"]} for m, n in zip(rows_of(tmp_path / "plain" / "metrics.jsonl"),
+        {**m, **{k: n[k] for k in MEASURED}} for m, n in zip(rows_of(tmp_path / "plain" / "metrics.jsonl"),
                                                         rows_of(tmp_path / "run" / "metrics.jsonl"))]
     rows = rows_of(tmp_path / "run" / "eval.jsonl")
     # interval 3, and each stage's last step (4: pretrain's, 6: sft's and the run's)

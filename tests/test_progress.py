@@ -1,0 +1,153 @@
+"""What a user watches on a long run: tokens/s over a recent window, an ETA that weighs each stage by its own
+step cost, MFU against the device's peak, peak memory, and a start-up header (nanoflow/progress.py, flops.py)."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from nanoflow import init_state, load_config
+from nanoflow.flops import flops_per_token, gpu_peak, matmul_parameters
+from nanoflow.loop import train
+from nanoflow.metrics import Throughput, read_metrics
+from nanoflow.model import Llama
+from nanoflow.progress import Costs, Progress, cpu_matmul_peak, peak_memory
+from nanoflow.report import format_summary, stage_summary
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = ROOT / "schedules" / "tiny.toml"
+
+# schedules/tiny.toml by hand: hidden 32, 4 heads of 8, 2 kv heads, intermediate 64, 2 layers, vocabulary 288, tied.
+TINY_N = 2 * (32 * 32 + 32 * 32 + 2 * 32 * 16 + 3 * 32 * 64) + 288 * 32     # q, o, k+v, gate/up/down; the head
+TINY_FLOPS_32 = 6 * TINY_N + 12 * 2 * 32 * 32                               # a token at sequence length 32
+TINY_FLOPS_24 = 6 * TINY_N + 12 * 2 * 32 * 24
+
+
+def tiny(run: Path, *overrides: str):
+    return load_config(TINY, [f"checkpoints.checkpoints_path={json.dumps(str(run))}", *overrides])
+
+
+def records(step: int, stage: str, tokens: int, seconds: list[float], elapsed: float = 0.0) -> list[dict]:
+    """Synthetic step records from `step` on, each taking its `seconds`, as the loop writes them."""
+    rows = []
+    for offset, s in enumerate(seconds):
+        elapsed += s
+        rows.append({"step": step + offset, "stage": stage, "loss": 2.0, "lr": 1e-3, "grad_norm": 1.0,
+                     "tokens": tokens, "elapsed": elapsed})
+    return rows
+
+
+def test_the_flops_count_is_the_hand_count_and_n_is_the_models_matmul_weights(tmp_path):
+    config = tiny(tmp_path / "run")
+    assert TINY_N == 27_648
+    assert matmul_parameters(config.model) == TINY_N
+    assert flops_per_token(config.model, 32) == TINY_FLOPS_32 == 190_464
+    assert flops_per_token(config.model, 24) == TINY_FLOPS_24 == 184_320
+    for tied in (True, False):   # N is the linear layers' weights, the head's included, counted from the real model
+        untied = tiny(tmp_path / "run", f"model.tie_word_embeddings={str(tied).lower()}").model
+        model = Llama(untied)
+        linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear))
+        assert matmul_parameters(untied) == linear
+    assert sum(p.numel() for p in Llama(config.model).parameters()) == TINY_N + 5 * 32   # + the norms
+
+
+def test_gpu_peaks_by_the_names_cuda_reports():
+    assert gpu_peak("NVIDIA H100 80GB HBM3") == 989e12
+    assert gpu_peak("NVIDIA H100 PCIe") == 756e12
+    assert gpu_peak("NVIDIA H100 NVL") == 835e12
+    assert gpu_peak("NVIDIA H200") == 989e12
+    assert gpu_peak("NVIDIA A100-SXM4-80GB") == 312e12
+    assert gpu_peak("NVIDIA L40S") == 362e12
+    assert gpu_peak("NVIDIA A10G") == 125e12
+    assert gpu_peak("NVIDIA GeForce GTX 1080") is None
+
+
+def test_the_rate_follows_a_change_of_speed_the_mean_since_start_hides():
+    progress = Progress(train_steps=1000, start_step=0, live=False, interval=10_000)
+    slow = records(1, "a", 1000, [1.0] * 100)                              # 1,000 tokens/s for 100 s
+    fast = records(101, "a", 1000, [0.5] * 80, elapsed=slow[-1]["elapsed"])  # then 2,000 tokens/s
+    since_start = Throughput()
+    for m in slow:
+        progress.step_done(m)
+        since_start.add(m)
+    assert slow[-1]["tokens_per_s"] == 1000.0
+    for m in fast[:10]:
+        progress.step_done(m)
+        since_start.add(m)
+    # the last 30 s: 10 fast steps (5 s) and the 25 slow ones before them
+    assert fast[9]["tokens_per_s"] == pytest.approx(35 * 1000 / 30, abs=0.1)
+    for m in fast[10:]:
+        progress.step_done(m)
+        since_start.add(m)
+    assert fast[-1]["tokens_per_s"] == 2000.0                                # the window holds only fast steps
+    assert since_start.rate == pytest.approx(180_000 / 140)                  # the mean: 1,286, far from 2,000
+
+
+def test_the_eta_weighs_each_remaining_stage_by_its_own_step_cost(tmp_path):
+    state = init_state(tiny(tmp_path / "run"))   # pretrain 1–7: 4 × 32 tokens a step; sft 8–12: 8 × 24
+    costs = Costs.of(state)
+    pretrain, sft = 4 * 32 * TINY_FLOPS_32, 8 * 24 * TINY_FLOPS_24
+    assert costs.stage_flops == (pretrain, sft)
+    progress = Progress(12, 0, live=False, interval=1000, costs=costs)
+    for m in records(1, "pretrain", 128, [0.5, 0.5, 0.5]):
+        progress.step_done(m)
+    # 4 pretrain steps left at 0.5 s, and 5 sft steps, each costing sft / pretrain as much as a pretrain step
+    assert progress.eta(3) == pytest.approx(4 * 0.5 + 5 * 0.5 * sft / pretrain)
+    assert progress.eta(3) == pytest.approx(2.0 + 2.5 * 35_389_440 / 24_379_392)   # 5.63 s, not 9 × 0.5
+    for m in records(4, "pretrain", 128, [0.5] * 4, elapsed=1.5) + records(8, "sft", 192, [0.9], elapsed=3.5):
+        progress.step_done(m)
+    assert progress.eta(8) == pytest.approx(4 * 0.9)   # in sft: its own measured pace, for its own 4 steps left
+
+
+def test_mfu_is_the_model_flops_a_second_over_the_peak(tmp_path):
+    state = init_state(tiny(tmp_path / "run"))
+    costs = Costs(state.schedule, (4 * 32 * TINY_FLOPS_32, 8 * 24 * TINY_FLOPS_24), 1e9, torch.device("cpu"), "test")
+    progress = Progress(12, 0, live=False, interval=1000, costs=costs)
+    rows = records(1, "pretrain", 128, [0.25, 0.25]) + records(8, "sft", 192, [0.5], elapsed=0.5)
+    for m in rows:
+        progress.step_done(m)
+    assert rows[1]["mfu"] == round(128 * TINY_FLOPS_32 / 0.25 / 1e9, 5)                     # 0.09752
+    assert rows[2]["mfu"] == round((2 * 128 * TINY_FLOPS_32 + 192 * TINY_FLOPS_24) / 1.0 / 1e9, 5)
+    assert rows[2]["tokens_per_s"] == (2 * 128 + 192) / 1.0
+
+
+def test_the_cpu_peak_and_the_peak_memory_are_measured():
+    peak = cpu_matmul_peak(256, 256, 256, budget=0.05)
+    assert math.isfinite(peak) and peak > 1e8   # any CPU of this century does 0.1 GFLOP/s
+    with open("/proc/self/statm") as f:
+        resident = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    assert peak_memory(torch.device("cpu")) >= 0.99 * resident   # the kernel's counters lag by a few pages
+
+
+def test_train_logs_the_header_and_writes_the_new_keys_that_report_reads(tmp_path):
+    out = io.StringIO()
+    run = tmp_path / "run"
+    train(tiny(run), out=out, until_step=8, progress=False)
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith("model: 27,808 parameters (2 layers × 32 hidden, vocabulary 288), float32"), lines
+    assert "0.19 M at sequence length 32, 0.184 M at sequence length 24" in lines[0]
+    assert lines[1].startswith("device: cpu; peak ") and "GFLOP/s" in lines[1]
+    assert lines[2] == "layout: dp 1 × tp 1 (tp_mode ALL_REDUCE), recompute_layer off, compile off"
+    assert lines[3] == "start: fresh start at step 1 of 12"
+    rows = read_metrics(run)
+    assert [m["step"] for m in rows] == list(range(1, 9))
+    for m in rows:
+        assert {"step", "stage", "loss", "lr", "grad_norm", "tokens", "target_tokens", "elapsed"} <= m.keys()
+        assert m["tokens_per_s"] > 0 and 0 < m["mfu"] < 1 and m["peak_memory_bytes"] > 10 * 2**20
+    assert [r.name for r in stage_summary(rows)] == ["pretrain", "sft"]
+    assert "pretrain" in format_summary(stage_summary(rows))
+    progress_lines = [line for line in lines if line.startswith("step ")]
+    assert progress_lines and all(" tok/s  eta " in line and "  mfu " in line and "  mem " in line
+                                  for line in progress_lines)
+
+    out = io.StringIO()
+    train(tiny(run), out=out, progress=False)   # resumes from step 8
+    assert "start: resumed after step 8 of 12" in out.getvalue().splitlines()
+    assert [m["step"] for m in read_metrics(run)] == list(range(1, 13))
