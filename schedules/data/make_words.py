@@ -2,13 +2,12 @@
 
     python schedules/data/make_words.py        # rewrites every file in schedules/data/words/
 
-A "word" is 3 to 6 distinct lowercase letters ("qhaml"). Distinct letters make a reversal a
-lookup a tiny byte-level model can learn: each next letter of the answer is the one that comes
-before the last letter written, in the prompt. The files:
+A "word" is 3 to 6 distinct lowercase letters ("qhaml"); the SFT task reverses 3-letter words
+(see SFT below for why). The files:
 
     pretrain.txt / pretrain_heldout.txt   prose about words: their letters, reversals, which is longer
     anneal.txt / anneal_heldout.txt       glossary records of words, in one strict layout
-    reverse.jsonl                         SFT: {"prompt": "Q: reverse qhaml\\nA:", "completion": " lmahq"}
+    reverse.jsonl                         SFT: {"prompt": "Q: reverse qhm\\nA:", "completion": " mhq"}
     reverse_heldout.jsonl                 the same task on words that appear in no training file
 
 Every file draws its words from its own share of one fixed list, so no held-out word is ever in a
@@ -25,8 +24,14 @@ LETTERS = "abcdefghijklmnopqrstuvwxyz"
 OUT = Path(__file__).with_name("words")
 
 # (file name, how many words it draws); words are dealt out in this order from one shuffled list.
-SHARES = [("reverse_heldout.jsonl", 200), ("pretrain_heldout.txt", 300), ("anneal_heldout.txt", 300),
-          ("reverse.jsonl", 4000), ("anneal.txt", 3000), ("pretrain.txt", 6000)]
+# "reserve" words are in no file: a spare held-out pool (and dealing them keeps every file as it is).
+SHARES = [("reserve", 200), ("pretrain_heldout.txt", 300), ("anneal_heldout.txt", 300),
+          ("reserve", 4000), ("anneal.txt", 3000), ("pretrain.txt", 6000)]
+# The SFT words: 3 letters, so the answer's letters sit at fixed distances before it (4, 6 and 8
+# bytes back), which a model this small learns in a few hundred steps; variable-length reversal
+# (a lookup by content) stayed near chance after 250 SFT steps of the curriculum.
+SFT = [("reverse_heldout.jsonl", 200), ("reverse.jsonl", 4000)]
+SFT_LENGTH = 3
 
 
 # Sentences about a word w (and the next word v), filled in by str.format.
@@ -79,11 +84,26 @@ def reversals(words: list[str]) -> str:
     return "".join(json.dumps({"prompt": f"Q: reverse {w}\nA:", "completion": f" {w[::-1]}"}) + "\n" for w in words)
 
 
+def sft_words(count: int, taken: set[str], seed: int = 1) -> list[str]:
+    """`count` different 3-letter words, none of them (or their reverse) in `taken`."""
+    rng, words, seen = random.Random(seed), [], set(taken)
+    while len(words) < count:
+        word = "".join(rng.sample(LETTERS, SFT_LENGTH))
+        if word not in seen and word[::-1] not in seen:
+            seen.add(word)
+            words.append(word)
+    return words
+
+
 def shares() -> dict[str, list[str]]:
-    """The words of each file: consecutive, disjoint slices of one list."""
+    """The words of each file: consecutive, disjoint slices of one list, then the SFT words apart."""
     words, start, out = all_words(sum(n for _, n in SHARES)), 0, {}
     for name, count in SHARES:
         out[name], start = words[start:start + count], start + count
+    taken = set(words) | set(re.findall(r"[a-z]+", " ".join(TEMPLATES).lower()))
+    sft, start = sft_words(sum(n for _, n in SFT), taken), 0
+    for name, count in SFT:
+        out[name], start = sft[start:start + count], start + count
     return out
 
 
@@ -94,7 +114,7 @@ def files() -> dict[str, str]:
              "pretrain_heldout.txt": lambda w: prose(w, random.Random(2)),
              "anneal.txt": glossary, "anneal_heldout.txt": glossary,
              "reverse.jsonl": reversals, "reverse_heldout.jsonl": reversals}
-    return {name: write[name](words[name]) for name, _ in SHARES}
+    return {name: write[name](words[name]) for name in write}
 
 
 if __name__ == "__main__":
