@@ -28,7 +28,7 @@ OUT = Path(__file__).with_name("words")
 SHARES = [("reserve", 200), ("pretrain_heldout.txt", 300), ("anneal_heldout.txt", 300),
           ("reserve", 4000), ("anneal.txt", 3000), ("pretrain.txt", 6000)]
 # The SFT words: 3 letters, so the answer's letters sit at fixed distances before it (4, 6 and 8
-# bytes back), which a model this small learns in a few hundred steps; variable-length reversal
+# bytes back), which a model this small learns in 400 SFT steps; variable-length reversal
 # (a lookup by content) stayed near chance after 250 SFT steps of the curriculum.
 SFT = [("reverse_heldout.jsonl", 200), ("reverse.jsonl", 4000)]
 SFT_LENGTH = 3
