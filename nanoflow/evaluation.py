@@ -74,7 +74,7 @@ def load_eval_set(config: Config, entry: EvalDatasetArgs, tokenizer) -> EvalSet:
     else:
         dataset, label = entry.dataset, f"evaluation {entry.name}"
     named = open_sources(dataset, label, tokenizer, sequence_length, None, config.model.vocab_size,
-                         config.tokenizer.accept_recorded_names or (), log.info, held_out=entry.held_out_of is not None)
+                         config.tokenizer.accept_recorded_names or (), held_out=entry.held_out_of is not None)
     try:
         sizes = np.array([len(n.source) for n in named], dtype=np.int64)
         bounds = np.concatenate([[0], np.cumsum(sizes)])
