@@ -44,7 +44,8 @@ def test_source_shares_are_the_normalised_weights_of_the_stage_training_the_step
     (tmp_path / "blend.toml").write_text(text.replace('"data/', f'"{REPO}/schedules/data/'))
     config = load_config(tmp_path / "blend.toml")
     shares = source_shares(config, 7)
-    assert [Path(name).name for name in shares] == ["pretrain.txt", "anneal.txt"] and list(shares.values()) == [0.75, 0.25]
+    assert [Path(name).name for name in shares] == ["pretrain.txt", "anneal.txt"]
+    assert list(shares.values()) == [0.75, 0.25]
     assert list(source_shares(config, 8).values()) == [1.0]
 
 
