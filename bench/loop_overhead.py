@@ -216,7 +216,7 @@ def main() -> int:
         print(f"\ntrain_step inside the loop: {inside:.2f} s ({tokens / inside:,.0f} tokens/s), "
               f"{inside / loop_seconds:.1%} of the loop's time")
         print(f"load average at the end: {os.getloadavg()[0]:.1f}")
-        if differed:  # the curriculum reads this repository's own files: one edited mid-run changes the data
+        if differed:  # the data (schedules/data/words) is fixed: only a file rewritten mid-run changes it
             print(f"warning: the loop read other batches at {len(differed)} steps (first {differed[0]}): a data "
                   "file changed during the run; the comparison is still one of equal work")
         elif not same:

@@ -11,7 +11,7 @@ bucket and yields an s3:// prefix inside it.
 moto keeps its data in this process's memory, so the server can be stopped and started again on the
 same port with its objects intact: that is how the tests simulate an outage in the middle of a save.
 
-`tiny_toml` (module) is a snapshot of schedules/tiny.toml and the sources it trains on (helpers.tiny_snapshot), and
+`tiny_toml` (module) is schedules/tiny.toml (it trains on the committed generated corpus, fixed under every test), and
 `reference` (module) the uninterrupted run of it: what the S3 and lock tests compare their runs with, bit for bit.
 """
 
@@ -25,7 +25,7 @@ import uuid
 
 import pytest
 
-from helpers import TRAIN_STEPS, quiet, tiny, tiny_snapshot
+from helpers import TINY, TRAIN_STEPS, quiet, tiny
 from nanoflow.loop import train
 from run_helpers import groups_of
 
@@ -220,9 +220,8 @@ def s3_bucket(s3_endpoint):
 
 
 @pytest.fixture(scope="module")
-def tiny_toml(tmp_path_factory):
-    """schedules/tiny.toml with its data (../nanoflow/*.py, data/…), copied to the same relative places."""
-    return tiny_snapshot(tmp_path_factory.mktemp("tiny"))
+def tiny_toml():
+    return TINY
 
 
 @pytest.fixture(scope="module")

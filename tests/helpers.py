@@ -3,10 +3,8 @@ and an `out` that swallows what train() prints. Fixtures built on these live in 
 
 from __future__ import annotations
 
-import glob
 import io
 import json
-import shutil
 from pathlib import Path
 
 from nanoflow import load_config
@@ -24,14 +22,3 @@ def tiny(run: Path | str, *overrides: str, schedule: Path = TINY):
 def quiet() -> io.StringIO:
     """An `out` for train() and the Checkpointer whose text a test may read, or ignore."""
     return io.StringIO()
-
-
-def tiny_snapshot(folder: Path) -> Path:
-    """A copy of schedules/ and of the data tiny.toml reads (../nanoflow/*.py) at the same relative places under
-    `folder`; returns the copy of tiny.toml. Runs compared bit for bit train on it, so that an edit to the sources
-    while the tests run cannot change the data between them."""
-    shutil.copytree(REPO / "schedules", folder / "schedules")
-    (folder / "nanoflow").mkdir()
-    for source in glob.glob(str(REPO / "nanoflow" / "*.py")):
-        shutil.copy(source, folder / "nanoflow")
-    return folder / "schedules" / "tiny.toml"

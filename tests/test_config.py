@@ -251,7 +251,7 @@ def test_curriculum_shape():
     assert [s.name for s in config.data_stages] == ["pretrain", "anneal", "sft"]
     schedule = Schedule.from_config(config)
     assert [(s.start_step, s.global_batch_size, s.sequence_length) for s in schedule.stages] == [
-        (1, 16, 256), (201, 16, 256), (251, 64, 32)]
+        (1, 16, 256), (151, 16, 256), (201, 64, 32)]
 
 
 def test_paths_resolved_relative_to_toml(tmp_path, monkeypatch):

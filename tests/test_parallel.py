@@ -22,7 +22,7 @@ STEPS = 4
 # from the stated global batch), the SFT stage out of reach. adam_eps = 1e-6: AdamW's first updates are
 # lr·g/(|g| + eps), so with the default 1e-8 a gradient element within rounding of 0 turns the different
 # summation order of another layout into an update difference of up to lr·Δg/eps (well above 1e-5 for
-# some data: tiny trains on nanoflow's own sources, which change with every edit); 1e-6 bounds it far
+# some data: it was seen while tiny trained on the repository's own, ever-changing sources); 1e-6 bounds it far
 # below the tolerance, and every layout runs the same optimizer.
 COMMON = [f"tokens.train_steps={STEPS}", "data_stages.sft.start_training_step=100", "tokens.micro_batch_size=2",
           "tokens.global_batch_size=8", "data_stages.sft.micro_batch_size=2", "checkpoints.checkpoint_interval=2",

@@ -32,19 +32,19 @@ def test_the_figure_has_a_panel_each_for_lr_batch_length_and_shares_with_the_pla
     batch, length = (ax.patches[-1].get_data()[0] for ax in axes[1:3])   # stairs: values per step
     assert list(batch) == [4] * 8 + [8] * 4 and list(length) == [32] * 8 + [24] * 4
     assert [h.get_label() for h in axes[3].patches if not h.get_label().startswith("_") and h.get_label()] == \
-        ["text: nanoflow/*.py", "json: schedules/data/arithmetic.jsonl"]
+        ["text: schedules/data/words/pretrain.txt", "json: schedules/data/words/reverse.jsonl"]
 
 
 def test_source_shares_are_the_normalised_weights_of_the_stage_training_the_step(tmp_path):
-    text = TINY.read_text().replace('hf_dataset_or_datasets = "text"\nhf_data_files = ["../nanoflow/*.py"]',
-                                    'hf_dataset_or_datasets = { "../README.md" = 3.0, "../nanoflow/*.py" = 1.0 }')
-    (tmp_path / "schedules").mkdir()
-    (tmp_path / "schedules" / "blend.toml").write_text(text.replace('"data/', f'"{REPO}/schedules/data/'))
-    for name in ("README.md", "nanoflow"):
-        (tmp_path / name).symlink_to(REPO / name)
-    config = load_config(tmp_path / "schedules" / "blend.toml")
+    pretrain = 'hf_dataset_or_datasets = "text"\nhf_data_files = "data/words/pretrain.txt"'
+    assert pretrain in TINY.read_text()
+    text = TINY.read_text().replace(pretrain, 'hf_dataset_or_datasets = { "data/words/pretrain.txt" = 3.0, '
+                                              '"data/words/anneal.txt" = 1.0 }')
+    (tmp_path / "blend.toml").write_text(text.replace('"data/', f'"{REPO}/schedules/data/'))
+    config = load_config(tmp_path / "blend.toml")
     shares = source_shares(config, 7)
-    assert [Path(name).name for name in shares] == ["README.md", "*.py"] and list(shares.values()) == [0.75, 0.25]
+    assert [Path(name).name for name in shares] == ["pretrain.txt", "anneal.txt"]
+    assert list(shares.values()) == [0.75, 0.25]
     assert list(source_shares(config, 8).values()) == [1.0]
 
 

@@ -133,10 +133,10 @@ def test_rewriting_a_begun_stage_is_refused_with_the_difference(tmp_path):
 
 def test_editing_a_stage_not_yet_begun_is_allowed_and_takes_effect(tmp_path):
     train(tiny(tmp_path), until_step=5, out=quiet())
-    state = train(tiny(tmp_path, "data_stages.sft.sequence_length=16"), out=quiet())
+    state = train(tiny(tmp_path, "data_stages.sft.sequence_length=20"), out=quiet())
     assert state.step == 12
     last = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])
-    assert last["stage"] == "sft" and last["tokens"] == 8 * 16
+    assert last["stage"] == "sft" and last["tokens"] == 8 * 20
 
 
 def test_explicit_resume_path_without_a_checkpoint_is_an_error(tmp_path):

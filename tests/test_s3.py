@@ -4,9 +4,8 @@ Nothing of nanoflow is mocked: io/store.py talks to the endpoint through boto3, 
 standard AWS environment the `s3_endpoint` fixture sets. The tests look at the bucket with their own boto3
 client, bound to the endpoint explicitly.
 
-Every run is compared, bit for bit, with one uninterrupted local run of schedules/tiny.toml. tiny trains on the
-repository's own nanoflow/*.py, so the tests use a snapshot of the schedule and its data taken once per module:
-an edit to the sources while the tests run must not change the data between two runs that are compared.
+Every run is compared, bit for bit, with one uninterrupted local run of schedules/tiny.toml (its data is generated
+and committed, so it is the same for every run compared).
 """
 
 from __future__ import annotations
