@@ -205,7 +205,7 @@ def worker(args) -> None:
                  f"model.compile={'false' if args.no_compile else 'true'}", f"tokens.train_steps={args.steps}",
                  f"data_stages.anneal.start_training_step={args.steps + 1}",
                  f"data_stages.sft.start_training_step={args.steps + 2}",
-                 f"optimizer.learning_rate_scheduler.lr_warmup_steps=1",
+                 "optimizer.learning_rate_scheduler.lr_warmup_steps=1",
                  f"optimizer.learning_rate_scheduler.lr_decay_starting_step={args.steps - 1}",
                  f"checkpoints.checkpoints_path={json.dumps(args.worker)}",
                  f"checkpoints.checkpoint_interval={args.steps}"]

@@ -1,11 +1,13 @@
 """What does bin/train's loop cost over `train_step` alone on the same batches?
 
-    python bench/loop_overhead.py [--steps N] [--plain]
+    python bench/loop_overhead.py [--steps N] [--plain] [--evaluation]
 
 The run: schedules/curriculum.toml shortened to N steps (default 200) that keep its three stages
 and their switches (pretrain 60 %, anneal 20 %, sft 20 % of the steps) and its checkpoint interval
 (100: saves at steps 100 and 200, the second being the end-of-run save), written to a fresh
-temporary folder.
+temporary folder. The curriculum's [evaluation] is dropped unless `--evaluation`: evaluating is work the
+user asks for (its cost is bench/evaluation.py's), not the loop's overhead; with the flag it is kept
+and shown as its own row of where the time went.
 
 - loop: `nanoflow.loop.train(config, fresh=True)` in this process, timed from the call to its
   return: tokenizer, fresh state, metrics.jsonl (one JSON line a step, flushed), TensorBoard events
@@ -42,6 +44,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # works without `pip install -e .`
 
+import attrs  # noqa: E402
 import torch  # noqa: E402
 
 import nanoflow  # noqa: E402
@@ -53,14 +56,15 @@ from nanoflow.schedule import Schedule, active_stage  # noqa: E402
 CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "schedules", "curriculum.toml")
 
 
-def load_config(steps: int, run: str):
+def load_config(steps: int, run: str, evaluation: bool):
     anneal, sft = int(steps * 0.6) + 1, int(steps * 0.8) + 1
-    return nanoflow.load_config(CONFIG, overrides=[
+    config = nanoflow.load_config(CONFIG, overrides=[
         f"tokens.train_steps={steps}", f"data_stages.anneal.start_training_step={anneal}",
         f"data_stages.sft.start_training_step={sft}",
         f"optimizer.learning_rate_scheduler.lr_decay_starting_step={anneal - 1}",
         f'checkpoints.checkpoints_path="{run}"',
     ])
+    return config if evaluation else attrs.evolve(config, evaluation=None)
 
 
 def build_batches(config) -> dict[int, dict[str, torch.Tensor]]:
@@ -159,6 +163,8 @@ def run_loop(config, timers: Timers, plain: bool, alone: Alone) -> tuple[float, 
     timers.wrap(progress.Costs, "of", "progress: start-up header (CPU matmul peak measured once)")
     timers.wrap(progress, "header", "progress: start-up header (CPU matmul peak measured once)")
     timers.wrap(loop.StopRequest, "agreed", "signals (agree on a stop)")
+    timers.wrap(loop.Evaluator, "maybe_run", "evaluation (--evaluation: the curriculum's eval sets)")
+    timers.wrap(loop.Evaluator, "__init__", "evaluation (--evaluation: the curriculum's eval sets)")
     with open(os.devnull, "w") as out:
         start = time.perf_counter()
         state = loop.train(config, fresh=True, out=out, progress=not plain)
@@ -169,6 +175,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=200, help="steps of the shortened curriculum (default 200)")
     parser.add_argument("--plain", action="store_true", help="plain progress lines instead of the tqdm bar")
+    parser.add_argument("--evaluation", action="store_true", help="keep the curriculum's [evaluation] (timed apart)")
     args = parser.parse_args()
 
     date = datetime.date.today().isoformat()
@@ -176,7 +183,7 @@ def main() -> int:
           f"({platform.processor() or platform.machine()}), {torch.get_num_threads()} torch threads  "
           f"load average {os.getloadavg()[0]:.1f}")
     with tempfile.TemporaryDirectory(prefix="loop-overhead-") as folder:
-        config = load_config(args.steps, os.path.join(folder, "run"))
+        config = load_config(args.steps, os.path.join(folder, "run"), args.evaluation)
         schedule = Schedule.from_config(config)
         started = time.perf_counter()
         batches = build_batches(config)
