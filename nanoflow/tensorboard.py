@@ -1,8 +1,9 @@
 """TensorBoard event files for a run, when the `tensorboard` package is installed; a no-op otherwise.
 
-Every step writes `<stage>/loss`, `<stage>/lr`, `<stage>/grad_norm` and `<stage>/tokens_per_s`
-(one chart per stage and metric, on the global step axis) and the same under `all/` (one line
-across the stages) as `events.out.tfevents.*` files in the run folder, beside metrics.jsonl — so
+Every step writes `<stage>/loss`, `<stage>/lr`, `<stage>/grad_norm`, `<stage>/tokens_per_s`,
+`<stage>/mfu` and `<stage>/peak_memory_bytes` — the step's record as metrics.jsonl has it, the recent
+tokens/s, MFU and peak memory the progress line shows — (one chart per stage and metric, on the global
+step axis) and the same under `all/` (one line across the stages) as `events.out.tfevents.*` files in the run folder, beside metrics.jsonl — so
 `tensorboard --logdir runs` shows every run under its folder's name, side by side. A resume purges
 the events after the step it resumes from, as metrics.jsonl does, so an abandoned attempt leaves
 no doubled curve.
@@ -15,11 +16,12 @@ import math
 import threading
 from pathlib import Path
 
-from nanoflow.metrics import Throughput, tokens_per_second
+from nanoflow.metrics import MEASURED, Throughput, tokens_per_second
 
 log = logging.getLogger(__name__)
 
-SCALARS = ("loss", "lr", "grad_norm")
+# The step's own values, then what the progress display measured and added to its record (MEASURED less the clock).
+SCALARS = ("loss", "lr", "grad_norm", *(key for key in MEASURED if key != "elapsed"))
 
 
 def available() -> bool:
@@ -95,8 +97,9 @@ class TensorBoardLog:
 
     def _write(self, metrics: dict) -> None:
         step, stage = metrics["step"], metrics["stage"]
-        values = {key: metrics[key] for key in SCALARS if key in metrics}
-        if "elapsed" in metrics and "tokens" in metrics:
+        values = {key: metrics[key] for key in SCALARS if metrics.get(key) is not None}
+        if "tokens_per_s" not in values and "elapsed" in metrics and "tokens" in metrics:  # a record without the
+            # progress display's values (TensorBoardLog used on its own): each step's own rate
             rate = tokens_per_second(metrics["tokens"], self.throughput.add(metrics))
             if not math.isnan(rate):
                 values["tokens_per_s"] = rate

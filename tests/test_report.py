@@ -91,14 +91,32 @@ def test_tensorboard_events_are_tagged_per_stage(run):
     events = EventAccumulator(str(run))
     events.Reload()
     tags = set(events.Tags()["scalars"])
-    assert {"pretrain/loss", "pretrain/lr", "sft/loss", "sft/grad_norm", "all/loss", "all/tokens_per_s"} <= tags
+    assert {"pretrain/loss", "pretrain/lr", "sft/loss", "sft/grad_norm", "all/loss", "all/tokens_per_s",
+            "all/mfu", "all/peak_memory_bytes"} <= tags
     assert [e.step for e in events.Scalars("pretrain/loss")] == list(range(1, 8))
     assert [e.step for e in events.Scalars("sft/loss")] == [8, 9, 10]
     metrics = read_metrics(run)
     assert [e.value for e in events.Scalars("all/loss")] == pytest.approx([m["loss"] for m in metrics])
-    # tokens/s: the same definition as the report's and the progress line's (nanoflow.metrics)
-    rates = [tokens_per_second(m["tokens"], seconds) for m, seconds in zip(metrics, step_seconds(metrics))]
-    assert [e.value for e in events.Scalars("all/tokens_per_s")] == pytest.approx([r for r in rates if r == r])
+    # tokens/s, MFU and peak memory: the values metrics.jsonl records (the progress line's), not computed again
+    for key in ("tokens_per_s", "mfu", "peak_memory_bytes"):
+        recorded = [m[key] for m in metrics if m.get(key) is not None]
+        assert recorded and [e.value for e in events.Scalars(f"all/{key}")] == pytest.approx(recorded, rel=1e-6), key
+
+
+def test_tensorboard_on_its_own_shows_each_step_s_own_tokens_per_second(tmp_path):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    records = [{"step": 1, "stage": "a", "loss": 2.0, "lr": 0.1, "grad_norm": 1.0, "tokens": 100, "elapsed": 0.5},
+               {"step": 2, "stage": "a", "loss": 1.5, "lr": 0.1, "grad_norm": 1.0, "tokens": 100, "elapsed": 0.75}]
+    with nanoflow_tensorboard.TensorBoardLog(tmp_path, 0) as log:
+        for record in records:
+            log.write(record)
+    events = EventAccumulator(str(tmp_path))
+    events.Reload()
+    rates = [tokens_per_second(m["tokens"], seconds) for m, seconds in zip(records, step_seconds(records))]
+    assert [e.value for e in events.Scalars("a/tokens_per_s")] == pytest.approx(rates) == [200.0, 400.0]
+    assert "a/mfu" not in events.Tags()["scalars"]
 
 
 def test_tensorboard_is_a_no_op_without_the_package(tmp_path, monkeypatch):
