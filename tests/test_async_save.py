@@ -2,7 +2,6 @@
 with the same protocol — the same bytes as a synchronous save, nothing committed lost to a kill or a failed
 write, and a stop or the run's end waits for the save in flight."""
 
-import io as text_io
 import json
 import os
 import signal
@@ -14,9 +13,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import REPO, TINY, quiet, tiny
 from run_helpers import folder_digest
 
-from nanoflow import io, load_config
+from nanoflow import io
 from nanoflow.build import stage_data
 from nanoflow.checkpointer import Checkpointer, StorageLostError
 from nanoflow.errors import EXIT_STORAGE
@@ -26,17 +26,7 @@ from nanoflow.loop import train
 from nanoflow.step import train_step
 from nanoflow.verify import first_difference
 
-REPO = Path(__file__).parent.parent
-TINY = REPO / "schedules" / "tiny.toml"
 ASYNC = "checkpoints.async_save=true"
-
-
-def tiny(run: Path, *overrides: str):
-    return load_config(TINY, [f'checkpoints.checkpoints_path="{run}"', *overrides])
-
-
-def quiet() -> text_io.StringIO:
-    return text_io.StringIO()
 
 
 def train_command(run: Path, *overrides: str) -> list[str]:

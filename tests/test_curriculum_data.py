@@ -5,10 +5,10 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-WORDS = ROOT / "schedules" / "data" / "words"
+from helpers import REPO
+
+WORDS = REPO / "schedules" / "data" / "words"
 TRAINING = ("pretrain.txt", "anneal.txt", "reverse.jsonl")
 HELD_OUT = ("pretrain_heldout.txt", "anneal_heldout.txt", "reverse_heldout.jsonl")
 

@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
+from helpers import REPO
 from nanoflow.config import load_config
 from nanoflow.evaluation import is_due
 from nanoflow.metrics import read_eval
 from nanoflow.schedule import Schedule, stage_steps
 
-ROOT = Path(__file__).resolve().parent.parent
-CURRICULUM = ROOT / "schedules" / "curriculum.toml"
+CURRICULUM = REPO / "schedules" / "curriculum.toml"
 BEFORE_SFT_AT_MOST, AFTER_SFT_AT_LEAST = 0.10, 0.80
 
 
@@ -40,7 +40,7 @@ def skill_figures(run: Path, config) -> dict[int, float]:
 @pytest.mark.slow
 def test_the_default_curriculum_teaches_reversal_of_held_out_words(tmp_path):
     run = tmp_path / "run"
-    done = subprocess.run([sys.executable, str(ROOT / "bin" / "train"), str(CURRICULUM),
+    done = subprocess.run([sys.executable, str(REPO / "bin" / "train"), str(CURRICULUM),
                            "--set", f"checkpoints.checkpoints_path={json.dumps(str(run))}"],
                           capture_output=True, text=True, timeout=3600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

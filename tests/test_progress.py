@@ -4,16 +4,15 @@ step cost, MFU against the device's peak, peak memory, and a start-up header (na
 from __future__ import annotations
 
 import io
-import json
 import math
 import os
-from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
-from nanoflow import init_state, load_config
+from helpers import tiny
+from nanoflow import init_state
 from nanoflow.flops import flops_per_token, gpu_peak, matmul_parameters
 from nanoflow.loop import train
 from nanoflow.metrics import Throughput, read_metrics
@@ -21,17 +20,11 @@ from nanoflow.model import Llama
 from nanoflow.progress import Costs, Progress, cpu_matmul_peak, peak_memory
 from nanoflow.report import format_summary, stage_summary
 
-ROOT = Path(__file__).resolve().parent.parent
-TINY = ROOT / "schedules" / "tiny.toml"
 
 # schedules/tiny.toml by hand: hidden 32, 4 heads of 8, 2 kv heads, intermediate 64, 2 layers, vocabulary 288, tied.
 TINY_N = 2 * (32 * 32 + 32 * 32 + 2 * 32 * 16 + 3 * 32 * 64) + 288 * 32     # q, o, k+v, gate/up/down; the head
 TINY_FLOPS_32 = 6 * TINY_N + 12 * 2 * 32 * 32                               # a token at sequence length 32
 TINY_FLOPS_24 = 6 * TINY_N + 12 * 2 * 32 * 24
-
-
-def tiny(run: Path, *overrides: str):
-    return load_config(TINY, [f"checkpoints.checkpoints_path={json.dumps(str(run))}", *overrides])
 
 
 def records(step: int, stage: str, tokens: int, seconds: list[float], elapsed: float = 0.0) -> list[dict]:

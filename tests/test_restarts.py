@@ -16,13 +16,12 @@ from pathlib import Path
 
 import pytest
 
+from helpers import REPO, TINY
 from nanoflow import io
 from nanoflow.verify import first_difference
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).parent.parent
-TINY = REPO / "schedules" / "tiny.toml"
 STEPS = 40   # ~50 ms a step at dp=2 on an idle CPU: the kill lands well before the end even when polled slowly
 KILL_AFTER = 6   # the kill comes once this step is in metrics.jsonl: after the checkpoint of step 4, mid-interval
 COMMON = [f"tokens.train_steps={STEPS}", "checkpoints.checkpoint_interval=4", "parallelism.dp=2"]
