@@ -1,6 +1,7 @@
 """How much step time does a checkpoint save cost, [checkpoints] async_save = true against false?
 
     python bench/async_save.py [--rounds N] [--steps S] [--dir DIR] [--hidden H --intermediate I --layers L]
+                              [--threads T]
 
 The state: the curriculum's Llama made bigger (by default 1024 hidden, 2816 intermediate, 10 layers,
 16 heads: about 128 M parameters) with its AdamW moments (one step taken first), ≈ 1.5 GB written per
@@ -13,6 +14,9 @@ Each round, for each mode (the order flips every round): S plain steps (the base
 followed by S steps and the commit; the step time lost to the save is (the save segment's wall time)
 − (the baseline segment's). os.sync() before every segment, so that no segment pays for the writeback
 of an earlier one. Prints the medians and their ratio (target: async ≤ 10 % of sync).
+
+`--threads T` trains with T torch threads (default: torch's, one a core): fewer threads than cores leave
+the writing thread a core of its own, as on a GPU box, whose step does not use the host's cores.
 """
 
 from __future__ import annotations
@@ -46,19 +50,23 @@ def model_overrides(args) -> list[str]:
 
 
 def segment(state, batch, steps: int, checkpointer: Checkpointer | None = None):
-    """(state, seconds) of `steps` steps — after a save of the state first, and through its commit, when a
-    checkpointer is given."""
+    """(state, seconds, parts) of `steps` steps — after a save of the state first, and through its commit, when
+    a checkpointer is given; `parts`: the seconds inside save() (a sync save's whole write; an async save's
+    host copy) and inside the final finish() (waiting for a background write that outlasted the steps)."""
     os.sync()
-    started = time.perf_counter()
+    started, parts = time.perf_counter(), {"save": 0.0, "finish": 0.0}
     if checkpointer is not None:
         checkpointer.save(state)
+        parts["save"] = time.perf_counter() - started
     for _ in range(steps):
         state, _ = nanoflow.train_step(state, batch)
         if checkpointer is not None:
             checkpointer.poll()
     if checkpointer is not None:
+        waiting = time.perf_counter()
         checkpointer.finish()
-    return state, time.perf_counter() - started
+        parts["finish"] = time.perf_counter() - waiting
+    return state, time.perf_counter() - started, parts
 
 
 def main() -> None:
@@ -70,7 +78,10 @@ def main() -> None:
     parser.add_argument("--intermediate", type=int, default=2816)
     parser.add_argument("--layers", type=int, default=10)
     parser.add_argument("--heads", type=int, default=16)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads for training (default: torch's)")
     args = parser.parse_args()
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     root = tempfile.mkdtemp(prefix="async-save-", dir=args.dir)
     try:
         configs = {mode: nanoflow.load_config(CONFIG, [*model_overrides(args), f"checkpoints.async_save={async_save}",
@@ -90,23 +101,25 @@ def main() -> None:
         base_steps = []
         with checkpointers["sync"].locked(), checkpointers["async"].locked():
             for mode, checkpointer in checkpointers.items():  # warm-up: the first save allocates what later ones reuse
-                state, _ = segment(state, batch, 1, checkpointer)
+                state, _, _ = segment(state, batch, 1, checkpointer)
             for round_ in range(args.rounds):
                 order = ("sync", "async") if round_ % 2 == 0 else ("async", "sync")
                 for mode in order:
-                    state, base = segment(state, batch, args.steps)
-                    state, saving = segment(state, batch, args.steps, checkpointers[mode])
+                    state, base, _ = segment(state, batch, args.steps)
+                    state, saving, parts = segment(state, batch, args.steps, checkpointers[mode])
                     lost[mode].append(saving - base)
                     base_steps.append(base / args.steps)
                     print(f"round {round_ + 1} {mode:5s}: {args.steps} steps {base:.2f} s, with a save {saving:.2f} s "
-                          f"→ lost {saving - base:.2f} s", flush=True)
+                          f"→ lost {saving - base:.2f} s (in save() {parts['save']:.2f} s, in the final finish() "
+                          f"{parts['finish']:.2f} s)", flush=True)
         sync, asynchronous = statistics.median(lost["sync"]), statistics.median(lost["async"])
         step = statistics.median(base_steps)
         print(f"\nstep time lost to a save (median of {args.rounds}): sync {sync:.2f} s, async {asynchronous:.2f} s; "
               f"async / sync = {asynchronous / sync:.3f} (target ≤ 0.10); a step takes {step:.3f} s")
         print(f"\n| date | state | machine | sync lost | async lost | async / sync |\n|---|---|---|---|---|---|\n"
               f"| {datetime.date.today()} | {params / 1e6:.0f} M parameters + AdamW, {3 * params * 4 / 1e9:.2f} GB | "
-              f"{platform.machine()}, {os.cpu_count()} CPUs, load ≈ {os.getloadavg()[0]:.0f} | {sync:.2f} s | "
+              f"{platform.machine()}, {os.cpu_count()} CPUs, {torch.get_num_threads()} torch threads, "
+              f"load ≈ {os.getloadavg()[0]:.0f} | {sync:.2f} s | "
               f"{asynchronous:.2f} s | {asynchronous / sync:.3f} |")
     finally:
         shutil.rmtree(root, ignore_errors=True)
