@@ -137,7 +137,7 @@ class Checkpointer:
         (when the block raised, only where that needs no other rank: see _settle_after_error)."""
         path, held = self.config.checkpoints.checkpoints_path, []
         with self._messages():
-            self.on_main(lambda: held.append(io.RunLock.acquire(path, run=self.config.general.run, say=self._say)))
+            self.on_main(lambda: held.append(io.RunLock.acquire(path, run=self.config.general.run)))
         try:
             yield self
             self.finish()  # a save left in flight is committed while the lock is still held

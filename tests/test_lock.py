@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from helpers import REPO, TRAIN_STEPS
+from log_helpers import logged
 from nanoflow.io import CheckpointError, LockLostError, RunLock, RunLockedError, confirm_held, read_checkpoint
 from nanoflow.io.lock import LEASE_ENV, LOCK
 from run_helpers import assert_same
@@ -28,9 +29,6 @@ from s3_helpers import split
 HOST = socket.gethostname()
 
 
-def announcements() -> tuple[list[str], callable]:
-    said = []
-    return said, said.append
 
 
 def acquire_in_child(root: str, *, then: str = "", env: dict | None = None) -> subprocess.CompletedProcess:
@@ -39,7 +37,7 @@ def acquire_in_child(root: str, *, then: str = "", env: dict | None = None) -> s
 import os, signal, sys
 from nanoflow.io import RunLock, CheckpointError
 try:
-    lock = RunLock.acquire({root!r}, run="child", say=lambda t: print("SAID", t))
+    lock = RunLock.acquire({root!r}, run="child")
 except CheckpointError as e:
     print(type(e).__name__, e)
     sys.exit(2)
@@ -124,8 +122,8 @@ def test_a_lock_whose_holder_was_killed_is_taken_over_at_once_and_said(root):
     root, endpoint = root
     dead = killed_holder(root)
     assert read_lock(root, endpoint)["pid"] == dead  # left behind: kill -9 runs no clean-up
-    said, say = announcements()
-    lock = RunLock.acquire(root, run="next", say=say)
+    with logged() as said:
+        lock = RunLock.acquire(root, run="next")
     try:
         assert len(said) == 1 and f"taking over {root}/{LOCK}" in said[0], said
         assert f"pid {dead} on host {HOST}" in said[0] and "its process is gone" in said[0]
@@ -156,8 +154,8 @@ def test_a_lock_from_another_host_blocks_until_its_lease_lapses(root):
     assert "pid 4242 on host lost-node" in result.stdout and "launch again in 1" in result.stdout, result.stdout
     renewed_by_the_lost_node(lease=2)  # its last renewal, and then the node is gone
     time.sleep(3.5)  # S3 dates have one-second steps
-    said, say = announcements()
-    lock = RunLock.acquire(root, run="next", say=say)
+    with logged() as said:
+        lock = RunLock.acquire(root, run="next")
     try:
         assert len(said) == 1 and "pid 4242 on host lost-node" in said[0] and "lease was not renewed" in said[0], said
     finally:

@@ -31,10 +31,13 @@ import json
 import os
 import secrets
 import socket
+import logging
 import threading
 
 from nanoflow.io.checkpoint import CheckpointError
 from nanoflow.io.store import Store, StoreError
+
+log = logging.getLogger(__name__)
 
 LOCK = "nanoflow.lock"
 FORMAT = "nanoflow-lock/1"
@@ -78,13 +81,13 @@ class RunLock:
         _HELD[store.root] = self
 
     @classmethod
-    def acquire(cls, root: str, *, run: str, say=print) -> RunLock:
-        """Take the lock on `root` or raise RunLockedError naming its holder; `say` announces a takeover."""
+    def acquire(cls, root: str, *, run: str) -> RunLock:
+        """Take the lock on `root` or raise RunLockedError naming its holder; a takeover is logged as a warning."""
         store, lease = Store(root), lease_seconds()
         record = {"format": FORMAT, "run": run, **_identity(), "started": _now(), "renewed": _now(),
                   "lease_seconds": lease, "token": secrets.token_hex(8)}
         acquire = _acquire_s3 if store.is_s3 else _acquire_local
-        tag = acquire(store, record, say)
+        tag = acquire(store, record)
         return cls(store, record, tag, lease)
 
     def confirm(self) -> None:
@@ -153,7 +156,7 @@ def confirm_held(root: str) -> None:
 
 # -- local: flock, and the record in the same file ----------------------------------------------
 
-def _acquire_local(store: Store, record: dict, say):
+def _acquire_local(store: Store, record: dict):
     path = store.url(LOCK)
     try:
         os.makedirs(store.root, exist_ok=True)
@@ -177,11 +180,11 @@ def _acquire_local(store: Store, record: dict, say):
         if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
             f.close()
             raise CheckpointError(f"cannot lock {path}: {e.strerror}") from e
-        say(f"warning: {path}: this file system has no locks ({e.strerror}); relying on the lease alone")
+        log.warning(f"{path}: this file system has no locks ({e.strerror}); relying on the lease alone")
     previous = _read_file(f)
     try:
         age = datetime.datetime.now().timestamp() - os.fstat(f.fileno()).st_mtime
-        _take_over_if_stale(path, previous, age, say, locked=True)
+        _take_over_if_stale(path, previous, age, locked=True)
         _write_file(f, record)
     except OSError as e:  # a full disk, a file system turned read-only: nothing trained, nothing else written
         with contextlib.suppress(OSError):  # closing flushes what could not be written: the same error again
@@ -222,7 +225,7 @@ def _release_local(f, token: str) -> bool:
 
 # -- S3: conditional writes --------------------------------------------------------------------
 
-def _acquire_s3(store: Store, record: dict, say) -> str:
+def _acquire_s3(store: Store, record: dict) -> str:
     path = store.url(LOCK)
     for _ in range(8):  # each round ends only when another launcher changed the lock under us
         tag = store.put_conditional(LOCK, _encode(record), etag=None)
@@ -232,10 +235,10 @@ def _acquire_s3(store: Store, record: dict, say) -> str:
         if found is None:
             continue  # released meanwhile: try to create it again
         holder, age, etag = found
-        _take_over_if_stale(path, holder, age, say, announce=False)
+        _take_over_if_stale(path, holder, age, announce=False)
         tag = store.put_conditional(LOCK, _encode(record), etag=etag)
         if tag is not None:
-            _take_over_if_stale(path, holder, age, say)  # now that it is ours: say so
+            _take_over_if_stale(path, holder, age)  # now that it is ours: say so
             return tag
     raise RunLockedError(f"{path}: other launches keep changing the lock; is this run being started twice?")
 
@@ -251,7 +254,7 @@ def _read_s3(store: Store):
 
 # -- the rule, shared ----------------------------------------------------------------------------
 
-def _take_over_if_stale(path: str, holder: dict | None, age: float, say, announce: bool = True,
+def _take_over_if_stale(path: str, holder: dict | None, age: float, announce: bool = True,
                         locked: bool = False) -> None:
     """Return if the lock is free or its holder is gone (announcing the takeover); else raise RunLockedError.
 
@@ -261,7 +264,7 @@ def _take_over_if_stale(path: str, holder: dict | None, age: float, say, announc
     if holder == {}:
         if not locked:  # an object nanoflow did not write: never replaced on a guess
             raise RunLockedError(f"{path} exists but is not a nanoflow lock record; move it away if no run uses it")
-        say(f"warning: taking over {path}: its record is unreadable (a holder killed while writing it)")
+        log.warning(f"taking over {path}: its record is unreadable (a holder killed while writing it)")
         return
     alive = _alive_here(holder)
     lease = float(holder.get("lease_seconds", DEFAULT_LEASE_SECONDS))
@@ -272,7 +275,7 @@ def _take_over_if_stale(path: str, holder: dict | None, age: float, say, announc
     if announce:
         why = ("its process is gone" if alive is False else
                f"its lease was not renewed for {age:.0f}s (lease {lease:g}s): the holder is presumed dead")
-        say(f"warning: taking over {path} from {_describe(holder)}: {why}")
+        log.warning(f"taking over {path} from {_describe(holder)}: {why}")
 
 
 def _alive_here(holder: dict) -> bool | None:
