@@ -70,6 +70,46 @@ class _Node:
         q, r = np.divmod(m, self.b)
         return q * self.a + (r * self.a + self.b // 2) // self.b
 
+    def split(self, m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(L(m), whether sample m goes left) for each of the node's sample numbers `m`."""
+        before = self.lefts(m)
+        return before, self.lefts(m + 1) > before
+
+    def left_count(self, m: int) -> int:
+        return int(self.lefts(np.int64(m)))
+
+
+def _assign(root, gs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(source index, source-local index) of each global sample in `gs`: each node's samples split between
+    its subtrees, renumbered in each, down to the leaves. The walk of both blends' trees."""
+    sources, local = np.empty_like(gs), np.empty_like(gs)
+    stack = [(root, np.arange(gs.size), gs)]
+    while stack:
+        node, where, m = stack.pop()
+        if node.leaf is not None:
+            sources[where], local[where] = node.leaf, m
+            continue
+        before, left = node.split(m)
+        stack.append((node.left, where[left], before[left]))
+        stack.append((node.right, where[~left], (m - before)[~left]))
+    return sources, local
+
+
+def _counts(root, n: int, sources: int) -> list[int]:
+    """How many of the global samples 0 .. n - 1 each of `sources` sources reads, by the same walk."""
+    if not 0 <= n < MAX_INDEX:
+        raise ValueError(f"n must be in 0..2**62, got {n}")
+    counts = [0] * sources
+    stack = [(root, n)]
+    while stack:
+        node, m = stack.pop()
+        if node.leaf is not None:
+            counts[node.leaf] = m
+            continue
+        lefts = node.left_count(m)
+        stack += [(node.left, lefts), (node.right, m - lefts)]
+    return counts
+
 
 class Blend:
     """The source of each global sample g >= 0 of a stage, and its index among that source's samples."""
@@ -93,34 +133,11 @@ class Blend:
         gs = np.asarray(gs, dtype=np.int64).reshape(-1)
         if gs.size and (gs.min() < 0 or gs.max() >= MAX_INDEX):
             raise IndexError(f"sample indices must be in 0..2**62, got {int(gs.min())}..{int(gs.max())}")
-        sources = np.empty_like(gs)
-        local = np.empty_like(gs)
-        stack = [(self._root, np.arange(gs.size), gs)]
-        while stack:
-            node, where, m = stack.pop()
-            if node.leaf is not None:
-                sources[where], local[where] = node.leaf, m
-                continue
-            before = node.lefts(m)
-            left = node.lefts(m + 1) > before
-            stack.append((node.left, where[left], before[left]))
-            stack.append((node.right, where[~left], (m - before)[~left]))
-        return sources, local
+        return _assign(self._root, gs)
 
     def counts(self, n: int) -> list[int]:
         """How many of the global samples 0 .. n - 1 each source reads."""
-        if not 0 <= n < MAX_INDEX:
-            raise ValueError(f"n must be in 0..2**62, got {n}")
-        counts = [0] * len(self.integer_weights)
-        stack = [(self._root, n)]
-        while stack:
-            node, m = stack.pop()
-            if node.leaf is not None:
-                counts[node.leaf] = m
-                continue
-            lefts = int(node.lefts(np.int64(m)))
-            stack += [(node.left, lefts), (node.right, m - lefts)]
-        return counts
+        return _counts(self._root, n, len(self.integer_weights))
 
     def __repr__(self) -> str:
         return f"Blend({', '.join(f'{w:.6g}' for w in self.weights)})"
@@ -177,6 +194,17 @@ class _MovingNode:
             return (floor_tR + hd * P + hn * Q) // (hd * Q)
         return (hd * num + hn * den) // (hd * den)
 
+    def split(self, m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(L(m), whether sample m goes left) for each of `m`. A batch is a run of consecutive samples, and so
+        is each node's share of it: L, in exact Python integers, is taken once per distinct point."""
+        points = np.unique(np.concatenate([m, m + 1]))
+        values = np.array([self.lefts(int(p)) for p in points.tolist()], dtype=np.int64)
+        before = values[np.searchsorted(points, m)]
+        return before, values[np.searchsorted(points, m + 1)] > before
+
+    def left_count(self, m: int) -> int:
+        return self.lefts(m)
+
 
 class MovingBlend:
     """A blend whose shares move linearly, within a stage of N samples, from the start weights at its first
@@ -226,38 +254,11 @@ class MovingBlend:
         gs = np.asarray(gs, dtype=np.int64).reshape(-1)
         if gs.size and (gs.min() < 0 or gs.max() >= MAX_INDEX - 1):
             raise IndexError(f"sample indices must be in 0..2**62, got {int(gs.min())}..{int(gs.max())}")
-        sources = np.empty_like(gs)
-        local = np.empty_like(gs)
-        stack = [(self._root, np.arange(gs.size), gs)]
-        while stack:
-            node, where, m = stack.pop()
-            if node.leaf is not None:
-                sources[where], local[where] = node.leaf, m
-                continue
-            # A batch is a run of consecutive samples, and so is each node's share of it: L is taken once
-            # per distinct local index.
-            points = np.unique(np.concatenate([m, m + 1]))
-            values = np.array([node.lefts(int(p)) for p in points.tolist()], dtype=np.int64)
-            before = values[np.searchsorted(points, m)]
-            left = values[np.searchsorted(points, m + 1)] > before
-            stack.append((node.left, where[left], before[left]))
-            stack.append((node.right, where[~left], (m - before)[~left]))
-        return sources, local
+        return _assign(self._root, gs)
 
     def counts(self, n: int) -> list[int]:
         """How many of the global samples 0 .. n - 1 each source reads."""
-        if not 0 <= n < MAX_INDEX:
-            raise ValueError(f"n must be in 0..2**62, got {n}")
-        counts = [0] * len(self.integer_weights)
-        stack = [(self._root, n)]
-        while stack:
-            node, m = stack.pop()
-            if node.leaf is not None:
-                counts[node.leaf] = m
-                continue
-            lefts = node.lefts(m)
-            stack += [(node.left, lefts), (node.right, m - lefts)]
-        return counts
+        return _counts(self._root, n, len(self.integer_weights))
 
     def __repr__(self) -> str:
         return (f"MovingBlend({', '.join(f'{w:.6g}' for w in self.weights)} -> "
