@@ -13,6 +13,17 @@ REPO = Path(__file__).resolve().parent.parent
 TINY = REPO / "schedules" / "tiny.toml"
 TRAIN_STEPS = 12   # tiny.toml's tokens.train_steps: pretrain 1–7, sft 8–12
 
+# The [model] table of the configs tests write out themselves: tiny.toml's widths and vocabulary, one layer.
+SMALL_MODEL_TOML = """\
+[model]
+vocab_size = 288
+hidden_size = 32
+intermediate_size = 64
+num_hidden_layers = 1
+num_attention_heads = 4
+max_position_embeddings = 64
+"""
+
 
 def tiny(run: Path | str, *overrides: str, schedule: Path = TINY):
     """schedules/tiny.toml (or `schedule`) with its checkpoints in `run`, a folder or an s3:// URL."""

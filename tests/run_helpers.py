@@ -62,3 +62,13 @@ def assert_same(got: dict, want: dict, groups=("model", "optimizer")) -> None:
         differ = [name for name, t in want[group].items()
                   if got[group][name].dtype != t.dtype or not torch.equal(got[group][name], t)]
         assert not differ, f"{group}: {len(differ)} tensors differ, e.g. {differ[:4]}"
+
+
+def assert_same_training_state(a, b) -> None:
+    """Two TrainStates hold the same weights, AdamW moments and step counts (torch.equal) and position."""
+    for (name, x), y in zip(a.model.state_dict().items(), b.model.state_dict().values()):
+        assert torch.equal(x, y), name
+    for (name, p), q in zip(a.model.named_parameters(), b.model.parameters()):
+        for key in ("exp_avg", "exp_avg_sq", "step"):
+            assert torch.equal(a.optimizer.state[p][key], b.optimizer.state[q][key]), f"{key} of {name}"
+    assert (a.step, a.consumed_samples, a.lr_origin) == (b.step, b.consumed_samples, b.lr_origin)

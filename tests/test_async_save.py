@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import REPO, TINY, quiet, tiny
-from run_helpers import folder_digest
+from run_helpers import assert_same_training_state, folder_digest
 
 from nanoflow import io
 from nanoflow.build import stage_data
@@ -32,15 +32,6 @@ ASYNC = "checkpoints.async_save=true"
 def train_command(run: Path, *overrides: str) -> list[str]:
     sets = [a for o in (f'checkpoints.checkpoints_path="{run}"', *overrides) for a in ("--set", o)]
     return [sys.executable, "bin/train", str(TINY), *sets]
-
-
-def assert_same_training_state(a, b):
-    for (name, x), y in zip(a.model.state_dict().items(), b.model.state_dict().values()):
-        assert torch.equal(x, y), name
-    for (name, p), q in zip(a.model.named_parameters(), b.model.parameters()):
-        for key in ("exp_avg", "exp_avg_sq", "step"):
-            assert torch.equal(a.optimizer.state[p][key], b.optimizer.state[q][key]), f"{key} of {name}"
-    assert (a.step, a.consumed_samples, a.lr_origin) == (b.step, b.consumed_samples, b.lr_origin)
 
 
 def comparable_metadata(step_folder: Path) -> dict:

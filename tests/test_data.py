@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from data_helpers import BYTES, write_word_level_tokenizer
-from helpers import REPO
+from helpers import REPO, SMALL_MODEL_TOML
 from nanoflow.config import load_config
 from nanoflow.data import IGNORE_INDEX, ByteTokenizer, TokenizerError, load_tokenizer, open_stage, sample_order
 from nanoflow.data.hf_datasets import expand_data_files
@@ -128,16 +128,9 @@ def write_curriculum(tmp_path: Path) -> Path:
         (tmp_path / "corpus" / name).write_text(text)
     with open(tmp_path / "sft.jsonl", "w") as f:
         f.writelines(json.dumps(row) + "\n" for row in SFT_ROWS)
-    toml = textwrap.dedent("""\
+    toml = SMALL_MODEL_TOML + textwrap.dedent("""\
         [general]
         seed = 3
-        [model]
-        vocab_size = 288
-        hidden_size = 32
-        intermediate_size = 64
-        num_hidden_layers = 1
-        num_attention_heads = 4
-        max_position_embeddings = 64
         [tokens]
         sequence_length = 16
         train_steps = 20

@@ -321,7 +321,7 @@ def test_a_moving_stage_loader_follows_its_blend_and_continue_from_reads_on(tmp_
 
 def test_training_on_a_moving_mixture_resumes_bit_exactly(tmp_path, folders):
     from nanoflow.loop import train
-    from test_resume import assert_same_training_state
+    from run_helpers import assert_same_training_state
 
     def config(run, workers=0):
         return load(tmp_path, moving_stages(folders, num_loading_workers=workers), train_steps=12,

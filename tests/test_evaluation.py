@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from data_helpers import BYTES
-from helpers import REPO
+from helpers import REPO, SMALL_MODEL_TOML
 from nanoflow.config import ConfigError, load_config
 from nanoflow.build import build_model
 from nanoflow.data import write_token_file
@@ -32,16 +32,9 @@ PYTHON = sys.executable
 SUMS = [{"prompt": f"{a}+{b}=", "completion": str(a + b)} for a in range(1, 5) for b in range(1, 3)]
 
 # A two-stage run: packed text that holds its last 10 windows out, then SFT sums; evaluated on both.
-CONFIG = """
+CONFIG = SMALL_MODEL_TOML + """
 [general]
 seed = 3
-[model]
-vocab_size = 288
-hidden_size = 32
-intermediate_size = 64
-num_hidden_layers = 1
-num_attention_heads = 4
-max_position_embeddings = 64
 [tokens]
 sequence_length = 32
 train_steps = {steps}

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import REPO, TINY, quiet, tiny
+from run_helpers import assert_same_training_state
 from log_helpers import logged
 
 from nanoflow import io
@@ -27,15 +28,6 @@ from nanoflow.verify import first_difference
 
 def restore(config, *, fresh: bool = False, out):
     return Checkpointer(config, out=out).restore(fresh=fresh)
-
-
-def assert_same_training_state(a, b):
-    for (name, x), y in zip(a.model.state_dict().items(), b.model.state_dict().values()):
-        assert torch.equal(x, y), name
-    for (name, p), q in zip(a.model.named_parameters(), b.model.parameters()):
-        for key in ("exp_avg", "exp_avg_sq", "step"):
-            assert torch.equal(a.optimizer.state[p][key], b.optimizer.state[q][key]), f"{key} of {name}"
-    assert (a.step, a.consumed_samples, a.lr_origin) == (b.step, b.consumed_samples, b.lr_origin)
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import REPO, TINY as TINY_FILE
+from helpers import REPO, SMALL_MODEL_TOML, TINY as TINY_FILE
 from nanoflow import load_config
 from nanoflow.schedule import Schedule, consumed_tokens, stage_steps
 from process_helpers import signal_when_ready
@@ -81,13 +81,7 @@ def test_plan_prints_the_table_and_trains_nothing(tmp_path):
 def _bad_data_config(tmp_path: Path) -> Path:
     path = tmp_path / "bad.toml"
     path.write_text(f"""\
-[model]
-vocab_size = 288
-hidden_size = 32
-intermediate_size = 64
-num_hidden_layers = 1
-num_attention_heads = 4
-
+{SMALL_MODEL_TOML}
 [tokens]
 sequence_length = 16
 train_steps = 2
