@@ -16,6 +16,9 @@ def signal_when_ready(command: list[str], ready, signum: int, *, cwd, env=None, 
             assert process.poll() is None, f"{command[1]} exited early: {process.communicate()}"
             assert time.monotonic() < deadline, f"{command[1]} was not ready within {timeout} s"
             time.sleep(0.02)
+        # Popen.send_signal does nothing to a process that has ended: say so, rather than assert on a run
+        # that never got the signal
+        assert process.poll() is None, f"{command[1]} ended before the signal was sent: {process.communicate()}"
         process.send_signal(signum)
         stdout, stderr = process.communicate(timeout=timeout)
     finally:

@@ -300,9 +300,10 @@ def test_ctrl_c_during_start_up_exits_130_with_one_line(tmp_path):
     config = _big_text_config(tmp_path)
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_DATASETS_CACHE": str(tmp_path / "cache")}
     def started(process) -> bool:
-        first = process.stdout.readline()   # said before the data loads and tokenizes
+        # Said just before the data loads and tokenizes, which takes seconds: the signal, sent at once, lands
+        # in that start-up. (It slept 0.5 s here first; once, on a loaded machine, the run had ended by then.)
+        first = process.stdout.readline()
         assert 'stage "late" starts after train_steps' in first, first
-        time.sleep(0.5)
         return True
 
     returncode, stdout, stderr = signal_when_ready([sys.executable, "bin/train", str(config)], started,

@@ -6,6 +6,7 @@ Every run writes into pytest's tmp_path (checkpoints.checkpoints_path is overrid
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -78,7 +79,7 @@ def test_plan_prints_the_table_and_trains_nothing(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
-def _bad_data_config(tmp_path: Path) -> Path:
+def _bad_data_config(tmp_path: Path, pattern: str = "no_such_dir/*.txt") -> Path:
     path = tmp_path / "bad.toml"
     path.write_text(f"""\
 {SMALL_MODEL_TOML}
@@ -98,12 +99,12 @@ name = "pretrain"
 start_training_step = 1
 [data_stages.data.dataset]
 hf_dataset_or_datasets = "text"
-hf_data_files = "no_such_dir/*.txt"
+hf_data_files = "{pattern}"
 """)
     return path
 
 
-@pytest.mark.parametrize("case", ["misspelt-key", "seq-too-long", "missing-file", "no-data-files"])
+@pytest.mark.parametrize("case", ["misspelt-key", "seq-too-long", "missing-file", "no-data-files", "no-regular-files"])
 def test_bad_config_exits_2_with_a_message_naming_the_culprit(tmp_path, case):
     if case == "misspelt-key":
         args, culprits = [TINY, "--set", "tokens.trian_steps=10"], ["trian_steps", "train_steps"]
@@ -112,9 +113,14 @@ def test_bad_config_exits_2_with_a_message_naming_the_culprit(tmp_path, case):
                                                                                   "max_position_embeddings"]
     elif case == "missing-file":
         args, culprits = ["schedules/no_such_config.toml"], ["no_such_config.toml"]
-    else:
+    elif case == "no-data-files":
         args, culprits = [str(_bad_data_config(tmp_path))], ["bad.toml", "pretrain", "hf_data_files",
                                                              "no_such_dir/*.txt", "matches no file"]
+    else:  # what the glob matches is a folder and a named pipe: nothing a stage could read
+        (tmp_path / "corpus" / "chapter.txt").mkdir(parents=True)
+        os.mkfifo(tmp_path / "corpus" / "pipe.txt")
+        args, culprits = [str(_bad_data_config(tmp_path, "corpus/*.txt"))], [
+            "bad.toml", "pretrain", "hf_data_files", "corpus/*.txt", "matches no file, only folders"]
     result = train(*args, *run_arg(tmp_path))
     assert result.returncode == 2, (result.stdout, result.stderr)
     assert "Traceback" not in result.stderr + result.stdout

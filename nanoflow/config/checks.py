@@ -264,6 +264,20 @@ def hf_config_mismatches(model: ModelArgs, hf: dict, source: str = "config.json"
     return problems
 
 
+def matching_files(pattern: str) -> list[str]:
+    """The regular files a local path or glob (`**` allowed) matches: what a stage reads of it, so what the check
+    before the run counts too (a folder or a named pipe that matches is not read)."""
+    return [path for path in glob.glob(pattern, recursive=True) if os.path.isfile(path)]
+
+
+def _no_file_problem(key: str, pattern: str) -> str | None:
+    if matching_files(pattern):
+        return None
+    if glob.glob(pattern, recursive=True):
+        return f"{key}: {pattern} matches no file, only folders or other things that are not regular files"
+    return f"{key}: {pattern} matches no file"
+
+
 def _weight_problems(key: str, weights: list[tuple[str, float]]) -> list[str]:
     problems = [f"{key}: the weight of {name} is {weight}; weights must be finite and >= 0"
                 for name, weight in weights if not (math.isfinite(weight) and weight >= 0)]
@@ -285,8 +299,8 @@ def _dataset_problems(dataset: DatasetArgs | NanosetDatasetsArgs) -> list[str]:
             if key in BUILDERS:
                 problems.append(f'hf_dataset_or_datasets: "{key}" needs files; in a table, name the files '
                                 f'themselves (e.g. "corpus/*.txt" = 1.0)')
-            elif os.path.isabs(key) and not glob.glob(key, recursive=True):
-                problems.append(f"hf_dataset_or_datasets: {key} matches no file")
+            elif os.path.isabs(key) and _no_file_problem("hf_dataset_or_datasets", key):
+                problems.append(_no_file_problem("hf_dataset_or_datasets", key))
         problems += _weight_problems("hf_dataset_or_datasets", list(name.items()))
         ends = dataset.dataset_weights_end
         if ends is not None:
@@ -304,8 +318,8 @@ def _dataset_problems(dataset: DatasetArgs | NanosetDatasetsArgs) -> list[str]:
         if name in BUILDERS and not patterns:
             problems.append(f'hf_data_files: the "{name}" builder needs hf_data_files')
         for pattern in patterns:  # local files, for any name (a hub dataset too): none found is never "all"
-            if not glob.glob(pattern, recursive=True):
-                problems.append(f"hf_data_files: {pattern} matches no file")
+            if _no_file_problem("hf_data_files", pattern):
+                problems.append(_no_file_problem("hf_data_files", pattern))
         if name not in BUILDERS and os.path.isabs(name) and not os.path.exists(name):
             problems.append(f"hf_dataset_or_datasets: {name} does not exist (a local path, so not tried on the hub)")
     if (dataset.prompt_column_name is None) != (dataset.completion_column_name is None):

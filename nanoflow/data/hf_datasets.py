@@ -4,7 +4,6 @@ in without tokenizing again."""
 
 from __future__ import annotations
 
-import glob
 import hashlib
 import io
 import json
@@ -14,7 +13,7 @@ from concurrent.futures import ProcessPoolExecutor
 import attrs
 import numpy as np
 
-from nanoflow.config import BUILDERS, DatasetArgs
+from nanoflow.config import BUILDERS, DatasetArgs, matching_files
 from nanoflow.data.tokenizer import Tokenizer, load_tokenizer
 from nanoflow.data.tokens import (
     DataInputError,
@@ -32,7 +31,7 @@ def expand_data_files(patterns: str | list[str] | None) -> list[str]:
     if patterns is None:
         return []
     patterns = [patterns] if isinstance(patterns, str) else patterns
-    return sorted({path for pattern in patterns for path in glob.glob(pattern, recursive=True) if os.path.isfile(path)})
+    return sorted({path for pattern in patterns for path in matching_files(pattern)})
 
 
 def builder_for(path: str) -> str:
@@ -136,7 +135,8 @@ def _load_rows(spec: HFSpec, stage_name: str, cache_dir: str | None = None):
     if spec.builder is not None:
         if not spec.files:
             patterns = dataset.hf_data_files if isinstance(dataset.hf_dataset_or_datasets, str) else spec.name
-            raise FileNotFoundError(f"{where}: hf_data_files {patterns!r} matches no file")
+            raise DataInputError(f"{where}: hf_data_files {patterns!r} matches no file (any more: the check before "
+                                 "the run found some)")
         if spec.builder == "text":
             options["sample_by"] = "document"
         try:
