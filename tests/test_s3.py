@@ -361,6 +361,10 @@ def test_big_objects_go_up_in_parts_and_a_failed_upload_is_aborted(s3_endpoint, 
     parts = [r for r in s3_endpoint.requests[before:] if r[0] == "PUT"]
     assert len(parts) == 3                                   # 5 + 5 + 1 MiB
     assert bytes(Store(s3_bucket).read("big.bin")) == data.numpy().tobytes()
+    before = len(s3_endpoint.requests)
+    Store(s3_bucket).write("whole.bin", data.numpy())        # one buffer, not a list of them: the same parts
+    assert len([r for r in s3_endpoint.requests[before:] if r[0] == "PUT"]) == 3
+    assert bytes(Store(s3_bucket).read("whole.bin")) == data.numpy().tobytes()
     s3_endpoint.fail(100, lambda method, path, query: method == "PUT" and "partNumber=2" in query)
     with pytest.raises(StoreError, match=rf"cannot write {s3_bucket}/other.bin: .*tried 2 times"):
         Store(s3_bucket).write("other.bin", data.numpy())

@@ -94,7 +94,7 @@ class Store:
     def write(self, relative: str, chunks) -> int:
         """Write one object whole — it is either absent or complete, never partial — from `chunks`
         (bytes, or a list of buffers written one after the other). Returns the number of bytes written."""
-        chunks = [chunks] if isinstance(chunks, (bytes, bytearray, memoryview)) else chunks
+        chunks = _as_chunks(chunks)
         if self.is_s3:
             return self._write_s3(relative, chunks)
         path = self.url(relative)
@@ -461,7 +461,7 @@ def write_atomically(path: str, chunks, *, crash_point: bool = False) -> int:
     `path`. Any failure removes the temporary again (a full disk stays full with it left behind); only a
     killed process leaves one, which checkpoint cleanup and bin/prepare recognise by that name. Returns the
     bytes written. `crash_point`: these are checkpoint bytes, counted by NANOFLOW_KILL_AFTER_BYTES."""
-    chunks = [chunks] if isinstance(chunks, (bytes, bytearray, memoryview)) else chunks
+    chunks = _as_chunks(chunks)
     temporary = f"{path}.tmp-{os.getpid()}"
     try:
         with open(temporary, "wb") as f:
@@ -476,6 +476,16 @@ def write_atomically(path: str, chunks, *, crash_point: bool = False) -> int:
         except OSError:
             pass
         raise
+
+
+def _as_chunks(chunks):
+    """One buffer (bytes, a memoryview, a numpy array: anything with the buffer protocol) as a list of it; else
+    `chunks` itself, an iterable of buffers. A numpy array iterated would write its elements, a byte each."""
+    try:
+        memoryview(chunks)
+    except TypeError:
+        return chunks
+    return [chunks]
 
 
 def _write_chunks(f, chunks, crash_point: bool = True) -> int:
