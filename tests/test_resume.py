@@ -462,11 +462,3 @@ def test_kill_9_mid_training_then_rerun_ends_bit_identical(tmp_path):
     assert first_difference(io.read_checkpoint(str(tmp_path / "straight")), io.read_checkpoint(str(run))) is None
     steps = [json.loads(line)["step"] for line in metrics.read_text().splitlines()]
     assert steps == list(range(1, 401))                             # the killed attempt's extra lines are gone
-
-
-@pytest.mark.slow
-def test_verify_resume_command_passes_on_tiny():
-    result = subprocess.run([sys.executable, "bin/verify-resume", str(TINY), "--kills", "4"], cwd=REPO,
-                            capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "PASS" in result.stdout
