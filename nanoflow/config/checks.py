@@ -299,8 +299,8 @@ def _dataset_problems(dataset: DatasetArgs | NanosetDatasetsArgs) -> list[str]:
             if key in BUILDERS:
                 problems.append(f'hf_dataset_or_datasets: "{key}" needs files; in a table, name the files '
                                 f'themselves (e.g. "corpus/*.txt" = 1.0)')
-            elif os.path.isabs(key) and _no_file_problem("hf_dataset_or_datasets", key):
-                problems.append(_no_file_problem("hf_dataset_or_datasets", key))
+            elif os.path.isabs(key) and (problem := _no_file_problem("hf_dataset_or_datasets", key)):
+                problems.append(problem)
         problems += _weight_problems("hf_dataset_or_datasets", list(name.items()))
         ends = dataset.dataset_weights_end
         if ends is not None:
@@ -318,8 +318,8 @@ def _dataset_problems(dataset: DatasetArgs | NanosetDatasetsArgs) -> list[str]:
         if name in BUILDERS and not patterns:
             problems.append(f'hf_data_files: the "{name}" builder needs hf_data_files')
         for pattern in patterns:  # local files, for any name (a hub dataset too): none found is never "all"
-            if _no_file_problem("hf_data_files", pattern):
-                problems.append(_no_file_problem("hf_data_files", pattern))
+            if problem := _no_file_problem("hf_data_files", pattern):
+                problems.append(problem)
         if name not in BUILDERS and os.path.isabs(name) and not os.path.exists(name):
             problems.append(f"hf_dataset_or_datasets: {name} does not exist (a local path, so not tried on the hub)")
     if (dataset.prompt_column_name is None) != (dataset.completion_column_name is None):
