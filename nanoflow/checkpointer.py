@@ -31,7 +31,7 @@ import attrs
 from nanoflow import console, io
 from nanoflow.async_save import BackgroundWork, HostCopy
 from nanoflow.build import build_model, build_optimizer, init_state
-from nanoflow.config import Config
+from nanoflow.config import Config, model_changes
 from nanoflow.data import load_run_tokenizer
 from nanoflow.data.fingerprint import DataChangedError, Fingerprints, fingerprint_changes
 from nanoflow.errors import EXIT_STORAGE, NanoflowError
@@ -42,11 +42,6 @@ from nanoflow.shards import load_moments, load_weights, read_on_every_rank, stat
 from nanoflow.state import Run, TrainState
 
 log = logging.getLogger(__name__)
-
-# The model keys a checkpoint's weights must match to be restored into this config's model.
-ARCHITECTURE = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                "num_key_value_heads", "tie_word_embeddings")
-
 
 class StorageLostError(NanoflowError):
     """Storage failed once training had begun: not the config's fault, and what was committed stands."""
@@ -263,12 +258,17 @@ class Checkpointer:
                                  run=self.run)
 
     def _check_architecture(self, reader: io.CheckpointReader) -> None:
-        """Refuse, on every rank alike and before any tensor is read, a model that the checkpoint's weights cannot fit."""
-        saved, model = reader.metadata["config"]["model"], self.config.model
-        differences = [f"model.{key} was {saved.get(key)}, the config now says {getattr(model, key)}"
-                       for key in ARCHITECTURE if saved.get(key) != getattr(model, key)]
-        if differences:
-            raise io.CheckpointError(f"{reader.path} holds a different model:\n  " + "\n  ".join(differences))
+        """Refuse, on every rank alike and before any tensor is read, a [model] whose weights would not fit the
+        checkpoint's or would compute something else than they were trained to (nanoflow.config.MODEL_KEYS says
+        which keys are which); say the harmless changes."""
+        shape, numbers, said = model_changes(reader.metadata["config"]["model"], self.config.to_dict()["model"])
+        if shape or numbers:
+            raise io.CheckpointError(
+                f"{reader.path} holds a different model:\n  " + "\n  ".join(shape + numbers)
+                + ("" if shape else "\nSet them back to resume; to train these weights on under the new settings, "
+                   f"start a new run with [model] init_from = {reader.path}"))
+        for line in said:
+            self._say(f"resuming with {line}")
 
     def _check_data(self, reader: io.CheckpointReader) -> None:
         """Refuse, before any tensor is read, to resume a begun stage on other data, tokenizer or seeds

@@ -3,9 +3,11 @@
 import io as text_io
 from pathlib import Path
 
+import attrs
 import pytest
 import torch
 
+import helpers
 import nanoflow
 from helpers import tiny
 from nanoflow import Checkpointer, init_state, io, stage_data, train_step
@@ -99,3 +101,73 @@ def test_state_holds_only_what_changes(tmp_path):
 def test_public_api():
     assert {"load_config", "init_state", "train_step", "TrainState", "Checkpointer", "stage_data"} <= set(
         nanoflow.__all__)
+
+
+# ---------------------------------------------------------------------------------------------
+# [model] keys under a checkpoint (nanoflow.config.MODEL_KEYS): refused by name, or said
+
+@pytest.fixture(scope="module")
+def saved_at_step_2(tmp_path_factory):
+    """A run folder of the tiny schedule with a committed checkpoint of step 2."""
+    run = tmp_path_factory.mktemp("model_keys") / "run"
+    config = tiny(run)
+    Checkpointer(config, out=text_io.StringIO()).save(trained(config, 2))
+    return run
+
+
+@pytest.mark.parametrize("override, line", [
+    ("model.rms_norm_eps=0.1", "model.rms_norm_eps was 1e-05, the config now says 0.1"),
+    ("model.rope_theta=500000.0", "model.rope_theta was 10000.0, the config now says 500000.0"),
+    ('model.dtype="bfloat16"', "model.dtype was 'float32', the config now says 'bfloat16'"),
+    ('model.rope_scaling={rope_type = "linear", factor = 2.0}',
+     "model.rope_scaling was None, the config now says {'rope_type': 'linear', 'factor': 2.0}"),
+])
+def test_a_model_setting_the_weights_were_trained_under_is_refused_by_name(saved_at_step_2, override, line):
+    with pytest.raises(io.CheckpointError) as error:
+        Checkpointer(tiny(saved_at_step_2, override), out=text_io.StringIO()).restore()
+    message = str(error.value)
+    assert f"{saved_at_step_2}/2 holds a different model:\n  {line} (the weights were trained under it)" in message
+    assert f"init_from = {saved_at_step_2}/2" in message   # what to do for a deliberate change
+
+
+def test_a_shape_change_is_refused_without_the_init_from_advice(saved_at_step_2):
+    with pytest.raises(io.CheckpointError) as error:
+        Checkpointer(tiny(saved_at_step_2, "model.num_hidden_layers=3", "model.rms_norm_eps=0.1"),
+                     out=text_io.StringIO()).restore()
+    message = str(error.value)
+    assert "model.num_hidden_layers was 2, the config now says 3\n  model.rms_norm_eps was 1e-05" in message
+    assert "init_from" not in message
+
+
+def test_bin_train_refuses_a_changed_model_setting_with_exit_2(saved_at_step_2, capsys):
+    from nanoflow.cli import train_main
+
+    status = train_main([str(helpers.TINY), "--set", f'checkpoints.checkpoints_path="{saved_at_step_2}"',
+                         "--set", "model.rms_norm_eps=0.1"])
+    err = capsys.readouterr().err
+    assert status == 2, err
+    assert "model.rms_norm_eps was 1e-05, the config now says 0.1" in err and "Traceback" not in err
+    assert io.read_metadata(str(saved_at_step_2))["step"] == 2   # nothing trained, nothing saved
+
+
+def test_a_harmless_model_change_resumes_and_is_said(saved_at_step_2):
+    out = text_io.StringIO()
+    state = Checkpointer(tiny(saved_at_step_2, "model.initializer_range=0.5", "model.max_position_embeddings=128"),
+                         out=out).restore()
+    assert state.step == 2
+    assert "resuming with model.initializer_range = 0.5 (was 0.02): it draws the weights of a fresh start only" \
+        in out.getvalue()
+    assert "model.max_position_embeddings = 128 (was 64)" in out.getvalue()
+
+
+def test_every_model_key_is_classified_once_and_old_records_read_as_their_defaults():
+    from nanoflow.config import MODEL_KEYS, ModelArgs, model_changes
+
+    assert set(MODEL_KEYS) == set(attrs.fields_dict(ModelArgs))   # a new [model] key must say what it is to weights
+    assert {role for role, _, _ in MODEL_KEYS.values()} == {"shape", "numbers", "free"}
+    current = tiny("unused").to_dict()["model"]
+    # A checkpoint written before nanoflow had dtype, rope_scaling or compile: trained with their defaults.
+    older = {k: v for k, v in current.items() if k not in ("dtype", "compile", "rope_scaling")}
+    assert model_changes(older, current) == ([], [], [])
+    assert model_changes(older, {**current, "dtype": "bfloat16"})[1] == [
+        "model.dtype was 'float32', the config now says 'bfloat16' (the weights were trained under it)"]

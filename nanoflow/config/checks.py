@@ -7,6 +7,8 @@ import glob
 import math
 import os
 
+import attrs
+
 from nanoflow.config.schema import (
     BUILDERS,
     Config,
@@ -194,20 +196,56 @@ def _rope_mismatches(model: ModelArgs, hf: dict, source: str) -> tuple[list[str]
 # [model] init_from = an HF model folder: its config.json must describe the same model (compared by
 # nanoflow.preflight.check_init_from, which reads the folder; this module reads no files of a model)
 
-# [model] key -> (config.json key, transformers' LlamaConfig default when config.json omits it).
-# initializer_range is not compared: it only matters for weights that init_from replaces. rope_theta
-# and rope_scaling are compared by _rope_mismatches / hf_rope.
-HF_MODEL_KEYS = {
-    "vocab_size": ("vocab_size", 32000),
-    "hidden_size": ("hidden_size", 4096),
-    "intermediate_size": ("intermediate_size", 11008),
-    "num_hidden_layers": ("num_hidden_layers", 32),
-    "num_attention_heads": ("num_attention_heads", 32),
-    "num_key_value_heads": ("num_key_value_heads", None),   # None: = num_attention_heads
-    "max_position_embeddings": ("max_position_embeddings", 2048),
-    "rms_norm_eps": ("rms_norm_eps", 1e-6),
-    "tie_word_embeddings": ("tie_word_embeddings", False),
+# Every [model] key, by what a change of it means to weights that already exist (a resume, an HF
+# init_from): "shape" keys decide the weights' shapes, "numbers" keys what the weights compute, "free"
+# keys neither (a change is said at resume, with why it is harmless). `hf`: (config.json key,
+# transformers' LlamaConfig default when config.json omits it) of the keys an HF init_from folder's
+# config.json is compared on this way; rope_theta and rope_scaling are compared by _rope_mismatches /
+# hf_rope, initializer_range not at all (it only matters for weights that init_from replaces).
+MODEL_KEYS = {
+    "vocab_size": ("shape", ("vocab_size", 32000), ""),
+    "hidden_size": ("shape", ("hidden_size", 4096), ""),
+    "intermediate_size": ("shape", ("intermediate_size", 11008), ""),
+    "num_hidden_layers": ("shape", ("num_hidden_layers", 32), ""),
+    "num_attention_heads": ("shape", ("num_attention_heads", 32), ""),
+    "num_key_value_heads": ("shape", ("num_key_value_heads", None), ""),   # None: = num_attention_heads
+    "max_position_embeddings": ("free", ("max_position_embeddings", 2048),
+                                "it bounds the sequence length; RoPE's tables are computed for the positions used"),
+    "rms_norm_eps": ("numbers", ("rms_norm_eps", 1e-6), ""),
+    "rope_theta": ("numbers", None, ""),
+    "rope_scaling": ("numbers", None, ""),
+    "tie_word_embeddings": ("shape", ("tie_word_embeddings", False), ""),
+    "initializer_range": ("free", None, "it draws the weights of a fresh start only"),
+    "dtype": ("numbers", None, ""),
+    "compile": ("free", None, "the same computation, compiled or not"),
+    "init_from": ("free", None, "it is read at step 0 only"),
 }
+HF_MODEL_KEYS = {key: hf for key, (_, hf, _) in MODEL_KEYS.items() if hf is not None}
+
+
+def _recorded(model: dict, key: str):
+    """model[key] of a [model] section as Config.to_dict writes it (None dropped); absent: the key's default, which
+    is what a checkpoint written before nanoflow had the key was trained with."""
+    if key in model:
+        return model[key]
+    default = attrs.fields_dict(ModelArgs)[key].default
+    return None if isinstance(default, attrs.Factory) else default  # type: ignore[arg-type]
+
+
+def model_changes(saved: dict, current: dict) -> tuple[list[str], list[str], list[str]]:
+    """(shape, numbers, said): how the [model] section `current` differs from `saved`, the one a checkpoint's weights
+    were trained under (both as Config.to_dict writes them). A "shape" or "numbers" key that differs is refused
+    (the weights do not fit, or would compute something else); a "free" key that differs is said, with why it is
+    harmless. Pure: no IO."""
+    changes: dict[str, list[str]] = {"shape": [], "numbers": [], "free": []}
+    for key, (role, _, why) in MODEL_KEYS.items():
+        was, now = _recorded(saved, key), _recorded(current, key)
+        if was == now and isinstance(was, bool) == isinstance(now, bool):
+            continue
+        changes[role].append(f"model.{key} = {now!r} (was {was!r}): {why}" if role == "free" else
+                             f"model.{key} was {was!r}, the config now says {now!r}"
+                             + (" (the weights were trained under it)" if role == "numbers" else ""))
+    return changes["shape"], changes["numbers"], changes["free"]
 
 
 def hf_config_mismatches(model: ModelArgs, hf: dict, source: str = "config.json") -> list[str]:
