@@ -3,7 +3,7 @@
 `load_config` has already applied every rule a config file can break on its own (config/checks.py,
 one pass). What remains needs more than the file: the run's tokenizer, loaded and measured against
 model.vocab_size, and, when `[model] init_from` is an HF model folder (local or s3://), its
-config.json compared with `[model]` — before the run folder is locked, data is tokenized or a weight
+config.json compared with `[model]` and its safetensors headers with the weights that model has — before the run folder is locked, data is tokenized or a weight
 is read. (The process count is checked where the processes join: nanoflow.parallel.init_topology.)
 """
 
@@ -13,7 +13,7 @@ import attrs
 
 from nanoflow.config import Config, ConfigError, hf_config_mismatches
 from nanoflow.data.tokenizer import Tokenizer, load_run_tokenizer
-from nanoflow.io.hf import HFFormatError, is_hf_folder, read_hf_config
+from nanoflow.io.hf import CONFIG, HFFormatError, HFWeights, is_hf_folder, read_hf_config
 
 
 @attrs.frozen
@@ -33,7 +33,9 @@ def preflight(config: Config) -> Checked:
 
 def check_init_from(config: Config) -> None:
     """When `[model] init_from` is an HF model folder, its config.json must describe the same model as
-    `[model]`: a ConfigError names every key that differs and every setting nanoflow's Llama lacks.
+    `[model]`: a ConfigError names every key that differs and every setting nanoflow's Llama lacks. Then
+    its weights, from the safetensors headers only (names, shapes, dtypes), must be the ones that model has:
+    a ConfigError names the folder and each tensor missing, unexpected, misshapen or not floating-point.
     A nanoflow checkpoint (run or step folder) is checked when it is read, like a resume."""
     path = config.model.init_from
     if path is None or not is_hf_folder(path):
@@ -45,3 +47,36 @@ def check_init_from(config: Config) -> None:
     problems = hf_config_mismatches(config.model, hf, where)
     if problems:
         raise ConfigError("\n  ".join(f"model.init_from: {p}" for p in problems))
+    try:
+        weights = HFWeights(path)
+        entries = weights.entries()
+    except HFFormatError as e:
+        raise ConfigError(f"model.init_from: {e}") from None
+    problems = _weight_problems(config, entries)
+    if problems:
+        raise ConfigError(f"model.init_from: {weights.path}: its safetensors files do not hold the weights its "
+                          f"{CONFIG} describes:\n  " + "\n  ".join(problems))
+
+
+FLOAT_DTYPES = ("F32", "BF16", "F16", "F64")   # what a weight may be stored as: copied into float32 parameters
+
+
+def _weight_problems(config: Config, entries: dict[str, dict]) -> list[str]:
+    """How the tensors an HF folder's headers list (`entries`) differ from the weights [model] builds."""
+    import torch
+
+    from nanoflow.model import Llama
+    from nanoflow.shards import weight_mismatches
+
+    with torch.device("meta"):   # the names and shapes only: no memory, no init
+        expected = {name: tuple(p.shape) for name, p in Llama(config.model).named_parameters()}
+    tied = config.model.tie_word_embeddings
+    problems = weight_mismatches(expected, {name: tuple(e["shape"]) for name, e in entries.items()}, tied=tied)
+    if not tied and "lm_head.weight" not in entries:
+        problems.append(f"{CONFIG} has tie_word_embeddings = false, so the output head lm_head.weight must be stored")
+    if any(name.endswith(".bias") for name in set(entries) - set(expected)):
+        problems.append("nanoflow's Llama has no biases (a Qwen2-style model \"llamafied\" with its q/k/v biases "
+                        "is not a Llama)")
+    problems += [f"{name} is stored as {entry['dtype']}, not a floating-point type ({', '.join(FLOAT_DTYPES)})"
+                 for name, entry in sorted(entries.items()) if entry["dtype"] not in FLOAT_DTYPES]
+    return problems

@@ -79,21 +79,31 @@ def place(target: torch.Tensor, read_box) -> None:
         local.copy_(read_box(offset, shape))
 
 
+def weight_mismatches(expected: dict[str, tuple[int, ...]], found: dict[str, tuple[int, ...]], *,
+                      tied: bool) -> list[str]:
+    """One line per way weights `found` ({HF name: shape}) fail a model that has `expected`: names missing,
+    names unexpected, shapes that differ. A tied model takes a stored lm_head.weight too (it is the embedding)."""
+    def listed(names: list[str]) -> str:
+        return ", ".join(names[:6]) + (f" … and {len(names) - 6} more" if len(names) > 6 else "")
+
+    missing = sorted(set(expected) - set(found))
+    unexpected = sorted(set(found) - set(expected) - ({"lm_head.weight"} if tied else set()))
+    lines = ([f"missing {listed(missing)}"] if missing else []) + \
+        ([f"unexpected {listed(unexpected)}"] if unexpected else [])
+    return lines + [f"{name} has shape {list(found[name])}, the model expects {list(shape)}"
+                    for name, shape in expected.items() if name in found and tuple(found[name]) != tuple(shape)]
+
+
 def load_weights(model: Llama, reader, source: str) -> None:
     """Copy weights by HF name into a (possibly sharded) model, refusing missing, unexpected or misshapen
-    ones. `reader` is a CheckpointReader or an HF folder's nanoflow.io.hf.HFWeights: names(), shape(),
-    fetch() and read() of boxes — each rank reads only its own."""
+    ones (CheckpointError). `reader` is a CheckpointReader or an HF folder's nanoflow.io.hf.HFWeights:
+    names(), shape(), fetch() and read() of boxes — each rank reads only its own."""
     params = dict(model.named_parameters())
-    names = set(reader.names("model"))
-    tied_alias = {"lm_head.weight"} if model.cfg.tie_word_embeddings else set()
-    missing, unexpected = sorted(set(params) - names), sorted(names - set(params) - tied_alias)
-    if missing or unexpected:
-        raise ValueError(f"{source}: the weights do not fit the model: missing {missing[:5]}, "
-                         f"unexpected {unexpected[:5]}")
-    for name, p in params.items():
-        saved = reader.shape("model", name)
-        if saved != tuple(p.shape):
-            raise ValueError(f"{source}: {name} has shape {list(saved)}, the model expects {list(p.shape)}")
+    problems = weight_mismatches({name: tuple(p.shape) for name, p in params.items()},
+                                 {name: tuple(reader.shape("model", name)) for name in reader.names("model")},
+                                 tied=model.cfg.tie_word_embeddings)
+    if problems:
+        raise CheckpointError(f"{source}: the weights do not fit the model:\n  " + "\n  ".join(problems))
     reader.fetch(("model", name, *local_box(p)) for name, p in params.items())
     for name, p in params.items():
         place(p, lambda offset, shape, n=name: reader.read("model", n, offset, shape))

@@ -471,3 +471,62 @@ def test_cli_refuses_attention_dropout_with_exit_2(tmp_path):
     assert result.returncode == 2, result.stderr
     assert f"{path}: attention_dropout = 0.1" in result.stderr and "Traceback" not in result.stderr
     assert not (tmp_path / "run").exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# An HF folder whose tensors are not the ones its config.json describes: refused from the headers
+
+def damaged(folder: Path, change) -> None:
+    """Rewrite folder/model.safetensors with change(tensors) applied, as safetensors itself writes it."""
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(folder / "model.safetensors"))
+    change(tensors)
+    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+
+
+def llamafied_biases(tensors):
+    for layer in range(2):
+        for proj, width in (("q", 32), ("k", 16), ("v", 16)):
+            tensors[f"model.layers.{layer}.self_attn.{proj}_proj.bias"] = torch.zeros(width)
+
+
+DAMAGE = [
+    ("no lm_head", False, lambda t: t.pop("lm_head.weight"),
+     ["missing lm_head.weight", "tie_word_embeddings = false, so the output head lm_head.weight must be stored"]),
+    ("q/k/v biases", True, llamafied_biases,
+     ["unexpected model.layers.0.self_attn.k_proj.bias, model.layers.0.self_attn.q_proj.bias",
+      "model.layers.1.self_attn.v_proj.bias", "nanoflow's Llama has no biases"]),
+    ("a shape", True, lambda t: t.update({"model.norm.weight": torch.ones(16)}),
+     ["model.norm.weight has shape [16], the model expects [32]"]),
+    ("a dtype", True, lambda t: t.update({"model.norm.weight": torch.ones(32, dtype=torch.int8)}),
+     ["model.norm.weight is stored as I8, not a floating-point type"]),
+]
+
+
+@pytest.mark.parametrize("tied, damage, lines", [d[1:] for d in DAMAGE], ids=[d[0] for d in DAMAGE])
+def test_hf_folder_whose_tensors_do_not_match_its_config_json_is_refused_before_training(tmp_path, capsys, tied,
+                                                                                            damage, lines):
+    from nanoflow.cli import train_main
+
+    hf_folder(tmp_path / "hf", tied=tied)
+    damaged(tmp_path / "hf", damage)
+    settings = ["--set", f"checkpoints.checkpoints_path={json.dumps(str(tmp_path / 'run'))}", "--set",
+                f"model.init_from={json.dumps(str(tmp_path / 'hf'))}"]
+    if not tied:
+        settings += ["--set", "model.tie_word_embeddings=false"]
+    for plan in (["--plan"], []):
+        status = train_main([str(TINY), *settings, *plan])
+        err = capsys.readouterr().err
+        assert status == 2, err
+        assert f"model.init_from: {tmp_path / 'hf'}: its safetensors files do not hold the weights" in err, err
+        assert all(line in err for line in lines), err
+        assert "Traceback" not in err and not (tmp_path / "run").exists()
+
+
+def test_init_from_a_checkpoint_of_another_shape_is_exit_2_not_a_traceback(trained, tmp_path):
+    run, _ = trained
+    config = tiny(tmp_path, "model.intermediate_size=48", f"model.init_from={json.dumps(str(run))}")
+    with pytest.raises(nanoflow.io.CheckpointError, match=r"the weights do not fit the model:\n  "
+                       r"model.layers.0.mlp.gate_proj.weight has shape \[64, 32\], the model expects \[48, 32\]\n"):
+        nanoflow.init_state(config)

@@ -247,6 +247,11 @@ class HFWeights:
     def shape(self, group: str, name: str) -> tuple[int, ...]:
         return tuple(self._entry(name)[1]["shape"])
 
+    def entries(self) -> dict[str, dict]:
+        """Every weight's header entry ({"dtype": "BF16", "shape": [...], ...}) by name: each file's header read
+        once, no tensor bytes; a weight the index places in a file that lacks it is an HFFormatError."""
+        return {name: self._entry(name)[1] for name in self.names()}
+
     def fetch(self, boxes) -> None:
         """Nothing to gather ahead: each box is one byte range, its rows."""
 
