@@ -33,7 +33,7 @@ from nanoflow.async_save import BackgroundWork, HostCopy
 from nanoflow.build import build_model, build_optimizer, init_state
 from nanoflow.config import Config, model_changes
 from nanoflow.data import load_run_tokenizer
-from nanoflow.data.fingerprint import DataChangedError, Fingerprints, fingerprint_changes
+from nanoflow.data.fingerprint import DataChangedError, Fingerprints
 from nanoflow.errors import EXIT_STORAGE, NanoflowError
 from nanoflow.io.checkpoint import commit, first_readable, new_save, write_files
 from nanoflow.parallel import Topology, broadcast_object, gather_objects, init_topology
@@ -277,7 +277,9 @@ class Checkpointer:
         saved = reader.metadata.get("data_fingerprint")
         if not isinstance(saved, dict):
             return
-        changes = fingerprint_changes(saved, self._fingerprints().of(list(saved)))
+        changes, moves = self._fingerprints().compare(saved)
+        for line in moves:
+            self._say(f"data moved: {line}")
         if not changes:
             return
         text = (f"{reader.path}: the data of stages this checkpoint has trained differs from what they trained on:\n  "

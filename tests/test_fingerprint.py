@@ -2,12 +2,14 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from data_helpers import stage, write_config, write_folder, write_word_level_tokenizer
 from helpers import REPO, quiet
@@ -161,3 +163,55 @@ def test_a_saved_dataset_folder_is_fingerprinted_by_its_files(tmp_path):
     datasets.Dataset.from_dict({"text": ["one document", "changed"]}).save_to_disk(str(folder))
     changes = fingerprint_changes({"pretrain": before}, {"pretrain": stage_fingerprint(config, 0, ByteTokenizer())})
     assert changes and all(c.startswith(f'stage "pretrain": source {folder} file {folder}/') for c in changes)
+
+
+# ---------------------------------------------------------------------------------------------
+# A source is what it holds, not where it lies: moved or copied bytes resume, changed bytes do not
+
+def test_a_cooldown_branch_in_another_folder_with_a_copy_of_the_data_resumes_exactly(run, tmp_path):
+    from nanoflow.io import read_model
+
+    branch = tmp_path / "elsewhere"
+    shutil.copytree(run.parent / "corpus", branch / "corpus", copy_function=shutil.copyfile)  # new mtimes too
+    settings = [f'checkpoints.checkpoints_path="{branch / "checkpoints"}"',
+                f'checkpoints.resume_checkpoint_path="{run.parent / "checkpoints"}"',
+                f'data_stages.pretrain.data.dataset.hf_data_files="{branch / "corpus"}/*.txt"',
+                "checkpoints.checkpoint_interval=2"]
+    out = quiet()
+    assert train(load_config(run, settings), until_step=6, out=out).step == 6
+    moved = [line for line in out.getvalue().splitlines() if "the same bytes" in line]
+    assert moved == [f'data moved: stage "pretrain": source text: its 2 files are now read from {branch / "corpus"} '
+                     f'(were in {run.parent / "corpus"}), the same bytes'], out.getvalue()
+    train(load_config(run, ["checkpoints.checkpoint_interval=2"]), until_step=6, out=quiet())   # the trunk, on
+    ours, trunk = read_model(str(branch / "checkpoints")), read_model(str(run.parent / "checkpoints"))
+    assert ours.keys() == trunk.keys() and all(torch.equal(ours[k], trunk[k]) for k in ours)
+
+
+def test_a_moved_file_is_said_and_a_changed_copy_is_still_refused(run, tmp_path):
+    (tmp_path / "disk2").mkdir()
+    for name in "ab":
+        shutil.move(run.parent / "corpus" / f"{name}.txt", tmp_path / "disk2" / f"{name}.txt")
+    moved = f'data_stages.pretrain.data.dataset.hf_data_files="{tmp_path / "disk2"}/*.txt"'
+    out = quiet()
+    assert resume(run, moved, out=out).step == 4
+    assert "source text: its 2 files are now read from" in out.getvalue()
+    (tmp_path / "disk2" / "b.txt").write_text("document b " * 199 + "document c ")   # same size, other bytes
+    with pytest.raises(DataChangedError) as error:
+        resume(run, moved)
+    assert "b.txt: new (now 2200 bytes, sha256" in str(error.value)
+
+
+def test_a_moved_source_of_a_blend_is_refused_saying_why(tmp_path):
+    rng = np.random.default_rng(0)
+    for name in ("one", "two"):
+        write_folder(tmp_path / name, [np.append(rng.integers(0, 250, 20), 256) for _ in range(20)])
+    config = write_config(tmp_path, [stage("pretrain", 1, {"dataset_folder": [str(tmp_path / "one"),
+                                                                              str(tmp_path / "two")],
+                                                           "dataset_weights": [0.5, 0.5]})], train_steps=6)
+    train(load_config(config), until_step=2, out=quiet())
+    shutil.move(tmp_path / "two", tmp_path / "moved")
+    with pytest.raises(DataChangedError) as error:
+        resume(config, f'data_stages.pretrain.data.dataset.dataset_folder=["{tmp_path / "one"}", '
+                       f'"{tmp_path / "moved"}"]')
+    assert (f'stage "pretrain": source {tmp_path / "two"} is now read from {tmp_path / "moved"}, the same bytes, but '
+            "in a stage of several sources each one's sample order is drawn from its location") in str(error.value)

@@ -4,12 +4,17 @@ compared on resume, so a run never continues its "exact" resume on other data wi
 A stage's fingerprint holds the tokenizer's content hash, general.seed, the stage's data seed, and
 for each source what it reads (columns, splits, weight, end weight) and the identity of each of its files:
 the size, plus a content hash when the source's files total at most HASH_LIMIT bytes, else the
-modification time (hashing a multi-gigabyte corpus on every resume would cost minutes). A token folder's
+modification time (hashing a multi-gigabyte corpus on every resume would cost minutes). A file's path is
+recorded, but its identity is what it holds: a source whose files moved or were copied elsewhere with the
+same bytes (same sizes and hashes, in the same order) is the same data, and a resume says where it now lies —
+unless the stage blends several sources, whose sample orders are drawn from their keys (locations
+included: nanoflow.data.loader.orders_by_source_key), so a source moved there would be read in another order
+and is refused. A token folder's
 `.ds`, `.ds.index` and `.ds.metadata` files are files like any other; a hub dataset is identified
 by the fingerprint `datasets` gives it. A moving mixture (dataset_weights_end) also records the samples
 its shares move over, so a resume whose schedule stretches or shortens a begun moving stage is told.
 
-`fingerprint_changes` compares two fingerprints and does no IO.
+`compare_fingerprints` and `fingerprint_changes` compare two fingerprints and do no IO.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import os
 
 from nanoflow.config import Config, NanosetDatasetsArgs
 from nanoflow.data.hf_datasets import hf_specs, load_rows, tokenizer_fingerprint
-from nanoflow.data.loader import stage_samples
+from nanoflow.data.loader import orders_by_source_key, stage_samples
 from nanoflow.data.tokenizer import Tokenizer
 from nanoflow.data.tokens import SUFFIX
 from nanoflow.errors import NanoflowError
@@ -108,6 +113,12 @@ class Fingerprints:
                 self._by_name[name] = stage_fingerprint(self.config, indexes[name], self.tokenizer)
         return {name: self._by_name[name] for name in stage_names if name in indexes}
 
+    def compare(self, saved: dict) -> tuple[list[str], list[str]]:
+        """compare_fingerprints(saved, the current fingerprints of the stages `saved` holds)."""
+        indexes = {s.name: i for i, s in enumerate(self.config.data_stages)}
+        located = {name for name in saved if name in indexes and orders_by_source_key(self.config, indexes[name])}
+        return compare_fingerprints(saved, self.of(list(saved)), located=located)
+
 
 # ---------------------------------------------------------------------------------------------
 # Comparing (pure)
@@ -149,12 +160,76 @@ def _walk(saved, current, path: tuple[str, ...], out: list[str]) -> None:
         out.append(f"{_label(path)}: was {_shown(saved)}, now {_shown(current)}")
 
 
-def fingerprint_changes(saved: dict, current: dict) -> list[str]:
-    """One line per difference between a checkpoint's fingerprints and the current ones, by stage:
-    'stage "pretrain": data.seed: was 7, now 8'. Only the stages `saved` holds are compared."""
-    changes = []
+def _held(entry):
+    """A source's entry as what it holds: its files' identities in the order of their paths, without the paths."""
+    if isinstance(entry, dict) and isinstance(entry.get("files"), dict):
+        return {**entry, "files": [entry["files"][path] for path in sorted(entry["files"])]}
+    return entry
+
+
+def _folder_of(files: dict) -> str:
+    paths = sorted(files)
+    return paths[0] if len(paths) == 1 else os.path.commonpath(paths)
+
+
+def _files_moved(key: str, saved: dict, current: dict) -> str:
+    """'source text: file /a/x.txt is now read from /b/x.txt, the same bytes' (or its N files, for several)."""
+    was, now = saved.get("files") or {}, current.get("files") or {}
+    if len(now) == 1:
+        return f"source {key}: file {_folder_of(was)} is now read from {_folder_of(now)}, the same bytes"
+    return f"source {key}: its {len(now)} files are now read from {_folder_of(now)} (were in {_folder_of(was)}), " \
+        "the same bytes"
+
+
+def _sources(saved: dict, current: dict, located: bool, out: list[str], moves: list[str]) -> None:
+    """Compare two stages' {source key: entry}: a source is matched by its key, else by what it holds."""
+    gone = [key for key in saved if key not in current]
+    new = [key for key in current if key not in saved]
+    for key in (k for k in saved if k in current):
+        if saved[key] == current[key]:
+            continue
+        if _held(saved[key]) == _held(current[key]):   # the same key (the order's too), the files elsewhere
+            moves.append(_files_moved(key, saved[key], current[key]))
+        else:
+            _walk(saved[key], current[key], ("sources", key), out)
+    for key in gone:
+        now = next((k for k in new if _held(current[k]) == _held(saved[key])), None)
+        if now is None:
+            _walk({key: saved[key]}, {}, ("sources",), out)
+            continue
+        new.remove(now)
+        if located:
+            out.append(f"source {key} is now read from {now}, the same bytes, but in a stage of several sources each "
+                       "one's sample order is drawn from its location: resuming would read it in another order "
+                       f"(put it back at {key}, or link that path to it)")
+        else:
+            moves.append(f"source {key} is now read from {now}, the same bytes")
+    for key in new:
+        _walk({}, {key: current[key]}, ("sources",), out)
+
+
+def compare_fingerprints(saved: dict, current: dict, located=()) -> tuple[list[str], list[str]]:
+    """(changes, moves) between a checkpoint's fingerprints and the current ones, one line each, by stage: a
+    change ('stage "pretrain": data.seed: was 7, now 8') refuses the resume; a move (the same bytes read from
+    elsewhere) is said. `located`: the stages whose sample orders depend on where their sources lie (a source
+    moved there is a change). Only the stages `saved` holds are compared."""
+    changes, moves = [], []
     for name, fingerprint in saved.items():
+        now = current.get(name, {})
         lines: list[str] = []
-        _walk(fingerprint, current.get(name, {}), (), lines)
+        stage_moves: list[str] = []
+        if isinstance(fingerprint, dict) and isinstance(now, dict) and \
+                isinstance(fingerprint.get("sources"), dict) and isinstance(now.get("sources"), dict):
+            _walk({k: v for k, v in fingerprint.items() if k != "sources"},
+                  {k: v for k, v in now.items() if k != "sources"}, (), lines)
+            _sources(fingerprint["sources"], now["sources"], name in located, lines, stage_moves)
+        else:
+            _walk(fingerprint, now, (), lines)
         changes += [f'stage "{name}": {line}' for line in lines]
-    return changes
+        moves += [f'stage "{name}": {line}' for line in stage_moves]
+    return changes, moves
+
+
+def fingerprint_changes(saved: dict, current: dict, located=()) -> list[str]:
+    """The changes of compare_fingerprints: what refuses a resume."""
+    return compare_fingerprints(saved, current, located)[0]

@@ -77,11 +77,17 @@ def _stage_blend(config, schedule: Schedule, index: int, inputs) -> Blend | Movi
     return make_blend(weights, ends, stage_samples(schedule, index))
 
 
+def orders_by_source_key(config, index: int) -> bool:
+    """Whether stage `index` draws each source's sample order from the source's key, which holds its location
+    (a path, for local data): a stage of several sources does; a one-source stage's order is its name's."""
+    return len(source_inputs(config.data_stages[index].data.dataset)) > 1
+
+
 def _order_name(config, index: int, key: str) -> str:
     """The key of a source's permutation: the stage's name for a single source (so the order of a
     one-source stage does not depend on how its source is spelled), else stage name + source key."""
     name = config.data_stages[index].name
-    return name if len(source_inputs(config.data_stages[index].data.dataset)) == 1 else f"{name}\0{key}"
+    return f"{name}\0{key}" if orders_by_source_key(config, index) else name
 
 
 def source_position(config, schedule: Schedule, index: int, key: str) -> tuple[int, str, int]:
