@@ -259,15 +259,18 @@ class Checkpointer:
 
     def _check_architecture(self, reader: io.CheckpointReader) -> None:
         """Refuse, on every rank alike and before any tensor is read, a [model] whose weights would not fit the
-        checkpoint's or would compute something else than they were trained to (nanoflow.config.MODEL_KEYS says
-        which keys are which); say the harmless changes."""
-        shape, numbers, said = model_changes(reader.metadata["config"]["model"], self.config.to_dict()["model"])
-        if shape or numbers:
+        checkpoint's or would compute something else than they were trained to; warn of the deliberate changes
+        (RoPE, dtype) and say the harmless ones (nanoflow.config.MODEL_KEYS says which keys are which)."""
+        changes = model_changes(reader.metadata["config"]["model"], self.config.to_dict()["model"])
+        refused = changes["shape"] + changes["numbers"]
+        if refused:
             raise io.CheckpointError(
-                f"{reader.path} holds a different model:\n  " + "\n  ".join(shape + numbers)
-                + ("" if shape else "\nSet them back to resume; to train these weights on under the new settings, "
-                   f"start a new run with [model] init_from = {reader.path}"))
-        for line in said:
+                f"{reader.path} holds a different model:\n  " + "\n  ".join(refused)
+                + ("" if changes["shape"] else "\nSet it back to resume; to train these weights on under the new "
+                   f"settings, start a new run with [model] init_from = {reader.path}"))
+        for line in changes["changes"]:
+            self._warn(f"resuming with {line}")
+        for line in changes["free"]:
             self._say(f"resuming with {line}")
 
     def _check_data(self, reader: io.CheckpointReader) -> None:

@@ -115,19 +115,25 @@ def saved_at_step_2(tmp_path_factory):
     return run
 
 
-@pytest.mark.parametrize("override, line", [
-    ("model.rms_norm_eps=0.1", "model.rms_norm_eps was 1e-05, the config now says 0.1"),
-    ("model.rope_theta=500000.0", "model.rope_theta was 10000.0, the config now says 500000.0"),
-    ('model.dtype="bfloat16"', "model.dtype was 'float32', the config now says 'bfloat16'"),
-    ('model.rope_scaling={rope_type = "linear", factor = 2.0}',
-     "model.rope_scaling was None, the config now says {'rope_type': 'linear', 'factor': 2.0}"),
-])
-def test_a_model_setting_the_weights_were_trained_under_is_refused_by_name(saved_at_step_2, override, line):
+def test_a_model_setting_the_weights_were_trained_under_is_refused_by_name(saved_at_step_2):
     with pytest.raises(io.CheckpointError) as error:
-        Checkpointer(tiny(saved_at_step_2, override), out=text_io.StringIO()).restore()
+        Checkpointer(tiny(saved_at_step_2, "model.rms_norm_eps=0.1"), out=text_io.StringIO()).restore()
     message = str(error.value)
-    assert f"{saved_at_step_2}/2 holds a different model:\n  {line} (the weights were trained under it)" in message
+    assert (f"{saved_at_step_2}/2 holds a different model:\n  model.rms_norm_eps was 1e-05, the config now says 0.1 "
+            "(the weights were trained under it)") in message
     assert f"init_from = {saved_at_step_2}/2" in message   # what to do for a deliberate change
+
+
+@pytest.mark.parametrize("override, line", [
+    ("model.rope_theta=500000.0", "model.rope_theta = 500000.0 (was 10000.0): the positions are encoded otherwise"),
+    ('model.rope_scaling={rope_type = "linear", factor = 2.0}',
+     "model.rope_scaling = {'rope_type': 'linear', 'factor': 2.0} (was None): the positions are encoded otherwise"),
+    ('model.dtype="bfloat16"', "model.dtype = 'bfloat16' (was 'float32'): the steps from here compute in it"),
+])
+def test_a_deliberate_change_of_the_numbers_resumes_with_a_warning(saved_at_step_2, override, line):
+    out = text_io.StringIO()
+    assert Checkpointer(tiny(saved_at_step_2, override), out=out).restore().step == 2
+    assert f"warning: resuming with {line}" in out.getvalue(), out.getvalue()
 
 
 def test_a_shape_change_is_refused_without_the_init_from_advice(saved_at_step_2):
@@ -164,10 +170,11 @@ def test_every_model_key_is_classified_once_and_old_records_read_as_their_defaul
     from nanoflow.config import MODEL_KEYS, ModelArgs, model_changes
 
     assert set(MODEL_KEYS) == set(attrs.fields_dict(ModelArgs))   # a new [model] key must say what it is to weights
-    assert {role for role, _, _ in MODEL_KEYS.values()} == {"shape", "numbers", "free"}
+    assert {role for role, _, _ in MODEL_KEYS.values()} == {"shape", "numbers", "changes", "free"}
     current = tiny("unused").to_dict()["model"]
     # A checkpoint written before nanoflow had dtype, rope_scaling or compile: trained with their defaults.
     older = {k: v for k, v in current.items() if k not in ("dtype", "compile", "rope_scaling")}
-    assert model_changes(older, current) == ([], [], [])
-    assert model_changes(older, {**current, "dtype": "bfloat16"})[1] == [
-        "model.dtype was 'float32', the config now says 'bfloat16' (the weights were trained under it)"]
+    assert model_changes(older, current) == {"shape": [], "numbers": [], "changes": [], "free": []}
+    assert model_changes(older, {**current, "dtype": "bfloat16"})["changes"] == [
+        "model.dtype = 'bfloat16' (was 'float32'): the steps from here compute in it; the weights and moments stay "
+        "float32"]

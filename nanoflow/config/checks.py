@@ -196,12 +196,14 @@ def _rope_mismatches(model: ModelArgs, hf: dict, source: str) -> tuple[list[str]
 # [model] init_from = an HF model folder: its config.json must describe the same model (compared by
 # nanoflow.preflight.check_init_from, which reads the folder; this module reads no files of a model)
 
-# Every [model] key, by what a change of it means to weights that already exist (a resume, an HF
-# init_from): "shape" keys decide the weights' shapes, "numbers" keys what the weights compute, "free"
-# keys neither (a change is said at resume, with why it is harmless). `hf`: (config.json key,
-# transformers' LlamaConfig default when config.json omits it) of the keys an HF init_from folder's
-# config.json is compared on this way; rope_theta and rope_scaling are compared by _rope_mismatches /
-# hf_rope, initializer_range not at all (it only matters for weights that init_from replaces).
+# Every [model] key, by what a change of it means to weights that already exist (a resume; an HF
+# init_from compares config.json on the `hf` ones): "shape" keys decide the weights' shapes and
+# "numbers" keys what they were trained to compute — a change of either is refused; a change of a
+# "changes" key is deliberate (a context extension moves RoPE; a new machine another autocast dtype,
+# like another parallel layout) and warned of; "free" keys touch neither (a change is said).
+# `hf`: (config.json key, transformers' LlamaConfig default when config.json omits it); rope_theta and
+# rope_scaling are compared there by _rope_mismatches / hf_rope, initializer_range not at all (it
+# only matters for weights that init_from replaces).
 MODEL_KEYS = {
     "vocab_size": ("shape", ("vocab_size", 32000), ""),
     "hidden_size": ("shape", ("hidden_size", 4096), ""),
@@ -212,11 +214,11 @@ MODEL_KEYS = {
     "max_position_embeddings": ("free", ("max_position_embeddings", 2048),
                                 "it bounds the sequence length; RoPE's tables are computed for the positions used"),
     "rms_norm_eps": ("numbers", ("rms_norm_eps", 1e-6), ""),
-    "rope_theta": ("numbers", None, ""),
-    "rope_scaling": ("numbers", None, ""),
+    "rope_theta": ("changes", None, "the positions are encoded otherwise from this step on (a context extension)"),
+    "rope_scaling": ("changes", None, "the positions are encoded otherwise from this step on (a context extension)"),
     "tie_word_embeddings": ("shape", ("tie_word_embeddings", False), ""),
     "initializer_range": ("free", None, "it draws the weights of a fresh start only"),
-    "dtype": ("numbers", None, ""),
+    "dtype": ("changes", None, "the steps from here compute in it; the weights and moments stay float32"),
     "compile": ("free", None, "the same computation, compiled or not"),
     "init_from": ("free", None, "it is read at step 0 only"),
 }
@@ -232,20 +234,19 @@ def _recorded(model: dict, key: str):
     return None if isinstance(default, attrs.Factory) else default  # type: ignore[arg-type]
 
 
-def model_changes(saved: dict, current: dict) -> tuple[list[str], list[str], list[str]]:
-    """(shape, numbers, said): how the [model] section `current` differs from `saved`, the one a checkpoint's weights
-    were trained under (both as Config.to_dict writes them). A "shape" or "numbers" key that differs is refused
-    (the weights do not fit, or would compute something else); a "free" key that differs is said, with why it is
-    harmless. Pure: no IO."""
-    changes: dict[str, list[str]] = {"shape": [], "numbers": [], "free": []}
+def model_changes(saved: dict, current: dict) -> dict[str, list[str]]:
+    """How the [model] section `current` differs from `saved`, the one a checkpoint's weights were trained under
+    (both as Config.to_dict writes them): one line per key that differs, by its MODEL_KEYS role ("shape",
+    "numbers": refused; "changes": warned of; "free": said). Pure: no IO."""
+    changes: dict[str, list[str]] = {"shape": [], "numbers": [], "changes": [], "free": []}
     for key, (role, _, why) in MODEL_KEYS.items():
         was, now = _recorded(saved, key), _recorded(current, key)
         if was == now and isinstance(was, bool) == isinstance(now, bool):
             continue
-        changes[role].append(f"model.{key} = {now!r} (was {was!r}): {why}" if role == "free" else
+        changes[role].append(f"model.{key} = {now!r} (was {was!r}): {why}" if why else
                              f"model.{key} was {was!r}, the config now says {now!r}"
                              + (" (the weights were trained under it)" if role == "numbers" else ""))
-    return changes["shape"], changes["numbers"], changes["free"]
+    return changes
 
 
 def hf_config_mismatches(model: ModelArgs, hf: dict, source: str = "config.json") -> list[str]:
