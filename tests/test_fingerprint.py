@@ -215,3 +215,23 @@ def test_a_moved_source_of_a_blend_is_refused_saying_why(tmp_path):
                        f'"{tmp_path / "moved"}"]')
     assert (f'stage "pretrain": source {tmp_path / "two"} is now read from {tmp_path / "moved"}, the same bytes, but '
             "in a stage of several sources each one's sample order is drawn from its location") in str(error.value)
+
+
+def test_a_large_source_moved_with_its_times_is_the_same_and_one_copied_without_them_is_told_why(run, tmp_path,
+                                                                                                monkeypatch):
+    monkeypatch.setattr(fp, "HASH_LIMIT", 4000)   # the two corpus files (4400 bytes) are identified by mtime
+
+    def fingerprint(folder: Path) -> dict:
+        config = load_config(run, [f'data_stages.pretrain.data.dataset.hf_data_files="{folder}/*.txt"'])
+        return {"pretrain": stage_fingerprint(config, 0, ByteTokenizer())}
+
+    before = fingerprint(run.parent / "corpus")
+    shutil.move(run.parent / "corpus", tmp_path / "disk2")                     # a move keeps the times
+    assert fp.compare_fingerprints(before, fingerprint(tmp_path / "disk2")) == ([], [
+        f'stage "pretrain": source text: its 2 files are now read from {tmp_path / "disk2"} (were in '
+        f'{run.parent / "corpus"}), the same bytes'])
+    shutil.copytree(tmp_path / "disk2", tmp_path / "disk3", copy_function=shutil.copyfile)   # new times
+    changes, moves = fp.compare_fingerprints(before, fingerprint(tmp_path / "disk3"))
+    assert moves == [] and changes[-1].startswith('stage "pretrain": source text: the same file sizes, but a source '
+                                                  "over 0 MiB is identified by size and modification time")
+    assert "cp -p" in changes[-1] and len(changes) == 5   # 2 files no longer read, 2 new, the hint

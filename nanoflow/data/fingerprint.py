@@ -167,6 +167,22 @@ def _held(entry):
     return entry
 
 
+def _sizes(entry):
+    """_held(entry) with each file's size only, when its files are identified by modification time (a large
+    source), else None: what can still be compared of a large source copied without its times."""
+    held = _held(entry)
+    if not isinstance(held, dict) or not held.get("files") or \
+            not all(isinstance(f, dict) and "mtime_ns" in f for f in held["files"]):
+        return None
+    return {**held, "files": [f.get("bytes") for f in held["files"]]}
+
+
+def _copied_without_times(key: str) -> str:
+    return (f"source {key}: the same file sizes, but a source over {HASH_LIMIT >> 20} MiB is identified by size and "
+            "modification time, so a copy that did not keep the times (cp without -p) counts as changed: copy it "
+            "with cp -p or rsync -a, or resume with ignore_fingerprint_mismatch = true if the bytes are the same")
+
+
 def _folder_of(files: dict) -> str:
     paths = sorted(files)
     return paths[0] if len(paths) == 1 else os.path.commonpath(paths)
@@ -192,10 +208,15 @@ def _sources(saved: dict, current: dict, located: bool, out: list[str], moves: l
             moves.append(_files_moved(key, saved[key], current[key]))
         else:
             _walk(saved[key], current[key], ("sources", key), out)
+            if _sizes(saved[key]) is not None and _sizes(saved[key]) == _sizes(current[key]) and \
+                    set(saved[key]["files"]) != set(current[key]["files"]):   # elsewhere, not touched in place
+                out.append(_copied_without_times(key))
     for key in gone:
         now = next((k for k in new if _held(current[k]) == _held(saved[key])), None)
         if now is None:
             _walk({key: saved[key]}, {}, ("sources",), out)
+            if _sizes(saved[key]) is not None and any(_sizes(current[k]) == _sizes(saved[key]) for k in new):
+                out.append(_copied_without_times(key))
             continue
         new.remove(now)
         if located:
