@@ -3,8 +3,8 @@
 `load_config` has already applied every rule a config file can break on its own (config/checks.py,
 one pass). What remains needs more than the file: the run's tokenizer, loaded and measured against
 model.vocab_size, and, when `[model] init_from` is an HF model folder (local or s3://), its
-config.json compared with `[model]` and its safetensors headers with the weights that model has — before the run folder is locked, data is tokenized or a weight
-is read. (The process count is checked where the processes join: nanoflow.parallel.init_topology.)
+config.json compared with `[model]` and its safetensors headers with the weights that model has —
+before the run folder is locked, data is tokenized or a weight is read. (The process count is checked where the processes join: nanoflow.parallel.init_topology.)
 """
 
 from __future__ import annotations
