@@ -26,6 +26,8 @@ from nanoflow import config as schema
 from nanoflow.config.checks import ROPE_KEYS
 from nanoflow.nanotron_keys import (
     LR_SHIFT,
+    MODEL_CONFIG_FIELDS,
+    MODEL_CONFIG_FLAGS,
     MODEL_DEFAULTS,
     NANOTRON_DATA_SEED,
     NANOTRON_DTYPE,
@@ -230,6 +232,7 @@ def _model(walk: _Walk, model) -> dict:
         walk.drop("model", model, "expected a mapping")
         return {}
     model_config = dict(model.get("model_config") or {})
+    _refuse_other_models(model_config)
     for key in ("dtype", "init_from", "compile"):   # nanoflow [model] keys that are not LlamaConfig fields
         if model_config.get(key) is not None:
             walk.drop(f"model.model_config.{key}", model_config.pop(key), "not a LlamaConfig field")
@@ -270,6 +273,25 @@ def _model(walk: _Walk, model) -> dict:
     if rope is not None:
         out["rope_scaling"] = rope
     return out
+
+
+def _refuse_other_models(model_config: dict) -> None:
+    """A model config nanotron reads as another class than its Llama or Qwen2 (by its flag, or by fields only that
+    class has), or with a flag the converter does not know, is refused by name: carried over key for key it would
+    become a Llama of LlamaConfig's default shape."""
+    flags = [key for key, value in model_config.items()
+             if isinstance(key, str) and re.fullmatch(r"is_\w+_config", key) and value is True]
+    for flag in flags:
+        if flag not in MODEL_CONFIG_FLAGS:
+            raise ValueError(f"model.model_config.{flag} = true: a model config the converter does not know "
+                             f"(nanotron's are {', '.join(name for name, _ in MODEL_CONFIG_FLAGS.values())}); "
+                             "nanoflow trains Llama models only (nanotron's LlamaConfig or Qwen2Config)")
+    for flag, (name, why) in MODEL_CONFIG_FLAGS.items():
+        own = [key for key in MODEL_CONFIG_FIELDS.get(flag, ()) if key in model_config]
+        if why is not None and (flag in flags or own):
+            how = f"{flag} = true" if flag in flags else f"its key{'s' if len(own) > 1 else ''} {', '.join(own)}"
+            raise ValueError(f"model.model_config is nanotron's {name} ({how}): {why}; nanoflow trains Llama "
+                             "models only (nanotron's LlamaConfig or Qwen2Config), so it cannot be converted")
 
 
 def _in_order(table: dict, cls) -> dict:
