@@ -207,6 +207,9 @@ def convert(nanotron: dict) -> tuple[str, Report]:
     for key, value in nanotron.items():
         if key not in (*SECTIONS, "data_stages", "data"):
             walk.drop(str(key), value)
+    evaluation = _split_eval_sets(walk, out.get("data_stages", []))
+    if evaluation:
+        out["evaluation"] = {"datasets": evaluation}
     _fit_positions(walk, out)
     _path_notes(walk, out)
     report = Report(tuple(walk.dropped), tuple(walk.notes))
@@ -427,6 +430,34 @@ def _stage(walk: _Walk, stage, index: int) -> dict:
             out_data["seed"] = NANOTRON_DATA_SEED
             out["data"] = _in_order(out_data, schema.DataArgs)
     return out
+
+
+def _split_eval_sets(walk: _Walk, stages: list) -> list[dict]:
+    """nanotron loads every split of a hf_dataset_splits list and trains on "train" (run_train.py:
+    get_datasets(...)["train"]); nanoflow trains on "train" too, and scores each other listed split as an eval
+    set of the stage (named after the split), at the stage's last step."""
+    found = []
+    for i, stage in enumerate(stages):
+        dataset = stage.get("data", {}).get("dataset", {}) if isinstance(stage, dict) else {}
+        splits = dataset.get("hf_dataset_splits")
+        if not isinstance(splits, list) or "train" not in splits:
+            continue
+        for split in splits:
+            if split != "train":
+                found.append((i, stage, dataset, split))
+    entries = []
+    for i, stage, dataset, split in found:
+        shared = sum(other == split for _, _, _, other in found) > 1
+        name = f"{stage.get('name')}/{split}" if shared else split
+        own = {key: value for key, value in dataset.items()
+               if key not in ("held_out_samples", "dataset_weights_end")}
+        entry = {"name": name, **({"sequence_length": stage["sequence_length"]} if "sequence_length" in stage else {}),
+                 "dataset": {**own, "hf_dataset_splits": split}}
+        entries.append(entry)
+        walk.notes.append(f"data_stages[{i}].data.dataset.hf_dataset_splits = {_show(dataset['hf_dataset_splits'])}: "
+                          f'nanotron trains on "train" only, and so does nanoflow; split "{split}" → '
+                          f'[[evaluation.datasets]] "{name}" (scored at the end of each stage)')
+    return entries
 
 
 def _folder_weights(walk: _Walk, dataset: dict, where: str) -> dict:

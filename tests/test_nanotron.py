@@ -738,3 +738,36 @@ def test_llama_and_qwen2_model_configs_still_convert():
         config = {k: v for k, v in raw["model"]["model_config"].items() if k != "is_llama_config"}
         raw["model"]["model_config"] = {**config, **({flag: True} if flag else {})}
         assert tomllib.loads(convert(raw)[0])["model"]["hidden_size"] == 16
+
+
+def test_a_list_of_splits_trains_on_train_and_the_other_splits_become_eval_sets_of_the_stage(tmp_path, monkeypatch):
+    # nanotron's run_train.py: get_datasets(..., splits=hf_dataset_splits)["train"] (issue 21, item 2)
+    import datasets
+
+    from nanoflow.data import ByteTokenizer, open_stage
+    from nanoflow.evaluation import load_eval_set
+    from nanoflow.plan import render_plan
+
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    rows = {"train": [f"train row {i} " * 20 for i in range(20)],
+            "validation": [f"valid row {i} " * 20 for i in range(4)]}
+    datasets.DatasetDict({k: datasets.Dataset.from_dict({"text": v}) for k, v in rows.items()}).save_to_disk(
+        str(tmp_path / "saved"))
+    raw = yaml.safe_load(NANOTRON_YAML)
+    for stage in raw["data_stages"]:
+        stage["data"]["dataset"] = {"hf_dataset_or_datasets": "./saved", "hf_dataset_splits": ["train", "validation"],
+                                    "text_column_name": "text"}
+    del raw["data_stages"][1]
+    text, report = convert(raw)
+    assert '"validation" → [[evaluation.datasets]] "validation"' in "\n".join(report.lines())
+    (tmp_path / "schedule.toml").write_text(text)
+    config = load_config(tmp_path / "schedule.toml")
+    [entry] = config.evaluation.datasets
+    assert (entry.name, entry.dataset.hf_dataset_splits) == ("validation", "validation")
+    assert 'not trained on: "validation" (eval set validation)' in render_plan(config)
+    tokenizer = ByteTokenizer()
+    with open_stage(config, 0, tokenizer, cache_dir=str(tmp_path / "cache")) as loader:
+        trained = "".join(tokenizer.decode(row.tolist()) for row in loader.samples(0, 30)["input_ids"])
+    evaluated = "".join(tokenizer.decode(row.tolist()) for row in load_eval_set(config, entry, tokenizer).input_ids)
+    assert "train row" in trained and "valid" not in trained
+    assert "valid row" in evaluated and "train" not in evaluated
