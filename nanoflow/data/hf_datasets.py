@@ -4,6 +4,7 @@ in without tokenizing again."""
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import json
@@ -123,6 +124,13 @@ def _load_rows(spec: HFSpec, stage_name: str, cache_dir: str | None = None):
             return datasets.load_dataset(spec.builder, data_files=list(spec.files), **options)
         except Exception as e:  # noqa: BLE001 - `datasets` raises many kinds here; name the file and line instead
             problem = next(filter(None, (file_problem(path, spec.builder) for path in spec.files)), None)
+            full = None if problem else _disk_error(e)
+            if full is not None:   # the files are fine: it is `datasets`' own cache that cannot be written
+                cache = cache_dir or str(datasets.config.HF_DATASETS_CACHE)
+                raise DataInputError(
+                    f"{where}: `datasets` cannot write its cache under {cache} ({full.strerror or full}"
+                    + (f": {full.filename}" if full.filename else "") + "); the data files are fine: free space "
+                    "there, or set HF_DATASETS_CACHE to a folder with room") from None
             raise DataInputError(f"{where}: " + (problem or f"the files cannot be read: {type(e).__name__}: {e}")) \
                 from None
     if spec.kind == "saved":
@@ -138,6 +146,21 @@ def _load_rows(spec: HFSpec, stage_name: str, cache_dir: str | None = None):
         offline = " (HF_DATASETS_OFFLINE is set: only datasets already in the cache can load)" \
             if os.environ.get("HF_DATASETS_OFFLINE", "0") not in ("", "0") else ""
         raise DataInputError(f"{where}: cannot load {spec.name!r} from the hub or a local path{offline}: {e}") from None
+
+
+# A write that failed for want of room or permission, not because of what was written.
+_DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG)
+
+
+def _disk_error(error: BaseException) -> OSError | None:
+    """The OSError of a full (or read-only) disk behind `error`, which `datasets` wraps in its own exceptions."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, OSError) and error.errno in _DISK_ERRNOS:
+            return error
+        error = error.__cause__ or error.__context__
+    return None
 
 
 def file_problem(path: str, builder: str) -> str | None:
@@ -334,9 +357,16 @@ def tokenized_array(spec: HFSpec, kind: str, tokenizer: Tokenizer, sequence_leng
             pass
     array = tokenize_rows(load(), kind, columns, tokenizer, sequence_length, where,
                           dataset.dataset_processing_num_proc_per_process)
-    os.makedirs(root, exist_ok=True)
     encoded = io.BytesIO()
     np.save(encoded, array)
-    write_atomically(path, encoded.getbuffer())  # concurrent runs and kills never leave a partial cache file
+    try:
+        os.makedirs(root, exist_ok=True)
+        write_atomically(path, encoded.getbuffer())  # concurrent runs and kills never leave a partial cache file
+    except OSError as e:   # a full disk, or a file where the cache folder goes: nothing was left behind
+        raise DataInputError(
+            f"{where}: cannot write the token cache {path}: {e.strerror or e}"
+            + (f" ({e.filename})" if e.filename and e.filename != path else "")
+            + f"; the tokens need {encoded.getbuffer().nbytes:,} bytes there: free space, remove what is in the "
+            "way, or point HF_DATASETS_CACHE (the cache's parent) to a writable folder with room") from None
     del array
     return np.load(path, mmap_mode="r")
