@@ -160,3 +160,15 @@ def test_a_full_datasets_cache_is_said_and_the_data_files_are_not_blamed(tmp_pat
     message = str(caught.value)
     assert f"`datasets` cannot write its cache under {tmp_path / 'cache'} (No space left on device" in message
     assert "the data files are fine" in message and "cannot be read" not in message
+
+
+def test_an_eval_set_reads_one_split_so_a_list_is_refused(every_kind):
+    from data_helpers import write_config
+    from nanoflow.config import load_config
+
+    path = write_config(every_kind, [stage("pretrain", 1, {"hf_dataset_or_datasets": "./saved"})])
+    path.write_text(path.read_text() + '\n[[evaluation.datasets]]\nname = "held"\n[evaluation.datasets.dataset]\n'
+                    'hf_dataset_or_datasets = "./saved"\nhf_dataset_splits = ["train", "validation"]\n')
+    with pytest.raises(ConfigError, match=r'evaluation.datasets\[0\] \("held"\).dataset.hf_dataset_splits: an eval set '
+                                          r"reads one split"):
+        load_config(path)
