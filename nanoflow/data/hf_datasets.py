@@ -42,6 +42,7 @@ class HFSpec:
     key: str                      # what identifies the source across stages (DatasetArgs.source_key)
     weight: float
     kind: str = "hub"             # "files", "saved" or "hub": config.Location.kind
+    problems: tuple[str, ...] = ()   # why it cannot be read (gone since the check before the run): said on loading
 
     @property
     def label(self) -> str:
@@ -61,10 +62,8 @@ def hf_specs(dataset: DatasetArgs) -> list[HFSpec]:
     specs = []
     for name, weight in dataset.weighted_names():
         location = locate_source(dataset, name)
-        if location.problems:
-            raise DataInputError("; ".join(location.messages()) + " (the check before the run found it)")
         specs.append(HFSpec(name, location.builder, location.files, dataset, dataset.source_key(name), weight,
-                            location.kind))
+                            location.kind, tuple(location.messages())))
     return specs
 
 
@@ -105,6 +104,8 @@ def _load_rows(spec: HFSpec, stage_name: str, cache_dir: str | None = None):
     import datasets
 
     dataset, where = spec.dataset, describe(stage_name, spec)
+    if spec.problems:
+        raise DataInputError(f"{where}: " + "; ".join(spec.problems))
     options = dict(split=spec.split, cache_dir=cache_dir)
     if dataset.hf_dataset_config_name is not None:
         options["name"] = dataset.hf_dataset_config_name
@@ -114,10 +115,6 @@ def _load_rows(spec: HFSpec, stage_name: str, cache_dir: str | None = None):
         options["num_proc"] = dataset.dataset_processing_num_proc_per_process
 
     if spec.builder is not None:
-        if not spec.files:
-            patterns = dataset.hf_data_files if isinstance(dataset.hf_dataset_or_datasets, str) else spec.name
-            raise DataInputError(f"{where}: hf_data_files {patterns!r} matches no file (any more: the check before "
-                                 "the run found some)")
         if spec.builder == "text":
             options["sample_by"] = "document"
         try:
