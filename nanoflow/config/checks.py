@@ -339,7 +339,8 @@ def _missing_split_problems(dataset: DatasetArgs, name: str, location: Location)
     if not missing:
         return []
     if location.kind == "files":
-        subject, what = f"{location.builder} files {', '.join(location.files[:3])}", 'local files make one split, "train"'
+        subject = f"{location.builder} files {', '.join(location.files[:3])}"
+        what = 'local files make one split, "train"'
     else:
         subject, what = name, f"its splits are {', '.join(location.splits)}"
     return [f"hf_dataset_splits: no split {', '.join(map(repr, missing))} in {subject}: {what}"]

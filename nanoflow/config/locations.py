@@ -77,7 +77,8 @@ def saved_folder(folder: str) -> Location:
         return Location("saved", splits=splits)
     if os.path.isfile(os.path.join(folder, SAVED_DATASET)):
         return Location("saved")   # one table without named splits
-    hint = (f"; it holds token files (*{TOKEN_SUFFIX}): name it in dataset_folder" if token_folder_problem(folder) is None
+    hint = (f"; it holds token files (*{TOKEN_SUFFIX}): name it in dataset_folder"
+            if token_folder_problem(folder) is None
             else f"; to read the files in it, name them with a glob such as {os.path.join(folder, '*.txt')}")
     return Location("saved", problems=((NAME, f"{folder} is a folder, but not one written by save_to_disk (it has "
                                               f"neither {SAVED_DICT} nor {SAVED_DATASET}){hint}"),))
@@ -96,10 +97,8 @@ def locate(name: str, data_files=None, in_table: bool = False) -> Location:
     if os.path.isdir(name):
         return saved_folder(name)
     if not os.path.isabs(name):   # a hub id; its hf_data_files are still local, and none found is never "all"
-        if data_files:
-            return Location("hub", files=_files(None, data_files, FILES).files,
-                            problems=_files(None, data_files, FILES).problems)
-        return Location("hub")
+        local = _files(None, data_files, FILES) if data_files else Location("files")
+        return Location("hub", files=local.files, problems=local.problems)
     if not in_table:
         if matching_files(name):
             return Location("files", problems=((NAME, f"{name} names files: write hf_dataset_or_datasets = "
