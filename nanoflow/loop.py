@@ -13,7 +13,7 @@ from typing import TextIO
 
 from nanoflow import console, io
 from nanoflow.checkpointer import Checkpointer, StorageLostError
-from nanoflow.config import Config, unreached_stages
+from nanoflow.config import Config, unreached_stages, untrained_splits
 from nanoflow.data import open_stage
 from nanoflow.data.loader import check_stages
 from nanoflow.data.fingerprint import Fingerprints
@@ -65,6 +65,8 @@ def _train(config: Config, checkpointer: Checkpointer, *, fresh: bool, until_ste
            topology: Topology, tokenizer) -> TrainState:
     for name in unreached_stages(config):
         log.warning(f'stage "{name}" starts after train_steps = {config.tokens.train_steps}: not reached')
+    for line in untrained_splits(config):
+        log.warning(line)
 
     directory = run_dir(config)
     fingerprints = checkpointer.fingerprints = Fingerprints(config, tokenizer)  # shared: each stage's, once

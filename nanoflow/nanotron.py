@@ -26,6 +26,8 @@ from nanoflow import config as schema
 from nanoflow.config.checks import ROPE_KEYS
 from nanoflow.nanotron_keys import (
     LR_SHIFT,
+    MODEL_CONFIG_FIELDS,
+    MODEL_CONFIG_FLAGS,
     MODEL_DEFAULTS,
     NANOTRON_DATA_SEED,
     NANOTRON_DTYPE,
@@ -205,6 +207,9 @@ def convert(nanotron: dict) -> tuple[str, Report]:
     for key, value in nanotron.items():
         if key not in (*SECTIONS, "data_stages", "data"):
             walk.drop(str(key), value)
+    evaluation = _split_eval_sets(walk, out.get("data_stages", []))
+    if evaluation:
+        out["evaluation"] = {"datasets": evaluation}
     _fit_positions(walk, out)
     _path_notes(walk, out)
     report = Report(tuple(walk.dropped), tuple(walk.notes))
@@ -230,6 +235,7 @@ def _model(walk: _Walk, model) -> dict:
         walk.drop("model", model, "expected a mapping")
         return {}
     model_config = dict(model.get("model_config") or {})
+    _refuse_other_models(model_config)
     for key in ("dtype", "init_from", "compile"):   # nanoflow [model] keys that are not LlamaConfig fields
         if model_config.get(key) is not None:
             walk.drop(f"model.model_config.{key}", model_config.pop(key), "not a LlamaConfig field")
@@ -270,6 +276,25 @@ def _model(walk: _Walk, model) -> dict:
     if rope is not None:
         out["rope_scaling"] = rope
     return out
+
+
+def _refuse_other_models(model_config: dict) -> None:
+    """A model config nanotron reads as another class than its Llama or Qwen2 (by its flag, or by fields only that
+    class has), or with a flag the converter does not know, is refused by name: carried over key for key it would
+    become a Llama of LlamaConfig's default shape."""
+    flags = [key for key, value in model_config.items()
+             if isinstance(key, str) and re.fullmatch(r"is_\w+_config", key) and value is True]
+    for flag in flags:
+        if flag not in MODEL_CONFIG_FLAGS:
+            raise ValueError(f"model.model_config.{flag} = true: a model config the converter does not know "
+                             f"(nanotron's are {', '.join(name for name, _ in MODEL_CONFIG_FLAGS.values())}); "
+                             "nanoflow trains Llama models only (nanotron's LlamaConfig or Qwen2Config)")
+    for flag, (name, why) in MODEL_CONFIG_FLAGS.items():
+        own = [key for key in MODEL_CONFIG_FIELDS.get(flag, ()) if key in model_config]
+        if why is not None and (flag in flags or own):
+            how = f"{flag} = true" if flag in flags else f"its key{'s' if len(own) > 1 else ''} {', '.join(own)}"
+            raise ValueError(f"model.model_config is nanotron's {name} ({how}): {why}; nanoflow trains Llama "
+                             "models only (nanotron's LlamaConfig or Qwen2Config), so it cannot be converted")
 
 
 def _in_order(table: dict, cls) -> dict:
@@ -405,6 +430,34 @@ def _stage(walk: _Walk, stage, index: int) -> dict:
             out_data["seed"] = NANOTRON_DATA_SEED
             out["data"] = _in_order(out_data, schema.DataArgs)
     return out
+
+
+def _split_eval_sets(walk: _Walk, stages: list) -> list[dict]:
+    """nanotron loads every split of a hf_dataset_splits list and trains on "train" (run_train.py:
+    get_datasets(...)["train"]); nanoflow trains on "train" too, and scores each other listed split as an eval
+    set of the stage (named after the split), at the stage's last step."""
+    found = []
+    for i, stage in enumerate(stages):
+        dataset = stage.get("data", {}).get("dataset", {}) if isinstance(stage, dict) else {}
+        splits = dataset.get("hf_dataset_splits")
+        if not isinstance(splits, list) or "train" not in splits:
+            continue
+        for split in splits:
+            if split != "train":
+                found.append((i, stage, dataset, split))
+    entries = []
+    for i, stage, dataset, split in found:
+        shared = sum(other == split for _, _, _, other in found) > 1
+        name = f"{stage.get('name')}/{split}" if shared else split
+        own = {key: value for key, value in dataset.items()
+               if key not in ("held_out_samples", "dataset_weights_end")}
+        entry = {"name": name, **({"sequence_length": stage["sequence_length"]} if "sequence_length" in stage else {}),
+                 "dataset": {**own, "hf_dataset_splits": split}}
+        entries.append(entry)
+        walk.notes.append(f"data_stages[{i}].data.dataset.hf_dataset_splits = {_show(dataset['hf_dataset_splits'])}: "
+                          f'nanotron trains on "train" only, and so does nanoflow; split "{split}" → '
+                          f'[[evaluation.datasets]] "{name}" (scored at the end of each stage)')
+    return entries
 
 
 def _folder_weights(walk: _Walk, dataset: dict, where: str) -> dict:

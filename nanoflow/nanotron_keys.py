@@ -126,3 +126,30 @@ MODEL_DEFAULTS = {
 }
 NANOTRON_DATA_SEED = 42   # DataArgs.seed unset: DEFAULT_SEED, not general.seed
 NANOTRON_DTYPE = "bfloat16"   # ModelArgs.dtype unset
+
+
+# nanotron's model configs, by the flag each sets ("We use this help differentiate models in yaml/python
+# conversion"): LlamaConfig, Qwen2Config, Starcoder2Config (src/nanotron/config/models_config.py),
+# MambaModelConfig (examples/mamba/config.py), LlaMoEConfig (examples/moe/config_llamoe.py). nanotron picks the
+# class from the flag (its dacite is strict, so a flag only one class has decides) and builds the model of that
+# class (trainer.py CONFIG_TO_MODEL_CLASS). None: the converter carries it over as a Llama; else why not.
+MODEL_CONFIG_FLAGS = {
+    "is_llama_config": ("LlamaConfig", None),
+    "is_qwen2_config": ("Qwen2Config", None),
+    "is_starcoder2_config": ("Starcoder2Config", "a GPT-BigCode decoder (GELU MLP, LayerNorm, biases, multi-query "
+                                                 "attention), not a Llama"),
+    "is_mamba_config": ("MambaModelConfig", "a state-space model (Mamba), not a transformer"),
+    "is_llamoe_config": ("LlaMoEConfig", "a mixture-of-experts Llama (its MLPs are routed experts)"),
+}
+
+# The fields only that class has (none of LlamaConfig's or Qwen2Config's): a model_config without a flag that
+# holds one of them is that class's, as nanotron's union of config classes would read it.
+MODEL_CONFIG_FIELDS = {
+    "is_starcoder2_config": ("activation_function", "attention_softmax_in_fp32", "attn_pdrop", "embd_pdrop",
+                             "global_attn_layers", "grouped_query", "layer_norm_epsilon", "multi_query",
+                             "num_kv_heads", "resid_pdrop", "scale_attention_softmax_in_fp32", "scale_attn_weights",
+                             "use_position_embeddings", "use_rotary_embeddings"),
+    "is_mamba_config": ("d_model", "ssm_cfg", "rms_norm", "fused_add_norm", "residual_in_fp32",
+                        "pad_vocab_size_multiple"),
+    "is_llamoe_config": ("moe_num_experts", "num_experts_per_tok", "moe_capacity_factor"),
+}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from nanoflow.config import Config, NanosetDatasetsArgs
+from nanoflow.config import Config, NanosetDatasetsArgs, untrained_splits
 from nanoflow.lr import scheduled_lr
 from nanoflow.schedule import Schedule, active_stage, consumed_samples, consumed_tokens, stage_steps
 
@@ -46,6 +46,7 @@ def render_plan(config: Config, tokenizer=None) -> str:
         *(line(r) for r in rows),
         "",
         f"total: {sum(samples):,} samples, {sum(tokens):,} tokens",
+        *untrained_splits(config),
         f"checkpoints: {_shown_path(config.checkpoints.checkpoints_path)} every {config.checkpoints.checkpoint_interval} steps",
     ]
     return "\n".join(out)

@@ -13,7 +13,7 @@ import torch
 import nanoflow.data.hf_datasets as hf_datasets
 from data_helpers import BYTES, load, stage, write_config
 from helpers import REPO
-from nanoflow.config import ConfigError
+from nanoflow.config import ConfigError, untrained_splits
 from nanoflow.data import open_stage
 from nanoflow.data.hf_datasets import load_rows
 from nanoflow.data.sources import PackedText
@@ -76,20 +76,32 @@ def test_a_table_rejects_hf_data_files_and_builder_keys(corpus):
         load(corpus, [stage("p", 1, {"hf_dataset_or_datasets": {"json": 1.0}})])
 
 
-def test_a_list_of_splits_is_read_in_order(tmp_path):
+def test_a_list_of_splits_trains_on_train_only_and_every_listed_split_must_exist(tmp_path):
+    # nanotron's run_train.py loads the listed splits and trains on get_datasets(...)["train"]
     import datasets
 
-    parts = {"train": [f"train {i} " * 20 for i in range(5)], "test": [f"test {i} " * 20 for i in range(3)]}
+    parts = {"train": [f"train {i} " * 20 for i in range(5)], "validation": [f"valid {i} " * 20 for i in range(3)]}
     datasets.DatasetDict({k: datasets.Dataset.from_dict({"text": v}) for k, v in parts.items()}).save_to_disk(
         str(tmp_path / "saved"))
     config = load(tmp_path, [stage("p", 1, {"hf_dataset_or_datasets": "saved",
-                                            "hf_dataset_splits": ["test", "train"]})])
-    rows = load_rows(config.data_stages[0].data.dataset, "p")
-    assert rows["text"] == parts["test"] + parts["train"]
-    bad = load(tmp_path, [stage("p", 1, {"hf_dataset_or_datasets": "saved", "hf_dataset_splits": ["test", "dev"]})])
-    with pytest.raises(ValueError, match=r'stage "p" \(dataset .*saved\): no split "dev" in .*saved '
-                                         r"\(splits: train, test\)"):
-        open_stage(bad, 0, BYTES, cache_dir=str(tmp_path / "cache"))
+                                            "hf_dataset_splits": ["validation", "train"]})])
+    assert load_rows(config.data_stages[0].data.dataset, "p")["text"] == parts["train"]
+    with open_stage(config, 0, BYTES, cache_dir=str(tmp_path / "cache")) as loader:
+        text = "".join(BYTES.decode(row.tolist()) for row in loader.samples(0, 40)["input_ids"])
+    assert "train" in text and "valid" not in text
+    assert untrained_splits(config) == [
+        "stage \"p\": hf_dataset_splits = ['validation', 'train'] trains on \"train\" only, as nanotron does; "
+        'not trained on: "validation" (not evaluated either)']
+    with pytest.raises(ConfigError, match=r"hf_dataset_splits: no split 'dev' in .*saved: its splits are train, "
+                                          r"validation"):
+        load(tmp_path, [stage("p", 1, {"hf_dataset_or_datasets": "saved", "hf_dataset_splits": ["train", "dev"]})])
+    with pytest.raises(ConfigError, match=r'a list of splits trains on "train", as in nanotron, and '
+                                          r"\['validation'\] does not list it"):
+        load(tmp_path, [stage("p", 1, {"hf_dataset_or_datasets": "saved", "hf_dataset_splits": ["validation"]})])
+    (tmp_path / "rows.jsonl").write_text('{"text": "a row"}\n')
+    with pytest.raises(ConfigError, match=r"no split 'validation' in json files .*rows.jsonl: local files make one split, \"train\""):
+        load(tmp_path, [stage("p", 1, {"hf_dataset_or_datasets": "json", "hf_data_files": "rows.jsonl",
+                                       "hf_dataset_splits": ["train", "validation"]})])
 
 
 def test_tokenized_sources_are_cached_so_a_resume_does_not_tokenize_again(corpus, monkeypatch):

@@ -276,7 +276,7 @@ def test_the_hub_is_not_tried_for_a_missing_absolute_path(tmp_path):
     missing = str(tmp_path / "nowhere" / "set")
     with pytest.raises(DataInputError, match=f'stage "sft".*{missing} does not exist'):
         load_rows(DatasetArgs(hf_dataset_or_datasets=missing), "sft")
-    with pytest.raises(DataInputError, match=f'stage "sft".*hf_data_files .*{tmp_path}/x.jsonl.* matches no file'):
+    with pytest.raises(DataInputError, match=f'stage "sft".*hf_data_files: {tmp_path}/x.jsonl matches no file'):
         load_rows(hf_specs(DatasetArgs(hf_dataset_or_datasets="someone/dataset",
                                        hf_data_files=str(tmp_path / "x.jsonl")))[0], "sft")
 

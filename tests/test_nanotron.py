@@ -701,3 +701,73 @@ def test_clip_grad_false_round_trips(tmp_path, monkeypatch):
     assert load_config(tmp_path / "again.toml").optimizer.clip_grad is False
     on = load_config(tmp_path / "converted.toml", ["optimizer.clip_grad=2"])
     assert on.optimizer.max_grad_norm == 2.0
+
+
+# nanotron's model configs other than its Llama and Qwen2 (issue 21, item 9): examples/mamba/config_mamba.yaml's
+# model_config keys, a Starcoder2Config and a LlaMoEConfig by their own fields, and an unknown class's flag.
+MAMBA = {"d_model": 64, "fused_add_norm": True, "is_mamba_config": True, "num_hidden_layers": 2, "rms_norm": True,
+         "residual_in_fp32": True, "rms_norm_eps": 1.0e-5, "vocab_size": 256, "pad_vocab_size_multiple": 8,
+         "ssm_cfg": {"d_state": 16, "d_conv": 4, "expand": 2}}
+
+
+@pytest.mark.parametrize("model_config, named", [
+    (MAMBA, r"nanotron's MambaModelConfig \(is_mamba_config = true\): a state-space model"),
+    ({k: v for k, v in MAMBA.items() if k != "is_mamba_config"},
+     r"nanotron's MambaModelConfig \(its keys d_model, ssm_cfg, rms_norm, fused_add_norm, residual_in_fp32, "
+     r"pad_vocab_size_multiple\)"),
+    ({"is_starcoder2_config": True, "hidden_size": 16}, r"nanotron's Starcoder2Config \(is_starcoder2_config = true\)"),
+    ({"hidden_size": 16, "activation_function": "gelu", "num_kv_heads": 1}, r"nanotron's Starcoder2Config"),
+    ({"hidden_size": 16, "moe_num_experts": 4}, r"nanotron's LlaMoEConfig \(its key moe_num_experts\)"),
+    ({"is_gpt9_config": True, "hidden_size": 16}, r"model.model_config.is_gpt9_config = true: a model config the "
+                                                   r"converter does not know"),
+])
+def test_a_model_config_that_is_not_a_llama_is_refused_by_name(tmp_path, model_config, named):
+    raw = yaml.safe_load(NANOTRON_YAML)
+    raw["model"]["model_config"] = model_config
+    with pytest.raises(ValueError, match=named):
+        convert(raw)
+    from nanoflow.cli import convert_nanotron_config_main
+
+    (tmp_path / "model.yaml").write_text(yaml.safe_dump(raw))
+    assert convert_nanotron_config_main([str(tmp_path / "model.yaml")]) == 2
+
+
+def test_llama_and_qwen2_model_configs_still_convert():
+    for flag in ("is_llama_config", "is_qwen2_config", None):
+        raw = yaml.safe_load(NANOTRON_YAML)
+        config = {k: v for k, v in raw["model"]["model_config"].items() if k != "is_llama_config"}
+        raw["model"]["model_config"] = {**config, **({flag: True} if flag else {})}
+        assert tomllib.loads(convert(raw)[0])["model"]["hidden_size"] == 16
+
+
+def test_a_list_of_splits_trains_on_train_and_the_other_splits_become_eval_sets_of_the_stage(tmp_path, monkeypatch):
+    # nanotron's run_train.py: get_datasets(..., splits=hf_dataset_splits)["train"] (issue 21, item 2)
+    import datasets
+
+    from nanoflow.data import ByteTokenizer, open_stage
+    from nanoflow.evaluation import load_eval_set
+    from nanoflow.plan import render_plan
+
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    rows = {"train": [f"train row {i} " * 20 for i in range(20)],
+            "validation": [f"valid row {i} " * 20 for i in range(4)]}
+    datasets.DatasetDict({k: datasets.Dataset.from_dict({"text": v}) for k, v in rows.items()}).save_to_disk(
+        str(tmp_path / "saved"))
+    raw = yaml.safe_load(NANOTRON_YAML)
+    for stage in raw["data_stages"]:
+        stage["data"]["dataset"] = {"hf_dataset_or_datasets": "./saved", "hf_dataset_splits": ["train", "validation"],
+                                    "text_column_name": "text"}
+    del raw["data_stages"][1]
+    text, report = convert(raw)
+    assert '"validation" → [[evaluation.datasets]] "validation"' in "\n".join(report.lines())
+    (tmp_path / "schedule.toml").write_text(text)
+    config = load_config(tmp_path / "schedule.toml")
+    [entry] = config.evaluation.datasets
+    assert (entry.name, entry.dataset.hf_dataset_splits) == ("validation", "validation")
+    assert 'not trained on: "validation" (eval set validation)' in render_plan(config)
+    tokenizer = ByteTokenizer()
+    with open_stage(config, 0, tokenizer, cache_dir=str(tmp_path / "cache")) as loader:
+        trained = "".join(tokenizer.decode(row.tolist()) for row in loader.samples(0, 30)["input_ids"])
+    evaluated = "".join(tokenizer.decode(row.tolist()) for row in load_eval_set(config, entry, tokenizer).input_ids)
+    assert "train row" in trained and "valid" not in trained
+    assert "valid row" in evaluated and "train" not in evaluated

@@ -6,8 +6,9 @@ and resolves paths relative to the TOML file; `checks` finds everything that can
 before any expensive work, naming the file, the stage and the key of each problem.
 """
 
-from nanoflow.config.checks import (MODEL_KEYS, check_world_size, hf_config_mismatches, matching_files, model_changes,
-                                    unreached_stages, validate)
+from nanoflow.config.checks import (MODEL_KEYS, check_world_size, hf_config_mismatches, locate_source, model_changes,
+                                    unreached_stages, untrained_splits, validate)
+from nanoflow.config.locations import Location, matching_files, token_folder_problem
 from nanoflow.config.load import apply_override, config_from_dict, load_config
 from nanoflow.config.schema import (
     BUILDERS,
@@ -40,5 +41,6 @@ __all__ = [
     "GeneralArgs", "LRSchedulerArgs", "LoggingArgs", "ModelArgs", "NanosetDatasetsArgs", "OptimizerArgs",
     "OptimizerFactoryArgs", "ParallelismArgs", "RopeScalingArgs", "StageLRSchedulerArgs", "TokenizerArgs", "TokensArgs",
     "apply_override", "check_world_size", "config_from_dict", "converter",
-    "hf_config_mismatches", "MODEL_KEYS", "matching_files", "model_changes", "load_config", "unreached_stages", "validate",
+    "hf_config_mismatches", "Location", "locate_source", "MODEL_KEYS", "matching_files", "model_changes", "load_config",
+    "token_folder_problem", "unreached_stages", "untrained_splits", "validate",
 ]

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import difflib
-import glob
 import math
 import os
 
 import attrs
 
+from nanoflow.config.locations import Location, locate, token_folder_problem
 from nanoflow.config.schema import (
-    BUILDERS,
     Config,
     ConfigError,
     DatasetArgs,
@@ -303,20 +302,6 @@ def hf_config_mismatches(model: ModelArgs, hf: dict, source: str = "config.json"
     return problems
 
 
-def matching_files(pattern: str) -> list[str]:
-    """The regular files a local path or glob (`**` allowed) matches: what a stage reads of it, so what the check
-    before the run counts too (a folder or a named pipe that matches is not read)."""
-    return [path for path in glob.glob(pattern, recursive=True) if os.path.isfile(path)]
-
-
-def _no_file_problem(key: str, pattern: str) -> str | None:
-    if matching_files(pattern):
-        return None
-    if glob.glob(pattern, recursive=True):
-        return f"{key}: {pattern} matches no file, only folders or other things that are not regular files"
-    return f"{key}: {pattern} matches no file"
-
-
 def _weight_problems(key: str, weights: list[tuple[str, float]]) -> list[str]:
     problems = [f"{key}: the weight of {name} is {weight}; weights must be finite and >= 0"
                 for name, weight in weights if not (math.isfinite(weight) and weight >= 0)]
@@ -334,12 +319,6 @@ def _dataset_problems(dataset: DatasetArgs | NanosetDatasetsArgs) -> list[str]:
         if files is not None:
             problems.append("hf_data_files: a table of datasets names its files in its keys (a path or glob each); "
                             "remove hf_data_files")
-        for key in name:
-            if key in BUILDERS:
-                problems.append(f'hf_dataset_or_datasets: "{key}" needs files; in a table, name the files '
-                                f'themselves (e.g. "corpus/*.txt" = 1.0)')
-            elif os.path.isabs(key) and (problem := _no_file_problem("hf_dataset_or_datasets", key)):
-                problems.append(problem)
         problems += _weight_problems("hf_dataset_or_datasets", list(name.items()))
         ends = dataset.dataset_weights_end
         if ends is not None:
@@ -352,29 +331,63 @@ def _dataset_problems(dataset: DatasetArgs | NanosetDatasetsArgs) -> list[str]:
     elif dataset.dataset_weights_end is not None:
         problems.append("dataset_weights_end: needs a {name = weight} table in hf_dataset_or_datasets (one dataset "
                         "has nothing to move between)")
-    if not isinstance(name, dict):
-        patterns = [files] if isinstance(files, str) else (files or [])
-        if name in BUILDERS and not patterns:
-            problems.append(f'hf_data_files: the "{name}" builder needs hf_data_files')
-        for pattern in patterns:  # local files, for any name (a hub dataset too): none found is never "all"
-            if problem := _no_file_problem("hf_data_files", pattern):
-                problems.append(problem)
-        if name not in BUILDERS and os.path.isabs(name) and not os.path.exists(name):
-            problems.append(f"hf_dataset_or_datasets: {name} does not exist (a local path, so not tried on the hub)")
+    problems += _split_list_problems(dataset)
+    for source, _ in dataset.weighted_names():
+        location = locate_source(dataset, source)
+        problems += location.messages()
+        if not location.problems:
+            problems += _missing_split_problems(dataset, source, location)
     if (dataset.prompt_column_name is None) != (dataset.completion_column_name is None):
         problems.append("an SFT stage needs both prompt_column_name and completion_column_name")
     return problems
 
 
+def locate_source(dataset: DatasetArgs, name: str) -> Location:
+    """Where one source of an HF dataset lies, by the definition the loader uses too."""
+    in_table = isinstance(dataset.hf_dataset_or_datasets, dict)
+    return locate(name, None if in_table else dataset.hf_data_files, in_table)
+
+
+def _split_list_problems(dataset: DatasetArgs) -> list[str]:
+    splits = dataset.hf_dataset_splits
+    if isinstance(splits, str):
+        return []
+    if not splits:
+        return ['hf_dataset_splits: an empty list; name the split to train on (e.g. "train")']
+    if len(set(splits)) != len(splits):
+        return [f"hf_dataset_splits: {splits!r} names a split twice"]
+    if "train" not in splits:
+        return [f'hf_dataset_splits: a list of splits trains on "train", as in nanotron, and {splits!r} does not '
+                f'list it; to train on another split, name it alone (hf_dataset_splits = "{splits[0]}")']
+    return []
+
+
+def _missing_split_problems(dataset: DatasetArgs, name: str, location: Location) -> list[str]:
+    """Every listed split must exist where the disk tells which splits a source has (local files: one, "train"; a
+    DatasetDict saved to disk: its dataset_dict.json); a hub dataset's splits are checked when it is loaded."""
+    listed = dataset.listed_splits
+    if location.kind == "saved" and location.splits is None:   # a Dataset saved alone: one table, no split names
+        if len(listed) > 1:
+            return [f"hf_dataset_splits: {name} is one dataset saved without splits (a Dataset, not a DatasetDict), "
+                    f"so it has no split {', '.join(map(repr, dataset.untrained_splits))} to load; "
+                    f'name one split (hf_dataset_splits = "{dataset.train_split}")']
+        return []
+    if location.splits is None:
+        return []
+    missing = [split for split in listed if split not in location.splits]
+    if not missing:
+        return []
+    if location.kind == "files":
+        subject = f"{location.builder} files {', '.join(location.files[:3])}"
+        what = 'local files make one split, "train"'
+    else:
+        subject, what = name, f"its splits are {', '.join(location.splits)}"
+    return [f"hf_dataset_splits: no split {', '.join(map(repr, missing))} in {subject}: {what}"]
+
+
 def _nanoset_problems(dataset: NanosetDatasetsArgs) -> list[str]:
-    problems = []
-    for folder in dataset.folders:
-        if not os.path.exists(folder):
-            problems.append(f"dataset_folder: {folder} does not exist")
-        elif not os.path.isdir(folder):
-            problems.append(f"dataset_folder: {folder} is not a folder")
-        elif not glob.glob(os.path.join(glob.escape(folder), "*.ds")):
-            problems.append(f"dataset_folder: {folder} holds no token files (*.ds); write them with bin/prepare")
+    problems = [f"dataset_folder: {problem}" for folder in dataset.folders
+                if (problem := token_folder_problem(folder)) is not None]
     if len(set(map(os.path.abspath, dataset.folders))) != len(dataset.folders):
         problems.append("dataset_folder: a folder is named twice")
     weights = dataset.dataset_weights
@@ -492,6 +505,9 @@ def evaluation_problems(config: Config) -> list[str]:
             if dataset.held_out_samples is not None:
                 problems.append(f"{label}.dataset.held_out_samples: an eval set reads all of its dataset; to evaluate "
                                 "a stage's reserved samples, use held_out_of = the stage's name")
+            if isinstance(getattr(dataset, "hf_dataset_splits", None), list):
+                problems.append(f"{label}.dataset.hf_dataset_splits: an eval set reads one split; name it "
+                                '(e.g. hf_dataset_splits = "validation")')
         if entry.metric == "exact_match" and not dataset.is_sft:
             problems.append(f'{label}.metric = "exact_match" needs prompt/completion data (prompt_column_name and '
                             "completion_column_name): it compares the greedy answer to the completion")
@@ -509,3 +525,27 @@ def unreached_stages(config: Config) -> list[str]:
     """Names of stages that start after train_steps: legal (a short trial of a long schedule), but worth a warning."""
     schedule = Schedule.from_config(config)
     return [s.name for i, s in enumerate(schedule.stages) if not stage_steps(schedule, i)]
+
+
+def untrained_splits(config: Config) -> list[str]:
+    """One line for each stage whose hf_dataset_splits lists splits it does not train on (a list trains on
+    "train", as in nanotron), naming the eval sets that read them, if any."""
+    lines = []
+    for stage in config.data_stages:
+        dataset = stage.data.dataset
+        if isinstance(dataset, NanosetDatasetsArgs) or not dataset.untrained_splits:
+            continue
+        parts = []
+        for split in dataset.untrained_splits:
+            readers = [entry.name for entry in (config.evaluation.datasets if config.evaluation else ())
+                       if isinstance(entry.dataset, DatasetArgs) and _same_data(entry.dataset, dataset)
+                       and entry.dataset.hf_dataset_splits == split]
+            parts.append(f'"{split}"' + (f" (eval set {', '.join(readers)})" if readers else " (not evaluated either)"))
+        lines.append(f'stage "{stage.name}": hf_dataset_splits = {list(dataset.listed_splits)!r} trains on '
+                     f'"{dataset.train_split}" only, as nanotron does; not trained on: {", ".join(parts)}')
+    return lines
+
+
+def _same_data(a: DatasetArgs, b: DatasetArgs) -> bool:
+    return (a.hf_dataset_or_datasets, a.hf_data_files, a.hf_dataset_config_name) == \
+        (b.hf_dataset_or_datasets, b.hf_data_files, b.hf_dataset_config_name)

@@ -16,9 +16,9 @@ import cattrs
 from attrs import Factory, field, frozen
 from attrs.validators import ge, gt, instance_of, le, lt, optional
 
+from nanoflow.config.locations import BUILDERS
 from nanoflow.errors import NanoflowError
 
-BUILDERS = ("text", "json", "csv", "parquet", "arrow")   # HF datasets builders over local files
 
 
 class ConfigError(NanoflowError, ValueError):
@@ -181,7 +181,9 @@ class DatasetArgs:
     hf_dataset_or_datasets: Union[str, dict[str, float]]
     hf_data_files: Union[str, list[str], None] = None
     hf_dataset_config_name: Union[str, None] = None
-    hf_dataset_splits: Union[str, list[str]] = "train"   # a list is read as the splits concatenated
+    # One split to train on, or nanotron's list: the listed splits are loaded and "train" is trained on
+    # (run_train.py: get_datasets(...)["train"]); the others are there to evaluate on.
+    hf_dataset_splits: Union[str, list[str]] = "train"
     text_column_name: str = "text"
     prompt_column_name: Union[str, None] = None       # with completion_column_name: an SFT stage
     completion_column_name: Union[str, None] = None
@@ -200,6 +202,21 @@ class DatasetArgs:
     @property
     def columns(self) -> tuple[str, ...]:
         return (self.prompt_column_name, self.completion_column_name) if self.is_sft else (self.text_column_name,)
+
+    @property
+    def listed_splits(self) -> tuple[str, ...]:
+        splits = self.hf_dataset_splits
+        return (splits,) if isinstance(splits, str) else tuple(splits)
+
+    @property
+    def train_split(self) -> str:
+        """The split training reads: the one named, or "train" of a list (as in nanotron)."""
+        return self.hf_dataset_splits if isinstance(self.hf_dataset_splits, str) else "train"
+
+    @property
+    def untrained_splits(self) -> tuple[str, ...]:
+        """The listed splits training does not read."""
+        return tuple(split for split in self.listed_splits if split != self.train_split)
 
     def weighted_names(self) -> tuple[tuple[str, float], ...]:
         """(name, weight) of each source: a plain name is one source of weight 1."""

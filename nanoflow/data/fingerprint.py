@@ -66,11 +66,11 @@ def _token_folder(folder: str, weight) -> dict:
 
 def _hf_source(spec, stage_name: str) -> dict:
     dataset = spec.dataset
-    entry = {"weight": spec.weight, "columns": list(dataset.columns), "splits": list(spec.splits),
+    entry = {"weight": spec.weight, "columns": list(dataset.columns), "splits": [spec.split],   # the split trained on
              "config_name": dataset.hf_dataset_config_name}
     if spec.builder is not None:
         entry["builder"], entry["files"] = spec.builder, _files(spec.files)
-    elif os.path.isdir(spec.name):
+    elif spec.kind == "saved":
         entry["files"] = _files(os.path.join(d, f) for d, _, fs in os.walk(spec.name) for f in fs)
     else:   # a hub dataset: `datasets`' own fingerprint of the rows (from its cache when offline)
         entry["hub"] = load_rows(spec, stage_name)._fingerprint

@@ -4,6 +4,7 @@ in without tokenizing again."""
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import json
@@ -13,7 +14,8 @@ from concurrent.futures import ProcessPoolExecutor
 import attrs
 import numpy as np
 
-from nanoflow.config import BUILDERS, DatasetArgs, matching_files
+from nanoflow.config import DatasetArgs, locate_source
+from nanoflow.config.locations import builder_for, expand_data_files  # noqa: F401 - also this module's API
 from nanoflow.data.tokenizer import Tokenizer, load_tokenizer
 from nanoflow.data.tokens import (
     DataInputError,
@@ -23,20 +25,6 @@ from nanoflow.io.store import write_atomically
 
 _ROWS_PER_BATCH = 1024  # rows tokenized together: large enough for the tokenizers' batching, small in memory
 _CACHE_VERSION = "nanoflow-tokens-1"
-EXTENSION_BUILDERS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet", ".arrow": "arrow"}
-
-
-def expand_data_files(patterns: str | list[str] | None) -> list[str]:
-    """Every file matched by the patterns (`**` allowed), sorted and de-duplicated so the order is fixed."""
-    if patterns is None:
-        return []
-    patterns = [patterns] if isinstance(patterns, str) else patterns
-    return sorted({path for pattern in patterns for path in matching_files(pattern)})
-
-
-def builder_for(path: str) -> str:
-    """The `datasets` builder that reads a local file, by its extension; anything else is text."""
-    return EXTENSION_BUILDERS.get(os.path.splitext(path)[1].lower(), "text")
 
 
 def _shown(files: list[str] | tuple[str, ...]) -> str:
@@ -53,6 +41,8 @@ class HFSpec:
     dataset: DatasetArgs          # splits, config name, columns, processing options
     key: str                      # what identifies the source across stages (DatasetArgs.source_key)
     weight: float
+    kind: str = "hub"             # "files", "saved" or "hub": config.Location.kind
+    problems: tuple[str, ...] = ()   # why it cannot be read (gone since the check before the run): said on loading
 
     @property
     def label(self) -> str:
@@ -61,29 +51,19 @@ class HFSpec:
         return f"dataset {self.name}"
 
     @property
-    def splits(self) -> tuple[str, ...]:
-        splits = self.dataset.hf_dataset_splits
-        return (splits,) if isinstance(splits, str) else tuple(splits)
+    def split(self) -> str:
+        """The split training reads (DatasetArgs.train_split)."""
+        return self.dataset.train_split
 
 
 def hf_specs(dataset: DatasetArgs) -> list[HFSpec]:
-    """The HF datasets a stage names: one, or each entry of a {name = weight} table."""
+    """The HF datasets a stage names: one, or each entry of a {name = weight} table, each where
+    `config.locate_source` finds it (the definition the check before the run uses)."""
     specs = []
     for name, weight in dataset.weighted_names():
-        key = dataset.source_key(name)
-        if isinstance(dataset.hf_dataset_or_datasets, str):
-            files = tuple(expand_data_files(dataset.hf_data_files))
-            builder = name if name in BUILDERS else None
-        elif os.path.isdir(name):
-            files, builder = (), None
-        else:   # a table entry: a local path or glob, its builder from the extension; else a hub name
-            files = tuple(expand_data_files(name))
-            builders = {builder_for(f) for f in files}
-            if len(builders) > 1:
-                raise DataInputError(f"{name} matches files of several kinds ({', '.join(sorted(builders))}); "
-                                 "give each kind its own entry")
-            builder = builders.pop() if builders else None
-        specs.append(HFSpec(name, builder, files, dataset, key, weight))
+        location = locate_source(dataset, name)
+        specs.append(HFSpec(name, location.builder, location.files, dataset, dataset.source_key(name), weight,
+                            location.kind, tuple(location.messages())))
     return specs
 
 
@@ -118,13 +98,15 @@ def _load_rows(spec: HFSpec, stage_name: str, cache_dir: str | None = None):
     `Dataset.save_to_disk` is loaded as is; any other name is tried on the hub (which `datasets`
     skips when HF_DATASETS_OFFLINE=1, answering from its cache). `datasets` caches what it builds
     under `cache_dir` (default: $HF_DATASETS_CACHE, ~/.cache/huggingface/datasets), keyed on the
-    files' paths and modification times, so an edited file is read again. Several splits are read
-    one after the other.
+    files' paths and modification times, so an edited file is read again. One split is read: the one
+    training reads (DatasetArgs.train_split).
     """
     import datasets
 
     dataset, where = spec.dataset, describe(stage_name, spec)
-    options = dict(split="+".join(spec.splits), cache_dir=cache_dir)
+    if spec.problems:
+        raise DataInputError(f"{where}: " + "; ".join(spec.problems))
+    options = dict(split=spec.split, cache_dir=cache_dir)
     if dataset.hf_dataset_config_name is not None:
         options["name"] = dataset.hf_dataset_config_name
     if dataset.dataset_overwrite_cache:
@@ -133,37 +115,49 @@ def _load_rows(spec: HFSpec, stage_name: str, cache_dir: str | None = None):
         options["num_proc"] = dataset.dataset_processing_num_proc_per_process
 
     if spec.builder is not None:
-        if not spec.files:
-            patterns = dataset.hf_data_files if isinstance(dataset.hf_dataset_or_datasets, str) else spec.name
-            raise DataInputError(f"{where}: hf_data_files {patterns!r} matches no file (any more: the check before "
-                                 "the run found some)")
         if spec.builder == "text":
             options["sample_by"] = "document"
         try:
             return datasets.load_dataset(spec.builder, data_files=list(spec.files), **options)
         except Exception as e:  # noqa: BLE001 - `datasets` raises many kinds here; name the file and line instead
             problem = next(filter(None, (file_problem(path, spec.builder) for path in spec.files)), None)
+            full = None if problem else _disk_error(e)
+            if full is not None:   # the files are fine: it is `datasets`' own cache that cannot be written
+                cache = cache_dir or str(datasets.config.HF_DATASETS_CACHE)
+                raise DataInputError(
+                    f"{where}: `datasets` cannot write its cache under {cache} ({full.strerror or full}"
+                    + (f": {full.filename}" if full.filename else "") + "); the data files are fine: free space "
+                    "there, or set HF_DATASETS_CACHE to a folder with room") from None
             raise DataInputError(f"{where}: " + (problem or f"the files cannot be read: {type(e).__name__}: {e}")) \
                 from None
-    if os.path.isdir(spec.name):
+    if spec.kind == "saved":
         rows = datasets.load_from_disk(spec.name)
         if isinstance(rows, datasets.DatasetDict):
-            missing = [split for split in spec.splits if split not in rows]
-            if missing:
-                raise DataInputError(f'{where}: no split "{missing[0]}" in {spec.name} (splits: {", ".join(rows)})')
-            rows = datasets.concatenate_datasets([rows[split] for split in spec.splits]) if len(spec.splits) > 1 \
-                else rows[spec.splits[0]]
+            if spec.split not in rows:
+                raise DataInputError(f'{where}: no split "{spec.split}" in {spec.name} (splits: {", ".join(rows)})')
+            rows = rows[spec.split]
         return rows
-    if os.path.isabs(spec.name):  # a path (config loading made it absolute): never minutes of hub retries for it
-        raise DataInputError(f"{where}: {spec.name} does not exist (a local path, so not tried on the hub)")
-    if isinstance(dataset.hf_dataset_or_datasets, str) and dataset.hf_data_files is not None and not spec.files:
-        raise DataInputError(f"{where}: hf_data_files {dataset.hf_data_files!r} matches no file")
-    try:
+    try:   # a hub id (config.locate_source: a local path never gets here, so never minutes of hub retries)
         return datasets.load_dataset(spec.name, data_files=list(spec.files) or None, **options)
     except (FileNotFoundError, ConnectionError, OSError, ValueError) as e:
         offline = " (HF_DATASETS_OFFLINE is set: only datasets already in the cache can load)" \
             if os.environ.get("HF_DATASETS_OFFLINE", "0") not in ("", "0") else ""
         raise DataInputError(f"{where}: cannot load {spec.name!r} from the hub or a local path{offline}: {e}") from None
+
+
+# A write that failed for want of room or permission, not because of what was written.
+_DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG)
+
+
+def _disk_error(error: BaseException) -> OSError | None:
+    """The OSError of a full (or read-only) disk behind `error`, which `datasets` wraps in its own exceptions."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, OSError) and error.errno in _DISK_ERRNOS:
+            return error
+        error = error.__cause__ or error.__context__
+    return None
 
 
 def file_problem(path: str, builder: str) -> str | None:
@@ -311,7 +305,7 @@ def _data_fingerprint(spec: HFSpec, rows_loader) -> list:
     dataset's own fingerprint (which needs the rows, so they are loaded first)."""
     if spec.builder is not None:
         return ["files", spec.builder, _file_stats(spec.files)]
-    if os.path.isdir(spec.name):
+    if spec.kind == "saved":
         found = sorted(os.path.join(d, f) for d, _, fs in os.walk(spec.name) for f in fs)
         return ["saved", _file_stats(found)]
     return ["hub", spec.name, rows_loader()._fingerprint]
@@ -347,7 +341,7 @@ def tokenized_array(spec: HFSpec, kind: str, tokenizer: Tokenizer, sequence_leng
 
     dataset = spec.dataset
     columns = dataset.columns
-    material = [_CACHE_VERSION, kind, spec.name, list(spec.splits), dataset.hf_dataset_config_name, list(columns),
+    material = [_CACHE_VERSION, kind, spec.name, [spec.split], dataset.hf_dataset_config_name, list(columns),
                 sequence_length if kind == "sft" else None, tokenizer_fingerprint(tokenizer), tokenizer.eos_id,
                 _data_fingerprint(spec, load)]
     key = hashlib.sha256(json.dumps(material).encode()).hexdigest()[:32]
@@ -360,9 +354,16 @@ def tokenized_array(spec: HFSpec, kind: str, tokenizer: Tokenizer, sequence_leng
             pass
     array = tokenize_rows(load(), kind, columns, tokenizer, sequence_length, where,
                           dataset.dataset_processing_num_proc_per_process)
-    os.makedirs(root, exist_ok=True)
     encoded = io.BytesIO()
     np.save(encoded, array)
-    write_atomically(path, encoded.getbuffer())  # concurrent runs and kills never leave a partial cache file
+    try:
+        os.makedirs(root, exist_ok=True)
+        write_atomically(path, encoded.getbuffer())  # concurrent runs and kills never leave a partial cache file
+    except OSError as e:   # a full disk, or a file where the cache folder goes: nothing was left behind
+        raise DataInputError(
+            f"{where}: cannot write the token cache {path}: {e.strerror or e}"
+            + (f" ({e.filename})" if e.filename and e.filename != path else "")
+            + f"; the tokens need {encoded.getbuffer().nbytes:,} bytes there: free space, remove what is in the "
+            "way, or point HF_DATASETS_CACHE (the cache's parent) to a writable folder with room") from None
     del array
     return np.load(path, mmap_mode="r")

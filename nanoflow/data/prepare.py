@@ -32,6 +32,7 @@ from nanoflow.data.hf_datasets import (
     tokenizer_fingerprint,
 )
 from nanoflow.config import TokenizerArgs
+from nanoflow.config.locations import saved_folder
 from nanoflow.data.tokenizer import Tokenizer, load_tokenizer
 from nanoflow.data.tokens import (
     MANIFEST,
@@ -47,7 +48,6 @@ from nanoflow.io.store import write_atomically
 
 FORMAT = "nanoflow-prepare-1"
 DOCS_PER_SHARD = 50_000
-_SAVED_DATASET_MARKERS = ("dataset_info.json", "state.json", "dataset_dict.json")
 
 
 class PrepareError(NanoflowError, ValueError):
@@ -100,7 +100,7 @@ def load_inputs(inputs: list[str], text_column: str = "text", cache_dir: str | N
                 continue
             flush()
             if os.path.isdir(name):
-                if not any(os.path.exists(os.path.join(name, m)) for m in _SAVED_DATASET_MARKERS):
+                if saved_folder(name).problems:   # what a stage's check before the run asks of a folder too
                     raise PrepareError(f"{name}: a folder, but not one saved with Dataset.save_to_disk; "
                                        "pass the files in it instead (e.g. folder/*.txt)")
                 rows = datasets.load_from_disk(name)

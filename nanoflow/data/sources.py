@@ -183,11 +183,12 @@ def reserve(source, held_out: int | None, tail: bool, where: str):
     """The part of `source` training reads (the head) or evaluation reads (`tail`: the last `held_out` samples)."""
     if not held_out:
         return source
-    if held_out >= len(source):
+    samples = len(source)   # before closing: a closed source has no length
+    if held_out >= samples:
         source.close()
         raise DataInputError(f"{where}: held_out_samples = {held_out} leaves nothing to train on: the source has "
-                             f"{len(source)} samples")
-    cut = len(source) - held_out
+                             f"{samples} samples")
+    cut = samples - held_out
     return SampleRange(source, cut, len(source)) if tail else SampleRange(source, 0, cut)
 
 

@@ -30,10 +30,11 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from nanoflow.config import ConfigError
+from nanoflow.config import ConfigError, token_folder_problem
+from nanoflow.config.locations import TOKEN_SUFFIX
 from nanoflow.io.store import write_atomically
 
-SUFFIX = ".ds"
+SUFFIX = TOKEN_SUFFIX
 MANIFEST = "prepare.json"   # what bin/prepare records beside the token files it writes (data/prepare.py)
 
 
@@ -223,12 +224,10 @@ class TokenFolder:
 
     def __init__(self, folder: str | os.PathLike, where: str = "the token folder"):
         self.folder = os.fspath(folder)
-        if not os.path.isdir(self.folder):
-            raise TokenFolderError(f"{where}: {self.folder} " + ("is not a folder" if os.path.exists(self.folder)
-                                                                 else "does not exist"))
+        problem = token_folder_problem(self.folder)   # what the check before the run asks too
+        if problem is not None:
+            raise TokenFolderError(f"{where}: {problem}")
         paths = sorted(glob.glob(os.path.join(glob.escape(self.folder), "*" + SUFFIX)))
-        if not paths:
-            raise TokenFolderError(f"{where}: {self.folder} holds no token files (*{SUFFIX}); write them with bin/prepare")
         try:
             self.files = [TokenFile(p) for p in paths]
         except TokenFolderError as e:
