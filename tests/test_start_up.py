@@ -55,3 +55,15 @@ def test_a_config_path_that_is_no_config_file_is_one_line_and_exit_2(tmp_path, c
     assert err.startswith(f"error: {path}: ") and expected in err, err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["config.toml"]   # nothing written beside it
+
+
+@pytest.mark.parametrize("key, value", [("model.hidden_size", 1048576), ("model.num_hidden_layers", 100000000)])
+def test_an_impossible_model_size_is_refused_before_building_with_both_numbers(tmp_path, capsys, key, value):
+    from nanoflow import cli
+    from helpers import TINY
+    folder = tmp_path / "run"
+    status = cli.train_main([str(TINY), "--set", f"{key}={value}", "--set", f"checkpoints.checkpoints_path={folder}"])
+    err = capsys.readouterr().err
+    assert status == 2, err
+    assert "parameters" in err and "bytes" in err and "this machine has" in err and f"{key.split('.')[1]} = {value}" in err, err
+    assert "Traceback" not in err and not folder.exists(), err
