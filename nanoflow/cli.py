@@ -325,34 +325,30 @@ def _convert_nanotron_config(args: argparse.Namespace) -> int:
 # The console scripts ([project.scripts] in pyproject.toml: nanoflow-train, …) and what bin/* run.
 # Each ends the process with its front end's exit status, through exit_process (see above).
 
-def _command(main: Callable[[], int]) -> None:
-    signals.install_start_up_handlers()  # before torch is imported: its seconds are start-up too
-    exit_process(main())
-
-
 def train_command() -> None:
-    _command(train_main)
+    signals.install_start_up_handlers()  # before torch is imported: its seconds are start-up too
+    exit_process(train_main())
 
 
 def verify_resume_command() -> None:
-    _command(verify_resume_main)
+    exit_process(verify_resume_main())
 
 
 def prepare_command() -> None:
-    _command(prepare_main)
+    exit_process(prepare_main())
 
 
 def export_command() -> None:
-    _command(export_main)
+    exit_process(export_main())
 
 
 def report_command() -> None:
-    _command(report_main)
+    exit_process(report_main())
 
 
 def eval_command() -> None:
-    _command(eval_main)
+    exit_process(eval_main())
 
 
 def convert_nanotron_config_command() -> None:
-    _command(convert_nanotron_config_main)
+    exit_process(convert_nanotron_config_main())

@@ -364,6 +364,30 @@ def test_a_signal_stop_after_saving_exits_75(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGUSR1])
+def test_a_signal_just_after_done_leaves_a_finished_run_at_exit_0(tmp_path, signum):
+    folder = tmp_path / "run"
+    process = subprocess.Popen([sys.executable, "bin/train", TINY, *run_arg(folder)], cwd=REPO, text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                               preexec_fn=with_dispositions())
+    try:
+        for line in process.stdout:
+            if line.startswith("done:"):
+                break
+        process.send_signal(signum)   # twice: a second Ctrl-C would be an interrupt, were the run not finished
+        process.send_signal(signum)
+        stdout, stderr = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    assert line.startswith("done: 12 steps"), line
+    assert process.returncode == 0, stderr
+    assert "Traceback" not in stderr and "interrupted" not in stderr, stderr
+    assert committed_step(folder) == 12
+
+
+@pytest.mark.slow
 def test_a_finished_run_exits_0_and_a_rerun_says_only_nothing_to_do(tmp_path):
     folder = tmp_path / "run"
     finished = run("bin/train", TINY, *run_arg(folder))
