@@ -67,3 +67,26 @@ def test_an_impossible_model_size_is_refused_before_building_with_both_numbers(t
     assert status == 2, err
     assert "parameters" in err and "bytes" in err and "this machine has" in err and f"{key.split('.')[1]} = {value}" in err, err
     assert "Traceback" not in err and not folder.exists(), err
+
+
+_CTRL_C_WHILE_IMPORTING = """
+import runpy, sys
+
+class CtrlC:  # a Ctrl-C that lands while bin/train imports nanoflow.cli
+    def find_spec(self, name, path=None, target=None):
+        if name == "nanoflow.cli":
+            raise KeyboardInterrupt
+sys.meta_path.insert(0, CtrlC())
+sys.argv = ["bin/train", "schedules/tiny.toml"]
+runpy.run_path("bin/train", run_name="__main__")
+"""
+
+
+@pytest.mark.parametrize("command", ["train", "eval", "export", "prepare", "report", "verify-resume",
+                                     "convert-nanotron-config"])
+def test_ctrl_c_while_bin_imports_is_one_line_and_130(command):
+    script = _CTRL_C_WHILE_IMPORTING.replace("bin/train", f"bin/{command}")
+    result = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=30)
+    assert result.returncode == 130, result.stderr
+    assert result.stderr.strip().splitlines() == ["interrupted: stopped at once, without saving; the last committed "
+                                                  "checkpoint (if any) is untouched"], result.stderr
