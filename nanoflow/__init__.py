@@ -8,13 +8,28 @@
     checkpointer.save(state)
 """
 
+import importlib
+
 from nanoflow.version import __version__
-from nanoflow.build import init_state, stage_data
-from nanoflow.checkpointer import Checkpointer
-from nanoflow.config import ConfigError, load_config
-from nanoflow.schedule import Schedule, Stage
-from nanoflow.state import StaleStateError, TrainState
-from nanoflow.step import train_step
+
+# Each public name is imported when first used (PEP 562), not with the package: `import nanoflow.cli` or
+# nanoflow.config must not import torch, so that bin/train reports a bad config before torch's seconds.
+_HOMES = {"init_state": "nanoflow.build", "stage_data": "nanoflow.build", "Checkpointer": "nanoflow.checkpointer",
+          "ConfigError": "nanoflow.config", "load_config": "nanoflow.config", "Schedule": "nanoflow.schedule",
+          "Stage": "nanoflow.schedule", "StaleStateError": "nanoflow.state", "TrainState": "nanoflow.state",
+          "train_step": "nanoflow.step"}
 
 __all__ = ["Checkpointer", "ConfigError", "Schedule", "Stage", "StaleStateError", "TrainState", "__version__",
            "init_state", "load_config", "stage_data", "train_step"]
+
+
+def __getattr__(name: str):
+    if name not in _HOMES:
+        raise AttributeError(f"module 'nanoflow' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_HOMES[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

@@ -59,6 +59,14 @@ class HostCopy:
         return buffer
 
 
+_running: set[threading.Thread] = set()
+
+
+def writing() -> bool:
+    """Whether a BackgroundWork thread is still running in this process."""
+    return any(thread.is_alive() for thread in _running)
+
+
 class BackgroundWork:
     """work() on a thread of its own, started at once; wait() returns what it returned or raises what it raised.
 
@@ -69,6 +77,7 @@ class BackgroundWork:
     def __init__(self, work, name: str):
         self._result, self._error = None, None
         self._thread = threading.Thread(target=self._run, args=(work,), name=name, daemon=True)
+        _running.add(self._thread)
         self._thread.start()
 
     def _run(self, work) -> None:
@@ -76,6 +85,8 @@ class BackgroundWork:
             self._result = work()
         except BaseException as e:  # noqa: BLE001 - handed to whoever waits, on the main thread
             self._error = e
+        finally:
+            _running.discard(threading.current_thread())
 
     @property
     def done(self) -> bool:

@@ -9,9 +9,10 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-from nanoflow import console
+from nanoflow import console, signals
 from nanoflow.config import ConfigError, load_config
-from nanoflow.errors import EXIT_BAD_INPUT, EXIT_BUG, EXIT_DONE, EXIT_INTERRUPTED, EXIT_STOPPED, NanoflowError
+from nanoflow.errors import (EXIT_BAD_INPUT, EXIT_BUG, EXIT_DONE, EXIT_INTERRUPTED, EXIT_STOPPED, INTERRUPTED,
+                             NanoflowError)
 
 # What a command says as it works (and its closing summary line) is a message, through logging; what a command
 # is asked to produce — the --plan table, bin/report's table, the converted TOML — is printed, for piping.
@@ -19,7 +20,17 @@ log = logging.getLogger(__name__)
 
 
 def exit_process(code: int) -> None:
-    """sys.exit(code); in a torchrun worker, nanoflow.parallel.exit_process (which skips a teardown that can abort)."""
+    """sys.exit(code); in a torchrun worker, nanoflow.parallel.exit_process (which skips a teardown that can abort).
+
+    While a background checkpoint write is still running (a second Ctrl-C cut it), the interpreter's teardown
+    is skipped too: the write's daemon thread, stopped there in the middle of torch's C++ code, can abort the
+    process ("terminate called without an active exception", status 134). Nothing of that write is committed
+    (the commit is the main thread's), and the next commit clears its temporaries."""
+    async_save = sys.modules.get("nanoflow.async_save")
+    if async_save is not None and async_save.writing():
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
     parallel = sys.modules.get("nanoflow.parallel")  # never imported for --plan or a config error: nothing to skip
     if parallel is not None:
         parallel.exit_process(code)
@@ -40,9 +51,12 @@ def guarded(work: Callable[[], int], where: str | None = None) -> int:
         print(f"error: {message}", file=sys.stderr)
         return e.exit_status
     except KeyboardInterrupt:  # at start-up, or a second Ctrl-C in training: a save it cuts never commits
-        print("interrupted: stopped at once, without saving; the last committed checkpoint (if any) is untouched",
-              file=sys.stderr)
+        print(INTERRUPTED, file=sys.stderr)
         return EXIT_INTERRUPTED
+    except signals.StoppedAtStartUp as e:  # SIGTERM / SIGUSR1 before the first step: nothing to save, requeue
+        print(f"stopped by {e.name} during start-up, before any step was trained: nothing to save; the last "
+              "committed checkpoint (if any) is untouched; run the same command again to resume", file=sys.stderr)
+        return EXIT_STOPPED
 
 
 def train_main(argv: list[str] | None = None) -> int:
@@ -106,7 +120,10 @@ def _train(args: argparse.Namespace) -> int:
     # Short of the step asked for only when a signal stopped it (after saving): requeue, rerun to resume. A stop
     # at --until-step is what was asked for: 0.
     goal = state.schedule.train_steps if args.until_step is None else args.until_step
-    return EXIT_DONE if state.step >= goal else EXIT_STOPPED
+    if state.step >= goal:
+        signals.ignore_from_now()  # finished, its last checkpoint committed: 0, whatever signal comes now
+        return EXIT_DONE
+    return EXIT_STOPPED
 
 
 class PlotError(NanoflowError):
@@ -309,6 +326,7 @@ def _convert_nanotron_config(args: argparse.Namespace) -> int:
 # Each ends the process with its front end's exit status, through exit_process (see above).
 
 def train_command() -> None:
+    signals.install_start_up_handlers()  # before torch is imported: its seconds are start-up too
     exit_process(train_main())
 
 

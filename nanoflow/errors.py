@@ -13,6 +13,15 @@ EXIT_STORAGE = 4        # storage failed mid-run: what was committed before stan
 EXIT_STOPPED = 75       # stopped by a signal after saving (sysexits' EX_TEMPFAIL): requeue, rerun to resume
 EXIT_INTERRUPTED = 130  # a second Ctrl-C: stopped at once without saving (the shell's 128 + SIGINT)
 
+INTERRUPTED = "interrupted: stopped at once, without saving; the last committed checkpoint (if any) is untouched"
+
+
+def exit_interrupted() -> None:
+    """Ctrl-C while bin/* imports nanoflow.cli: the one line and the status of a Ctrl-C at any later moment."""
+    import sys
+    print(INTERRUPTED, file=sys.stderr)
+    raise SystemExit(EXIT_INTERRUPTED)
+
 
 class NanoflowError(Exception):
     """A problem the user can act on; the message names the file, the stage, the key or the path."""

@@ -26,6 +26,7 @@ from nanoflow.preflight import preflight
 from nanoflow.progress import Progress
 from nanoflow.schedule import active_stage, stage_steps
 from nanoflow.shards import state_bytes
+from nanoflow import signals
 from nanoflow.signals import StopRequest
 from nanoflow.state import TrainState
 from nanoflow.step import train_step
@@ -109,6 +110,8 @@ def _train(config: Config, checkpointer: Checkpointer, *, fresh: bool, until_ste
                 checkpointer.poll()  # commits a background save (async_save) once every rank has written it
                 if checkpointer.should_save(step, stopping):  # the last save waits for its commit
                     checkpointer.save(state, last=bool(stopping) or step == schedule.train_steps)
+                    if step == schedule.train_steps or (until_step is not None and step >= until_step):
+                        signals.mark_finished()  # committed: a signal from now on changes nothing (exit 0)
                 if stopping and until_step is not None and step >= until_step:
                     log.info(f"stopped after step {step} of {schedule.train_steps} as asked (until_step = "
                              f"{until_step}), schedule unchanged; run again without it, or with a later one, "

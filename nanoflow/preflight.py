@@ -9,11 +9,17 @@ before the run folder is locked, data is tokenized or a weight is read. (The pro
 
 from __future__ import annotations
 
+import os
+
 import attrs
 
 from nanoflow.config import Config, ConfigError, hf_config_mismatches
 from nanoflow.data.tokenizer import Tokenizer, load_run_tokenizer
+from nanoflow.flops import matmul_parameters
 from nanoflow.io.hf import CONFIG, HFFormatError, HFWeights, is_hf_folder, read_hf_config
+
+# float32 weights, their gradients and AdamW's two moments: the least a training rank holds per parameter
+BYTES_PER_PARAMETER = 16
 
 
 @attrs.frozen
@@ -26,6 +32,7 @@ class Checked:
 
 def preflight(config: Config) -> Checked:
     """Every check that needs more than the config file; raises the NanoflowError of the first that fails."""
+    check_model_size(config)  # first: the typo of a size is what to fix, whatever else is wrong
     tokenizer = load_run_tokenizer(config)
     check_init_from(config)
     return Checked(config, tokenizer)
@@ -80,3 +87,34 @@ def _weight_problems(config: Config, entries: dict[str, dict]) -> list[str]:
     problems += [f"{name} is stored as {entry['dtype']}, not a floating-point type ({', '.join(FLOAT_DTYPES)})"
                  for name, entry in sorted(entries.items()) if entry["dtype"] not in FLOAT_DTYPES]
     return problems
+
+
+def parameter_count(model) -> int:
+    """Every parameter of the [model] config's Llama: the matmul weights, the input embedding unless tied, the norms."""
+    embedding = 0 if model.tie_word_embeddings else model.vocab_size * model.hidden_size
+    norms = (2 * model.num_hidden_layers + 1) * model.hidden_size
+    return matmul_parameters(model) + embedding + norms
+
+
+def check_model_size(config: Config) -> None:
+    """Refuse a model whose training state cannot fit in this machine's memory even sharded over every rank
+    (a size mistyped by a few digits): said before anything is built, rather than an allocator traceback or
+    a build that runs until it is killed. The bound is the host's memory; a GPU's smaller one is torch's to find."""
+    model, parallelism = config.model, config.parallelism
+    parameters = parameter_count(model)
+    needed = BYTES_PER_PARAMETER * parameters // (parallelism.dp * parallelism.tp)
+    available = _host_memory()
+    if available is None or needed <= available:
+        return
+    raise ConfigError(f"model: {parameters:,} parameters (hidden_size = {model.hidden_size}, num_hidden_layers = "
+                      f"{model.num_hidden_layers}, intermediate_size = {model.intermediate_size}, vocab_size = "
+                      f"{model.vocab_size}) need {needed:,} bytes ({needed / 2**30:,.0f} GiB) per rank for the "
+                      f"float32 weights, gradients and AdamW moments; this machine has {available:,} bytes "
+                      f"({available / 2**30:,.0f} GiB) of memory: a size mistyped?")
+
+
+def _host_memory() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # not on every platform: then no check
+        return None

@@ -1,16 +1,72 @@
 """Stopping on request: Ctrl-C, SIGTERM (a scheduler's preemption) or SIGUSR1 ask the loop to stop after the
 current step and save; a second Ctrl-C stops at once. Its own module because it is neither display
-(progress.py) nor the loop's order of work: it owns the signal handlers and the ranks' agreement."""
+(progress.py) nor the loop's order of work: it owns the signal handlers and the ranks' agreement.
+
+The rule for the whole process (docs/resume.md, "Signals"):
+- during start-up (imports, config, data, restore: before the loop) Ctrl-C stops at once (130), SIGTERM
+  and SIGUSR1 too, with 75: nothing was trained since the last committed checkpoint, so requeue;
+- in the loop, the first signal stops after the current step and saves (75), a second Ctrl-C at once (130);
+- once the last step's checkpoint is committed, nothing stops the run any more: it ends with 0;
+- a signal the process inherited as ignored (SIG_IGN: a background job of a non-interactive shell ignores
+  SIGINT, `nohup` SIGHUP) stays ignored for the whole run: the parent said it is not for this process.
+
+No torch at import: bin/* install the start-up handlers before torch is imported.
+"""
 
 from __future__ import annotations
 
+import os
 import signal
 
-import torch
-
-from nanoflow.parallel import SINGLE, Topology, device
-
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
+
+_finished = False  # the run's last checkpoint is committed: signals change nothing any more
+
+
+class StoppedAtStartUp(BaseException):
+    """SIGTERM or SIGUSR1 before the loop began: stop at once (a BaseException, like KeyboardInterrupt, so
+    that no `except Exception` on the way takes it for an error)."""
+
+    def __init__(self, name: str):
+        super().__init__(name)
+        self.name = name
+
+
+def install_start_up_handlers() -> None:
+    """For a process that runs one command (bin/*): Ctrl-C, SIGTERM and SIGUSR1 stop its start-up at once
+    (KeyboardInterrupt, StoppedAtStartUp), and nothing once the run is finished; a signal inherited as
+    ignored is left ignored. Installed for the process's life: the loop's own handlers sit on top."""
+    global _finished
+    _finished = False
+    pid = os.getpid()
+
+    def at_start_up(signum, _frame):
+        if os.getpid() != pid:  # a forked worker (datasets' map): the signal's usual end, not ours
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        if _finished:
+            return
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        raise StoppedAtStartUp(signal.Signals(signum).name)
+
+    for s in STOP_SIGNALS:
+        if signal.getsignal(s) != signal.SIG_IGN:
+            signal.signal(s, at_start_up)
+
+
+def mark_finished() -> None:
+    """The run's last checkpoint is committed (or its --until-step one): from now on no stop signal stops it."""
+    global _finished
+    _finished = True
+
+
+def ignore_from_now() -> None:
+    """For a process whose run is finished: ignore every stop signal until it exits (its teardown included)."""
+    mark_finished()
+    for s in STOP_SIGNALS:
+        signal.signal(s, signal.SIG_IGN)
 
 
 class StopRequest:
@@ -18,28 +74,38 @@ class StopRequest:
     tiny all-reduce) and all stop, and save, after the same one.
     """
 
-    def __init__(self, topology: Topology = SINGLE):
+    def __init__(self, topology=None):
+        from nanoflow.parallel import SINGLE
         self.requested: str | None = None
-        self.topology = topology
+        self.topology = SINGLE if topology is None else topology
 
     def agreed(self) -> str | None:
         if self.topology.mesh is None:
             return self.requested
+        import torch
+
+        from nanoflow.parallel import device
         flag = torch.tensor([1.0 if self.requested else 0.0], device=device())
         torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
         return (self.requested or "a signal to another rank") if flag.item() else None
 
     def _handle(self, signum, _frame):
+        if _finished:
+            return
         if self.requested and signum == signal.SIGINT:
             raise KeyboardInterrupt
         self.requested = signal.Signals(signum).name
 
     def installed(self):
+        """The loop's handlers inside the block, for every stop signal not inherited as ignored."""
         stop = self
 
         class _Installed:
             def __enter__(self):
-                self.previous = {s: signal.signal(s, stop._handle) for s in STOP_SIGNALS}
+                global _finished
+                _finished = False
+                self.previous = {s: signal.signal(s, stop._handle) for s in STOP_SIGNALS
+                                 if signal.getsignal(s) != signal.SIG_IGN}
 
             def __exit__(self, *exc):
                 for s, handler in self.previous.items():

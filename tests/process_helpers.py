@@ -2,14 +2,29 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import time
 
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
 
-def signal_when_ready(command: list[str], ready, signum: int, *, cwd, env=None, timeout: float = 60):
-    """Start `command`, poll ready(process) until it is true (the process still running, within `timeout`
-    seconds), send `signum`, and wait for the end: (returncode, stdout, stderr). Never leaves it running."""
-    process = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+def with_dispositions(ignored=()):
+    """A preexec_fn that starts the child with every stop signal at its default disposition but those in
+    `ignored` (SIG_IGN): what a test means to test, not whatever pytest inherited (a background job of a
+    non-interactive shell ignores SIGINT)."""
+    def preexec():
+        for s in STOP_SIGNALS:
+            signal.signal(s, signal.SIG_IGN if s in ignored else signal.SIG_DFL)
+    return preexec
+
+
+def signal_when_ready(command: list[str], ready, signum: int, *, cwd, env=None, timeout: float = 60, ignored=()):
+    """Start `command` (its stop signals at their default disposition, but `ignored`), poll ready(process)
+    until it is true (the process still running, within `timeout` seconds), send `signum`, and wait for the
+    end: (returncode, stdout, stderr). Never leaves it running."""
+    process = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               preexec_fn=with_dispositions(ignored))
     try:
         deadline = time.monotonic() + timeout
         while not ready(process):

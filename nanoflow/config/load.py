@@ -29,16 +29,38 @@ from nanoflow.config.schema import BUILDERS, Config, ConfigError, converter
 def load_config(path: str | os.PathLike, overrides: list[str] = ()) -> Config:
     """Read, override, structure and validate a TOML config. Raises ConfigError."""
     path = Path(path)
-    try:
-        raw = tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: no such config file") from None
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"{path}: not valid TOML: {e}") from None
+    raw = _read_toml(path)
     for override in overrides:
         apply_override(raw, override, path)
     _resolve_paths(raw, path.parent)
     return _structure(raw, str(path))
+
+
+def _read_toml(path: Path) -> dict:
+    """The TOML table in `path`, or a ConfigError saying in one line why the file is not a config file."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such config file") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{path}: is a folder, not a config file (give the .toml file inside it)") from None
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot be read: {e.strerror or e}") from None
+    if b"\0" in data:
+        raise ConfigError(f"{path}: not a text file (it holds NUL bytes): give the run's TOML config") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[:e.start].count(b"\n") + 1
+        raise ConfigError(f"{path}: not UTF-8 (byte {data[e.start]:#04x} on line {line}): TOML files are "
+                          "UTF-8; save it as UTF-8") from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: not valid TOML: {e}") from None
+    except RecursionError:  # tomllib recurses once per level of arrays and inline tables
+        raise ConfigError(f"{path}: not a config: arrays or inline tables nested too deeply for the TOML "
+                          "parser") from None
 
 
 def config_from_dict(raw: dict, where: str, overrides: list[str] = ()) -> Config:
