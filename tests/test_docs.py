@@ -51,11 +51,18 @@ def blocks(page: str) -> list[tuple[str, str, int, bool]]:
     return found
 
 
+def committed_entries() -> set[str]:
+    """The repository's top-level files and folders that git tracks: only those are mirrored, so that what the
+    user made in the checkout (runs/, hf/, an error.txt) is neither read by a page nor written through a link."""
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, text=True, check=True).stdout
+    return {path.split("/", 1)[0] for path in listed.split("\0") if path}
+
+
 def scratch(tmp_path: Path) -> Path:
-    """A folder that looks like the repository: links to its files, a copy of schedules/ (fragments are written there)."""
-    for entry in REPO.iterdir():
-        if entry.name not in NOT_MIRRORED:
-            (tmp_path / entry.name).symlink_to(entry)
+    """A folder that looks like the repository: links to its committed files, a copy of schedules/ (fragments are
+    written there)."""
+    for name in sorted(committed_entries() - NOT_MIRRORED):
+        (tmp_path / name).symlink_to(REPO / name)
     shutil.copytree(REPO / "schedules", tmp_path / "schedules")
     return tmp_path
 
