@@ -41,7 +41,8 @@ def test_a_subprocess_that_touches_the_checkout_is_reported_with_each_path(tmp_p
     seen = {tuple(line.split("\t")[1:]) for line in log.read_text().splitlines()}
     assert seen == {("wrote", "runs/tiny"), ("wrote", "runs/tiny/nanoflow.lock"), ("read", "hf"),
                     ("wrote", "hf/tiny/model.bin")}, seen
-    assert guard.changed(before, guard.walk(str(checkout))) == ["new: hf/tiny/model.bin", "new: runs/tiny/nanoflow.lock"]
+    assert guard.changed(before, guard.walk(str(checkout))) == ["new: hf/tiny/model.bin",
+                                                               "new: runs/tiny/nanoflow.lock"]
 
 
 def test_reads_of_the_quickstart_run_are_allowed_to_the_curriculum_test_only(tmp_path):
@@ -49,14 +50,15 @@ def test_reads_of_the_quickstart_run_are_allowed_to_the_curriculum_test_only(tmp
     seen = guard.Guard(str(checkout))
     metadata = str(checkout / "runs" / "curriculum" / "checkpoint_metadata.json")
     for test, mode in [("tests/test_curriculum_skill.py::test_z (call)", "r"),
-                       ("tests/test_curriculum_skill.py::test_z (call)", "w"), ("tests/test_s3.py::test_w (call)", "r")]:
+                       ("tests/test_curriculum_skill.py::test_z (call)", "w"),
+                       ("tests/test_s3.py::test_w (call)", "r")]:
         os.environ["PYTEST_CURRENT_TEST"], saved = test, os.environ.get("PYTEST_CURRENT_TEST")
         try:
             seen.hook("open", (metadata, mode, 0))
         finally:
             os.environ["PYTEST_CURRENT_TEST"] = saved or ""
-    assert [(t.split("::")[0], what) for t, what, _ in seen.found] == [("tests/test_curriculum_skill.py", "wrote"),
-                                                                       ("tests/test_s3.py", "read")]
+    found = [(t.split("::")[0], what) for t, what, _ in seen.found]
+    assert found == [("tests/test_curriculum_skill.py", "wrote"), ("tests/test_s3.py", "read")]
 
 
 def test_the_session_walk_names_each_file_made_changed_or_gone(tmp_path):

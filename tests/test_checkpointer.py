@@ -1,6 +1,7 @@
 """The Checkpointer's own API (restore, should_save, save, locked), the public API a notebook uses, and io's layering."""
 
 import io as text_io
+import json
 from pathlib import Path
 
 import pytest
@@ -99,3 +100,11 @@ def test_state_holds_only_what_changes(tmp_path):
 def test_public_api():
     assert {"load_config", "init_state", "train_step", "TrainState", "Checkpointer", "stage_data"} <= set(
         nanoflow.__all__)
+
+
+def test_fresh_says_it_does_not_use_a_resume_checkpoint_path_that_holds_nothing(tmp_path):
+    (tmp_path / "empty").mkdir()
+    config = tiny(tmp_path / "run", f"checkpoints.resume_checkpoint_path={json.dumps(str(tmp_path / 'empty'))}")
+    out = text_io.StringIO()
+    assert Checkpointer(config, out=out).restore(fresh=True).step == 0
+    assert f"checkpoints.resume_checkpoint_path = {tmp_path / 'empty'} is not used" in out.getvalue(), out.getvalue()

@@ -211,8 +211,7 @@ def _how_to_add(where: str, type_) -> str:
     """What to write for a missing key at `where` ('$.data_stages[1].data'), with an example value."""
     dotted = re.sub(r"\[\d+\]", "", where.removeprefix("$").lstrip("."))
     table, _, key = dotted.rpartition(".")
-    while typing.get_origin(type_) is typing.Union:   # a table of one of several kinds: the first is the example
-        type_ = typing.get_args(type_)[0]
+    type_ = _first_of(type_)   # a table of one of several kinds: the first is the example
     if not attrs.has(type_):
         example = _EXAMPLE_VALUES.get(key, _EXAMPLE_OF_TYPE.get(type_, '"..."'))
         return f"add {key} = {example}" + (f" under [{table}]" if table else "")
@@ -222,7 +221,7 @@ def _how_to_add(where: str, type_) -> str:
         if not nested:
             break
         dotted, type_ = f"{dotted}.{nested[0].name}", _first_of(nested[0].type)
-    keys = " and ".join(f"{f.name} = {_EXAMPLE_VALUES.get(f.name, _EXAMPLE_OF_TYPE.get(_first_of(f.type), chr(34) * 2))}"
+    keys = " and ".join(f"{f.name} = {_EXAMPLE_VALUES.get(f.name, _EXAMPLE_OF_TYPE.get(_first_of(f.type), '...'))}"
                         for f in required)
     return f"add the table [{dotted}]" + (f" with {keys}" if keys else "")
 
