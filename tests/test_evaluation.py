@@ -287,6 +287,33 @@ def test_report_draws_the_eval_curves(tmp_path):
     assert path.stat().st_size > 0
 
 
+def test_the_eval_panel_shows_its_axes_whole_and_hides_no_curve_under_its_legend(tmp_path):
+    pytest.importorskip("matplotlib")
+    from nanoflow.loop import train
+    from nanoflow.metrics import read_eval, read_metrics
+    from nanoflow.report import draw, stage_spans
+
+    train(load_config(write_run(tmp_path)), fresh=True, out=text_io.StringIO())
+    run = tmp_path / "run"
+    metrics = read_metrics(run)
+    figure = draw(metrics, stage_spans(metrics), title="t", eval_rows=read_eval(run))
+    figure.canvas.draw()
+    renderer = figure.canvas.get_renderer()
+    inside = figure.bbox
+    eval_ax = figure.axes[3]
+    accuracy_ax = next(ax for ax in figure.axes[4:] if ax.get_ylabel() == "exact match %")
+    label = accuracy_ax.yaxis.label.get_window_extent(renderer)
+    assert inside.x0 <= label.x0 and label.x1 <= inside.x1, (label, inside)   # the label is in the picture
+    ticks = [t for t in accuracy_ax.get_yticklabels() if t.get_text() and 0 <= t.get_position()[1] <= 100]
+    assert "100" in [t.get_text().replace("−", "-") for t in ticks]
+    for tick in ticks:   # every tick label (100 among them) whole inside the picture
+        box = tick.get_window_extent(renderer)
+        assert inside.x0 <= box.x0 and box.x1 <= inside.x1 and inside.y0 <= box.y0 and box.y1 <= inside.y1, tick
+    legend = eval_ax.get_legend().get_window_extent(renderer)
+    assert not legend.overlaps(eval_ax.get_window_extent(renderer)) and legend.x1 <= inside.x1, legend
+    assert not legend.overlaps(label)
+
+
 # ---------------------------------------------------------------------------------------------
 # Resume, and bin/eval: real processes
 
