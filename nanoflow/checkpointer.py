@@ -232,6 +232,9 @@ class Checkpointer:
                 self._say(f"--fresh: starting from step 1, ignoring the committed checkpoints of checkpoints.{key} = "
                           f"{where} (step{'s' * (len(steps) > 1)} {', '.join(map(str, steps))}); they are not "
                           "deleted: a step is replaced only when this run commits its own")
+            elif key == "resume_checkpoint_path":   # set, and not used: without --fresh it would be an error
+                self._say(f"--fresh: starting from step 1; checkpoints.resume_checkpoint_path = {where} is not used "
+                          "(it holds no committed checkpoint either)")
 
     def _restore_from(self, folder: str) -> tuple[TrainState, io.CheckpointReader, ResumePoint]:
         """The state step folder `folder` holds, its reader and where training goes on from it; checked

@@ -59,11 +59,18 @@ def guarded(work: Callable[[], int], where: str | None = None) -> int:
         return EXIT_STOPPED
 
 
+def program(script: str) -> str:
+    """The name a command calls itself in --help: the installed entry point's (nanoflow-train) when it was run by
+    that name, else its script's (bin/train)."""
+    invoked = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+    return invoked if invoked.startswith("nanoflow-") else script
+
+
 def train_main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="bin/train",
+        prog=program("bin/train"),
         description="Train a Llama-style model through the data stages of a TOML curriculum.",
-        epilog="Example: bin/train schedules/curriculum.toml --set tokens.train_steps=50 --plan")
+        epilog=f"Example: {program('bin/train')} schedules/curriculum.toml --set tokens.train_steps=50 --plan")
     parser.add_argument("config", help="the run's TOML config (paths inside it are relative to it)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         help="override a config key; the value is TOML (a bare word is a string). "
@@ -132,7 +139,7 @@ class PlotError(NanoflowError):
 
 def verify_resume_main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="bin/verify-resume",
+        prog=program("bin/verify-resume"),
         description="Train CONFIG straight, then again with kill -9 at random moments (mid-step and mid-save) and "
                     "a resume after each; PASS if both end bit-identical (weights and optimizer moments).")
     parser.add_argument("config")
@@ -157,10 +164,10 @@ def _verify_resume(args: argparse.Namespace) -> int:
 
 def prepare_main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="bin/prepare",
+        prog=program("bin/prepare"),
         description="Tokenize text into a token folder (the *.ds layout HF datatrove writes and nanotron's Nanoset "
                     "reads) for a stage's dataset_folder. Resumable: rerun the same command after a crash.",
-        epilog="Example: bin/prepare corpus/*.txt docs.jsonl --output data/tokens --tokenizer bytes")
+        epilog=f"Example: {program('bin/prepare')} corpus/*.txt docs.jsonl --output data/tokens --tokenizer bytes")
     parser.add_argument("inputs", nargs="+", metavar="INPUT",
                         help="text files (one document each), jsonl/json/csv/parquet/arrow files (one per row), a "
                              "folder saved with Dataset.save_to_disk, or a hub dataset name; read in this order")
@@ -194,10 +201,10 @@ def _prepare(args: argparse.Namespace) -> int:
 
 def export_main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="bin/export",
+        prog=program("bin/export"),
         description="Write a checkpoint as an HF transformers Llama folder (config.json, the weights, the tokenizer) "
                     "that AutoModelForCausalLM.from_pretrained and AutoTokenizer.from_pretrained load.",
-        epilog="Example: bin/export runs/curriculum hf/curriculum")
+        epilog=f"Example: {program('bin/export')} runs/curriculum hf/curriculum")
     parser.add_argument("checkpoint", help="a run folder (its latest committed checkpoint) or a step folder; "
                                            "local or s3://bucket/prefix")
     parser.add_argument("out_dir", help="the folder to write (local or s3://)")
@@ -235,10 +242,10 @@ def _size(text: str) -> int:
 
 def report_main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="bin/report",
+        prog=program("bin/report"),
         description="Draw RUN_DIR/report.png (loss, learning rate and tokens/s against step, stages as bands) from "
                     "RUN_DIR/metrics.jsonl and print a per-stage summary table.",
-        epilog="Example: bin/report runs/curriculum")
+        epilog=f"Example: {program('bin/report')} runs/curriculum")
     parser.add_argument("run_dir", help="the run folder holding metrics.jsonl (checkpoints.checkpoints_path, or "
                                         "runs/<run> when checkpoints go to S3)")
     parser.add_argument("--out", help="where to write the PNG (default RUN_DIR/report.png)")
@@ -260,10 +267,11 @@ def _report(args: argparse.Namespace) -> int:
 
 def eval_main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="bin/eval",
+        prog=program("bin/eval"),
         description="Evaluate a committed checkpoint on the [[evaluation.datasets]] of a config, without training; "
                     "prints one JSON row per eval set (the rows training writes to eval.jsonl). Writes nothing.",
-        epilog="Example: bin/eval runs/curriculum  (or runs/curriculum/300, s3://bucket/run, with a CONFIG)")
+        epilog=f"Example: {program('bin/eval')} runs/curriculum  "
+               "(or runs/curriculum/300, s3://bucket/run, with a CONFIG)")
     parser.add_argument("checkpoint", help="a run folder (its latest committed checkpoint) or a step folder, "
                                            "local or s3://")
     parser.add_argument("config", nargs="?", help="the TOML config whose eval sets to use (default: the config "
@@ -292,10 +300,10 @@ def _eval(args: argparse.Namespace) -> int:
 
 def convert_nanotron_config_main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="bin/convert-nanotron-config",
+        prog=program("bin/convert-nanotron-config"),
         description="Convert a nanotron YAML config to a nanoflow TOML config on standard output; every key that "
                     "cannot be carried over is named on standard error (and in a comment at the top of the TOML).",
-        epilog="Example: bin/convert-nanotron-config config.yaml > schedule.toml")
+        epilog=f"Example: {program('bin/convert-nanotron-config')} config.yaml > schedule.toml")
     parser.add_argument("config", help="a nanotron YAML config")
     args = parser.parse_args(argv)
     return guarded(lambda: _convert_nanotron_config(args), where=args.config)

@@ -35,7 +35,7 @@ def render_plan(config: Config, tokenizer=None) -> str:
     model = config.model
     out = [
         f"{config.general.project}/{config.general.run}: {schedule.train_steps:,} steps, "
-        f"{len(schedule.stages)} stages, dp={config.parallelism.dp} tp={config.parallelism.tp}"
+        f"{len(schedule.stages)} stage{'s' * (len(schedule.stages) != 1)}, dp={config.parallelism.dp} tp={config.parallelism.tp}"
         + (" (sequence parallel)" if config.parallelism.tp_mode == "REDUCE_SCATTER" else ""),
         f"model: {model.num_hidden_layers} layers × {model.hidden_size} hidden, {model.num_attention_heads} heads "
         f"({model.num_key_value_heads} kv), vocab {model.vocab_size}, {model.dtype}",

@@ -17,6 +17,7 @@ import attrs
 from nanoflow.metrics import read_eval, read_metrics, step_seconds, tokens_per_second
 
 WIDTH, HEIGHT, DPI = 1200, 900, 100   # report.png's size in pixels
+LEGEND_X = 1.09   # the eval legend's left edge, in eval-panel widths: right of the exact-match axis and its label
 COLORS = ("#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860")
 
 
@@ -138,7 +139,8 @@ def _plot_eval(ax, rows: list[dict]) -> None:
         accuracy_ax.set_ylabel("exact match %")
         more = accuracy_ax.get_legend_handles_labels()
         handles, labels = handles + more[0], labels + more[1]
-    ax.legend(handles, labels, fontsize=8, loc="upper right")
+    # Beside the panel, right of the exact-match axis: inside, a legend of several sets hides the curves it names.
+    ax.legend(handles, labels, fontsize=8, loc="upper left", bbox_to_anchor=(LEGEND_X, 1.0), borderaxespad=0)
 
 
 def draw_stage_bands(ax, spans: list[StageSpan]) -> None:
@@ -162,6 +164,13 @@ def plot(metrics: list[dict], spans: list[StageSpan], path: str | os.PathLike, *
          eval_rows: list[dict] = ()) -> Path:
     """Draw loss, learning rate and tokens/s against step (and the eval curves, when there are eval rows), each
     stage a labelled band, into a WIDTH × HEIGHT PNG."""
+    path = Path(path)
+    draw(metrics, spans, title=title, eval_rows=eval_rows).savefig(path, dpi=DPI, format="png")
+    return path
+
+
+def draw(metrics: list[dict], spans: list[StageSpan], *, title: str = "", eval_rows: list[dict] = ()):
+    """The report's matplotlib Figure (see plot)."""
     figure = _figure()
     ratios = [3, 2, 2] + ([3] if eval_rows else [])
     axes = figure.subplots(len(ratios), 1, sharex=True, gridspec_kw={"height_ratios": ratios})
@@ -189,10 +198,10 @@ def plot(metrics: list[dict], spans: list[StageSpan], path: str | os.PathLike, *
     axes[-1].set_xlim(min(spans[0].start, steps[0]) - 0.5, max(spans[-1].end, steps[-1]) + 0.5)
     if title:
         figure.suptitle(title)
-    figure.subplots_adjust(left=0.09, right=0.98, top=0.91 if title else 0.94, bottom=0.07, hspace=0.12)
-    path = Path(path)
-    figure.savefig(path, dpi=DPI, format="png")
-    return path
+    # With eval rows, room on the right for the exact-match axis (its label, its 100 % tick) and the legend.
+    figure.subplots_adjust(left=0.09, right=0.78 if eval_rows else 0.98, top=0.91 if title else 0.94, bottom=0.07,
+                           hspace=0.12)
+    return figure
 
 
 def write_report(run_dir: str | os.PathLike, out: str | os.PathLike | None = None) -> tuple[Path, list[StageSummary]]:

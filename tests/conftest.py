@@ -13,6 +13,9 @@ same port with its objects intact: that is how the tests simulate an outage in t
 
 `tiny_toml` (module) is schedules/tiny.toml (it trains on the committed generated corpus, fixed under every test), and
 `reference` (module) the uninterrupted run of it: what the S3 and lock tests compare their runs with, bit for bit.
+
+`checkout_guard` (session, autouse) fails any test that reads the checkout's runs/ or hf/ or writes anywhere in it,
+and the session when its files changed (tests/checkout_guard.py).
 """
 
 from __future__ import annotations
@@ -20,12 +23,14 @@ from __future__ import annotations
 import os
 import socket
 import struct
+import sys
 import threading
 import uuid
 
 import pytest
 
-from helpers import TINY, TRAIN_STEPS, quiet, tiny
+import checkout_guard as guard
+from helpers import REPO, TINY, TRAIN_STEPS, quiet, tiny
 from nanoflow.loop import train
 from run_helpers import groups_of
 
@@ -45,6 +50,56 @@ AWS_ENVIRONMENT = {
 }
 AWS_UNSET = ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN", "AWS_ROLE_ARN",
              "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_ENDPOINT_URL_S3", "AWS_CA_BUNDLE")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def checkout_guard(tmp_path_factory):
+    checkout = os.path.realpath(REPO)
+    log = tmp_path_factory.mktemp("checkout_guard") / "subprocesses.tsv"
+    log.touch()
+    saved = {k: os.environ.get(k) for k in ("PYTHONPATH", guard.CHECKOUT_VARIABLE, guard.LOG_VARIABLE)}
+    site = str(REPO / "tests" / "guard_site")
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (site, saved["PYTHONPATH"]) if p)
+    os.environ.update({guard.CHECKOUT_VARIABLE: checkout, guard.LOG_VARIABLE: str(log)})
+    before = guard.walk(checkout)       # before the hook: the guard's own walk is no test's reading
+    in_process = guard.Guard(checkout)
+    sys.addaudithook(in_process.hook)   # an audit hook cannot be removed: it is switched off below
+    try:
+        yield _GuardState(in_process, log)
+    finally:
+        in_process.checkout = "\0"      # a path nothing lies inside: the hook is off (and the walk below unseen)
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+    changes = guard.changed(before, guard.walk(checkout))
+    assert not changes, (f"the tests changed the checkout {checkout} (no test may write outside its tmp_path):\n"
+                         + "\n".join(changes[:40]))
+
+
+class _GuardState:
+    def __init__(self, in_process, log):
+        self.in_process, self.log, self.offset = in_process, log, 0
+
+    def take(self) -> list[str]:
+        """What was seen since the last call: 'TEST wrote|read PATH' lines."""
+        found = [" ".join(r) for r in self.in_process.found]
+        self.in_process.found.clear()
+        with open(self.log) as log:
+            log.seek(self.offset)
+            found += [line.rstrip("\n").replace("\t", " ") for line in log]
+            self.offset = log.tell()
+        return sorted(set(found))
+
+
+@pytest.fixture(autouse=True)
+def _nothing_of_the_checkout_touched(checkout_guard):
+    yield   # what was seen since the last test's end: its module fixtures' setup included
+    found = checkout_guard.take()
+    if found:
+        pytest.fail("this test touched the user's checkout (runs/ and hf/ are the user's; a test writes only in its "
+                    "tmp_path):\n" + "\n".join(found[:20]), pytrace=False)
 
 
 def _free_port() -> int:

@@ -1,6 +1,7 @@
 """The Checkpointer's own API (restore, should_save, save, locked), the public API a notebook uses, and io's layering."""
 
 import io as text_io
+import json
 from pathlib import Path
 
 import attrs
@@ -178,3 +179,11 @@ def test_every_model_key_is_classified_once_and_old_records_read_as_their_defaul
     assert model_changes(older, {**current, "dtype": "bfloat16"})["changes"] == [
         "model.dtype = 'bfloat16' (was 'float32'): the steps from here compute in it; the weights and moments stay "
         "float32"]
+
+
+def test_fresh_says_it_does_not_use_a_resume_checkpoint_path_that_holds_nothing(tmp_path):
+    (tmp_path / "empty").mkdir()
+    config = tiny(tmp_path / "run", f"checkpoints.resume_checkpoint_path={json.dumps(str(tmp_path / 'empty'))}")
+    out = text_io.StringIO()
+    assert Checkpointer(config, out=out).restore(fresh=True).step == 0
+    assert f"checkpoints.resume_checkpoint_path = {tmp_path / 'empty'} is not used" in out.getvalue(), out.getvalue()

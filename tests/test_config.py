@@ -385,3 +385,24 @@ def _contains_none(value) -> bool:
     if isinstance(value, list):
         return any(_contains_none(v) for v in value)
     return False
+
+
+def test_a_missing_key_is_named_with_what_to_add(tmp_path):
+    path = write_config(tmp_path)
+    text = path.read_text()
+    start = text.index("[data_stages.data.dataset]", text.index('name = "sft"'))
+    end = text.find("[[", start)
+    path.write_text(text[:start] + (text[end:] if end != -1 else ""))   # the sft stage without its data
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert 'data_stages[1] (stage "sft").data: required key missing: add the table [data_stages.data.dataset] ' \
+           'with hf_dataset_or_datasets = "text"' in str(info.value)
+
+
+def test_an_unknown_eval_set_in_set_is_called_an_eval_set(tmp_path):
+    path = REPO / "schedules" / "curriculum.toml"
+    with pytest.raises(ConfigError) as info:
+        load_config(path, overrides=["evaluation.datasets.sums.max_samples=200"])
+    assert "has no eval set 'sums' (eval sets: prose, glossary, reverse)" in str(info.value)
+    with pytest.raises(ConfigError, match="has no stage 'nope' \\(stages: pretrain, anneal, sft\\)"):
+        load_config(path, overrides=["data_stages.nope.sequence_length=16"])

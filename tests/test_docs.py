@@ -10,7 +10,10 @@ Conventions (docs/README.md says the same to writers):
   the fragment has [[data_stages]]), so every key a page shows is a real, valid key. The quick test
   loads them alone (a path that an earlier block of the page creates may be missing then); the slow
   one loads them in page order, strictly.
-- ```text blocks are output, never run.
+- ```text blocks are output, never run. One right after a ```bash block that runs is that block's output and is
+  compared with what it really prints (stdout and stderr): each shown line, in order, must be a line of it, where
+  numbers may differ (times, speeds, losses vary by machine and CPU) but not a count of files, steps, stages,
+  layers or heads, `...` or `…` stands for anything, and runs of spaces for any spacing.
 """
 
 from __future__ import annotations
@@ -51,11 +54,18 @@ def blocks(page: str) -> list[tuple[str, str, int, bool]]:
     return found
 
 
+def committed_entries() -> set[str]:
+    """The repository's top-level files and folders that git tracks: only those are mirrored, so that what the
+    user made in the checkout (runs/, hf/, an error.txt) is neither read by a page nor written through a link."""
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, text=True, check=True).stdout
+    return {path.split("/", 1)[0] for path in listed.split("\0") if path}
+
+
 def scratch(tmp_path: Path) -> Path:
-    """A folder that looks like the repository: links to its files, a copy of schedules/ (fragments are written there)."""
-    for entry in REPO.iterdir():
-        if entry.name not in NOT_MIRRORED:
-            (tmp_path / entry.name).symlink_to(entry)
+    """A folder that looks like the repository: links to its committed files, a copy of schedules/ (fragments are
+    written there)."""
+    for name in sorted(committed_entries() - NOT_MIRRORED):
+        (tmp_path / name).symlink_to(REPO / name)
     shutil.copytree(REPO / "schedules", tmp_path / "schedules")
     return tmp_path
 
@@ -65,6 +75,16 @@ def merge(base: dict, fragment: dict) -> dict:
     for key, value in fragment.items():
         out[key] = merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
     return out
+
+
+def test_shown_output_may_differ_in_numbers_but_not_in_counts_or_words():
+    printed = "train.log written\nexported step 4 to hf/tiny: 5 files, float32; tokenizer: bytes\nstep  2/12  loss 5.5530"
+    assert output_differs("exported step 4 to hf/tiny: 5 files, float32; tokenizer: bytes", printed) is None
+    assert output_differs("step 2/12 loss 4.1", printed) is None
+    assert output_differs("exported step 4 to hf/tiny: 6 files, float32; tokenizer: bytes", printed) is not None
+    assert output_differs("step 2/12 (pretrain) loss 5.5530", printed) is not None
+    assert output_differs("exported ... 5 files, ...", printed) is None
+    assert output_differs("step 2/12 loss 5.5530\ntrain.log written", printed) == "train.log written"  # order
 
 
 def test_docs_pages_exist():
@@ -98,12 +118,56 @@ def test_toml_blocks_load(page, tmp_path, monkeypatch):
             load_toml_block(folder, page, n, code, line, strict=False)
 
 
+COUNT = re.compile(r"\b(\d[\d,]*) (files?|steps?|stages?|layers|heads)\b")
+NUMBER = re.compile(r"\d[\d,]*(?:\.\d+)?(?:e[-+]?\d+)?")
+
+
+def shown_line_pattern(line: str) -> re.Pattern:
+    """The regex a shown output line stands for (see the module docstring)."""
+    pattern, at = "", 0
+    for match in re.finditer(r"\.\.\.|…|\s+|" + COUNT.pattern + "|" + NUMBER.pattern, line):
+        pattern += re.escape(line[at:match.start()])
+        text = match.group(0)
+        if text in ("...", "…"):
+            pattern += ".*"
+        elif text.isspace():
+            pattern += r"\s+"
+        elif COUNT.fullmatch(text):
+            pattern += re.escape(text)
+        else:
+            pattern += NUMBER.pattern
+        at = match.end()
+    return re.compile(pattern + re.escape(line[at:]))
+
+
+def output_differs(shown: str, printed: str) -> str | None:
+    """None when every shown line is, in order, a line of what was printed; else the first that is not."""
+    lines = [line.strip() for line in printed.splitlines()]
+    at = 0
+    for line in (line.strip() for line in shown.splitlines()):
+        if not line:
+            continue
+        pattern = shown_line_pattern(line)
+        found = next((i for i in range(at, len(lines)) if pattern.fullmatch(lines[i])), None)
+        if found is None:
+            return line
+        at = found + 1
+    return None
+
+
 def run_page(page: str, folder: Path) -> str | None:
     """Run a page's blocks in order in `folder`; None, or what went wrong."""
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
            "PYTHONDONTWRITEBYTECODE": "1"}
     env.pop("WORLD_SIZE", None)
+    printed = None   # what the last block that ran printed, when it was a bash block
     for n, (language, code, line, runs) in enumerate(blocks(page)):
+        if language == "text" and printed is not None:
+            wrong = output_differs(code, printed)
+            if wrong is not None:
+                return (f"docs/{page}:{line}: the output shown is not what the block before prints: no line like "
+                        f"{wrong!r} (in order) in\n{printed[-3000:]}")
+        printed = None
         if not runs or language not in ("python", "bash", "toml"):
             continue
         if language == "toml":
@@ -125,6 +189,7 @@ def run_page(page: str, folder: Path) -> str | None:
         if result.returncode != 0:
             return (f"docs/{page}:{line}: the {language} block exits {result.returncode}\n"
                     f"--- stdout\n{result.stdout[-3000:]}\n--- stderr\n{result.stderr[-3000:]}")
+        printed = result.stdout + result.stderr if language == "bash" else None
     return None
 
 

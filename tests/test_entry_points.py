@@ -33,3 +33,16 @@ def test_a_console_script_function_exits_with_the_front_ends_status(tmp_path):
             "from nanoflow.cli import train_command\ntrain_command()")
     result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and "nope.toml: no such config file" in result.stderr, result.stderr
+
+
+def test_help_calls_the_command_by_the_name_it_was_run_by(monkeypatch, capsys):
+    import pytest
+
+    from nanoflow.cli import train_main
+
+    for argv0, name in [("/venv/bin/nanoflow-train", "nanoflow-train"), (str(REPO / "bin" / "train"), "bin/train")]:
+        monkeypatch.setattr(sys, "argv", [argv0, "--help"])
+        with pytest.raises(SystemExit):
+            train_main(["--help"])
+        shown = capsys.readouterr().out
+        assert shown.startswith(f"usage: {name} ") and f"Example: {name} schedules/" in shown, shown

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from data_helpers import BYTES
-from helpers import REPO, SMALL_MODEL_TOML
+from helpers import REPO, SMALL_MODEL_TOML, TINY
 from nanoflow.config import ConfigError, load_config
 from nanoflow.build import build_model
 from nanoflow.data import write_token_file
@@ -100,7 +100,8 @@ def rows_of(path: Path) -> list[dict]:
 
 
 def env() -> dict:
-    return {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p),
+            "OMP_NUM_THREADS": "1"}
 
 
 def train_process(config: Path, *extra: str, timeout: float = 180) -> subprocess.CompletedProcess:
@@ -286,6 +287,33 @@ def test_report_draws_the_eval_curves(tmp_path):
     assert path.stat().st_size > 0
 
 
+def test_the_eval_panel_shows_its_axes_whole_and_hides_no_curve_under_its_legend(tmp_path):
+    pytest.importorskip("matplotlib")
+    from nanoflow.loop import train
+    from nanoflow.metrics import read_eval, read_metrics
+    from nanoflow.report import draw, stage_spans
+
+    train(load_config(write_run(tmp_path)), fresh=True, out=text_io.StringIO())
+    run = tmp_path / "run"
+    metrics = read_metrics(run)
+    figure = draw(metrics, stage_spans(metrics), title="t", eval_rows=read_eval(run))
+    figure.canvas.draw()
+    renderer = figure.canvas.get_renderer()
+    inside = figure.bbox
+    eval_ax = figure.axes[3]
+    accuracy_ax = next(ax for ax in figure.axes[4:] if ax.get_ylabel() == "exact match %")
+    label = accuracy_ax.yaxis.label.get_window_extent(renderer)
+    assert inside.x0 <= label.x0 and label.x1 <= inside.x1, (label, inside)   # the label is in the picture
+    ticks = [t for t in accuracy_ax.get_yticklabels() if t.get_text() and 0 <= t.get_position()[1] <= 100]
+    assert "100" in [t.get_text().replace("−", "-") for t in ticks]
+    for tick in ticks:   # every tick label (100 among them) whole inside the picture
+        box = tick.get_window_extent(renderer)
+        assert inside.x0 <= box.x0 and box.x1 <= inside.x1 and inside.y0 <= box.y0 and box.y1 <= inside.y1, tick
+    legend = eval_ax.get_legend().get_window_extent(renderer)
+    assert not legend.overlaps(eval_ax.get_window_extent(renderer)) and legend.x1 <= inside.x1, legend
+    assert not legend.overlaps(label)
+
+
 # ---------------------------------------------------------------------------------------------
 # Resume, and bin/eval: real processes
 
@@ -355,6 +383,53 @@ def test_bin_eval_under_torchrun_gives_the_single_process_rows(reference, layout
         [(r["dataset"], r["tokens"], r.get("correct")) for r in single]
     for row, expected in zip(rows, single):
         assert row["loss"] == pytest.approx(expected["loss"], abs=1e-5)
+
+
+UNEVEN_SCORE = """
+import json, sys
+import torch
+import torch.nn.functional as F
+from nanoflow.build import build_model
+from nanoflow.config import load_config
+from nanoflow.data.sources import IGNORE_INDEX
+from nanoflow.evaluation import EvalSet, score
+from nanoflow.parallel import init_topology
+
+config = load_config(sys.argv[1], [f"parallelism.dp={sys.argv[2]}", "model.num_hidden_layers=1"])
+topology = init_topology(config)
+model = build_model(config, topology)
+ids = torch.randint(0, 256, (4, 24), generator=torch.Generator().manual_seed(3))
+labels = torch.full_like(ids, IGNORE_INDEX)
+labels[:2, 1:] = ids[:2, 1:]   # rank 0's rows (of dp = 2): 23 targets each
+labels[2:, -1] = ids[2:, -1]   # rank 1's rows: one target each, like a short answer
+result = score(model, EvalSet("uneven", "loss", ids, labels, micro_batch_size=2), topology)
+if topology.dp == 1:   # what a mean of the per-batch (per-rank) means would say instead
+    with torch.inference_mode():
+        per_batch = [F.cross_entropy(model(x).flatten(0, 1), y.flatten(), ignore_index=IGNORE_INDEX).item()
+                     for x, y in zip(ids.split(2), labels.split(2))]
+    result["mean_of_batch_means"] = sum(per_batch) / len(per_batch)
+if topology.is_main:
+    print("RESULT", json.dumps(result))
+"""
+
+
+@pytest.mark.slow
+def test_evaluation_over_two_data_parallel_ranks_weighs_every_token_once(tmp_path):
+    # torchtitan #4167: averaging the ranks' (or the batches') own means weighs a token of a short batch more.
+    script = tmp_path / "uneven.py"
+    script.write_text(UNEVEN_SCORE)
+
+    def scored(dp: int, launcher) -> dict:
+        result = subprocess.run([*launcher, str(script), str(TINY), str(dp)], cwd=tmp_path, env=env(),
+                                capture_output=True, text=True, timeout=240)
+        assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+        return json.loads(result.stdout.split("RESULT ", 1)[1].splitlines()[0])
+
+    one = scored(1, (PYTHON,))
+    two = scored(2, (PYTHON, "-m", "torch.distributed.run", "--nproc_per_node", "2"))
+    assert one["tokens"] == two["tokens"] == 2 * 23 + 2
+    assert two["loss"] == pytest.approx(one["loss"], abs=1e-5)
+    assert abs(one["mean_of_batch_means"] - one["loss"]) > 0.01, one   # the case tells the two averages apart
 
 
 # ---------------------------------------------------------------------------------------------

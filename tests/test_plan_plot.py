@@ -76,3 +76,24 @@ def test_plot_without_plan_and_an_unwritable_path_are_exit_2(tmp_path, capsys):
     assert stop.value.code == 2 and "--plot draws the plan: give --plan too" in capsys.readouterr().err
     assert cli.train_main([str(COOLDOWNS), "--plan", "--plot", str(tmp_path / "no" / "x.png")]) == 2
     assert "cannot write it" in capsys.readouterr().err
+
+
+def test_the_plan_counts_its_stages_in_words_that_agree(tmp_path):
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        import tomli as tomllib
+
+    from helpers import TINY
+    from nanoflow.config import load_config
+    from nanoflow.nanotron import to_toml
+    from nanoflow.plan import render_plan
+
+    raw = tomllib.loads(TINY.read_text())
+    raw["data_stages"] = raw["data_stages"][:1]   # pretrain alone
+    for stage in raw["data_stages"]:
+        stage["data"]["dataset"]["hf_data_files"] = str(TINY.parent / stage["data"]["dataset"]["hf_data_files"])
+    one = tmp_path / "one.toml"
+    one.write_text(to_toml(raw))
+    assert ", 1 stage, dp=" in render_plan(load_config(one)).splitlines()[0]
+    assert ", 2 stages, dp=" in render_plan(load_config(TINY)).splitlines()[0]

@@ -403,8 +403,10 @@ def test_bin_train_storage_errors_at_start_up_exit_2_without_a_traceback(s3_endp
         ('checkpoints.checkpoints_path="s3://nanoflow-no-such-bucket/run"', os.environ, "does not exist"),
         ('checkpoints.checkpoints_path="s3:/bucket/run"', os.environ, "is not an S3 URL"),
     ]
+    own_folder = f"checkpoints.checkpoints_path={json.dumps(str(tmp_path / 'run'))}"   # not the checkout's runs/tiny
     for override, env, message in cases:
-        result = subprocess.run([sys.executable, str(REPO / "bin" / "train"), str(tiny_toml), "--set", override],
+        result = subprocess.run([sys.executable, str(REPO / "bin" / "train"), str(tiny_toml), "--set", own_folder,
+                                 "--set", override],
                                 cwd=tmp_path, env={**env, "NANOFLOW_S3_ATTEMPTS": "1"}, capture_output=True,
                                 text=True, timeout=120)
         assert result.returncode == 2, (override, result.stdout + result.stderr)

@@ -99,22 +99,29 @@ def apply_override(raw: dict, override: str, path: Path) -> None:
     node = raw
     for i, key in enumerate(keys[:-1]):
         if isinstance(node, list):
-            node = _stage_by_name_or_index(node, key, override, path)
+            node = _entry_by_name_or_index(node, key, keys[i - 1] if i else "", override, path)
         else:
             node = node.setdefault(key, {})
             if not isinstance(node, (dict, list)):
                 raise ConfigError(f"--set {override!r}: {'.'.join(keys[:i + 1])} in {path} is not a table")
     if isinstance(node, list):
-        raise ConfigError(f"--set {override!r}: name a key inside the stage, e.g. data_stages.{keys[-1]}.sequence_length")
+        example = (f"evaluation.datasets.{keys[-1]}.max_samples" if keys[-2:-1] == ["datasets"]
+                   else f"data_stages.{keys[-1]}.sequence_length")
+        kind = _ENTRY_KINDS.get(keys[-2] if len(keys) > 1 else "", ("entry",))[0]
+        raise ConfigError(f"--set {override!r}: name a key inside the {kind}, e.g. {example}")
     node[keys[-1]] = value
 
 
-def _stage_by_name_or_index(stages: list, key: str, override: str, path: Path) -> dict:
-    for i, stage in enumerate(stages):
-        if stage.get("name") == key or str(i) == key:
-            return stage
-    names = ", ".join(str(s.get("name")) for s in stages)
-    raise ConfigError(f"--set {override!r}: {path} has no stage {key!r} (stages: {names})")
+_ENTRY_KINDS = {"data_stages": ("stage", "stages"), "datasets": ("eval set", "eval sets")}   # lists addressed by name
+
+
+def _entry_by_name_or_index(entries: list, key: str, list_key: str, override: str, path: Path) -> dict:
+    for i, entry in enumerate(entries):
+        if entry.get("name") == key or str(i) == key:
+            return entry
+    one, many = _ENTRY_KINDS.get(list_key, ("entry", "entries"))
+    names = ", ".join(str(s.get("name")) for s in entries)
+    raise ConfigError(f"--set {override!r}: {path} has no {one} {key!r} ({many}: {names})")
 
 
 def _resolve(base: Path, value: str) -> str:
@@ -199,6 +206,7 @@ def _describe_structure_errors(exc: BaseException, raw: dict) -> list[str]:
                                                       f" (valid keys: {', '.join(valid)})"))
             return "; ".join(parts)
         if isinstance(error, KeyError):
+            missing.append(_type)
             return "required key missing"
         allowed = _literal_values(_type)
         if allowed and isinstance(error, cattrs.errors.CattrsError):
@@ -207,11 +215,43 @@ def _describe_structure_errors(exc: BaseException, raw: dict) -> list[str]:
             return str(error)
         return cattrs.v.format_exception(error, _type)
 
+    missing: list = []   # the type of each missing key, in the order its line comes
     lines = []
     for line in cattrs.transform_error(exc, path="$", format_exception=describe):
         message, _, where = line.rpartition(" @ ")
+        if message == "required key missing" and missing:
+            message += f": {_how_to_add(where, missing.pop(0))}"
         lines.append(f"{_readable_path(where, raw)}: {message}")
     return lines
+
+
+_EXAMPLE_VALUES = {"hf_dataset_or_datasets": '"text"', "name": '"sft"', "dataset_folder": '"tokens/"'}
+_EXAMPLE_OF_TYPE = {int: "1", float: "1.0", str: '"..."', bool: "true"}
+
+
+def _how_to_add(where: str, type_) -> str:
+    """What to write for a missing key at `where` ('$.data_stages[1].data'), with an example value."""
+    dotted = re.sub(r"\[\d+\]", "", where.removeprefix("$").lstrip("."))
+    table, _, key = dotted.rpartition(".")
+    type_ = _first_of(type_)   # a table of one of several kinds: the first is the example
+    if not attrs.has(type_):
+        example = _EXAMPLE_VALUES.get(key, _EXAMPLE_OF_TYPE.get(type_, '"..."'))
+        return f"add {key} = {example}" + (f" under [{table}]" if table else "")
+    while True:   # down to the table whose own keys are values: that is what a config spells out
+        required = [f for f in attrs.fields(type_) if f.default is attrs.NOTHING]
+        nested = [f for f in required if attrs.has(_first_of(f.type))]
+        if not nested:
+            break
+        dotted, type_ = f"{dotted}.{nested[0].name}", _first_of(nested[0].type)
+    keys = " and ".join(f"{f.name} = {_EXAMPLE_VALUES.get(f.name, _EXAMPLE_OF_TYPE.get(_first_of(f.type), '...'))}"
+                        for f in required)
+    return f"add the table [{dotted}]" + (f" with {keys}" if keys else "")
+
+
+def _first_of(type_):
+    while typing.get_origin(type_) is typing.Union:
+        type_ = typing.get_args(type_)[0]
+    return type_
 
 
 def _literal_values(type_) -> tuple:
