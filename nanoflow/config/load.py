@@ -96,6 +96,8 @@ def _stage_by_name_or_index(stages: list, key: str, override: str, path: Path) -
 
 
 def _resolve(base: Path, value: str) -> str:
+    if not value.strip():  # an unset shell variable in --set: refused by key (checks.py), never the TOML's folder
+        return value
     # A URL, even a malformed one ("s3:/bucket"), is left as written for the store to accept or refuse.
     if re.match(r"[A-Za-z][A-Za-z0-9+.-]*:/", value) or os.path.isabs(value):
         return value
