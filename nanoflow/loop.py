@@ -20,7 +20,7 @@ from nanoflow.data.fingerprint import Fingerprints
 from nanoflow.evaluation import Evaluator
 from nanoflow.io.runfolder import check_folder, check_room
 from nanoflow.io.store import StoreError, check_root
-from nanoflow.metrics import FILE, MetricsLog
+from nanoflow.metrics import FILE, MetricsLog, set_aside
 from nanoflow.parallel import Topology, init_topology
 from nanoflow.preflight import preflight
 from nanoflow.progress import Progress
@@ -75,6 +75,9 @@ def _train(config: Config, checkpointer: Checkpointer, *, fresh: bool, until_ste
     if until_step is not None and state.step >= until_step:
         log.info(f"nothing to do: step {state.step} is done, at or after until_step = {until_step}")
         return state
+    if fresh:  # the old run's records are kept beside the new one's (none of it is deleted)
+        for old, new in checkpointer.on_main(lambda: set_aside(directory)) or []:
+            log.info(f"--fresh: the old run's {old} moved to {new}, kept; this run writes a new {old.name}")
     needed = 0 if "://" in config.checkpoints.checkpoints_path else state_bytes(state.model)
     checkpointer.on_main(lambda: check_room(str(directory), needed))
     _check_stages_ahead(config, schedule, state.step, tokenizer)
