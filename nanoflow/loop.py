@@ -35,9 +35,13 @@ log = logging.getLogger(__name__)
 
 
 def run_dir(config: Config) -> Path:
-    """Where metrics.jsonl goes: the checkpoint folder when it is local, else runs/<run> here."""
+    """Where metrics.jsonl goes: the checkpoint folder when it is local, else runs/s3/<bucket>/<prefix> here —
+    keyed by the checkpoints' own place, so that two runs on S3 never share a record, whatever their names
+    (the prefix's parts are plain: config/checks.py refuses empty, "." and ".." ones)."""
     path = config.checkpoints.checkpoints_path
-    return Path("runs", config.general.run) if "://" in path else Path(path)
+    if "://" not in path:
+        return Path(path)
+    return Path("runs", "s3", *path[len("s3://"):].rstrip("/").split("/"))
 
 
 def train(config: Config, *, fresh: bool = False, until_step: int | None = None, out: TextIO | None = None,

@@ -240,7 +240,7 @@ def test_two_launches_on_one_run_folder(root, tiny_toml, reference, tmp_path):
     assert first.returncode == 0, out + err
     assert f"done: {TRAIN_STEPS} steps" in out
     # The first run's results are whole: one metrics line per step, in order, and the straight run's state.
-    assert metrics_steps(Path(url) if endpoint is None else tmp_path / "runs" / "tiny") == \
+    assert metrics_steps(Path(url) if endpoint is None else tmp_path / "runs" / "s3" / url[len("s3://"):]) == \
         list(range(1, TRAIN_STEPS + 1))
     assert_same(read_checkpoint(url).groups, reference)
     assert read_lock(url, endpoint) is None  # released at the end
