@@ -140,7 +140,7 @@ def read_metrics(run_dir: str | os.PathLike) -> list[dict]:
         lines = path.read_text().splitlines()
     except FileNotFoundError:
         raise MetricsError(f"{path}: no such file (bin/train writes it into the run folder, "
-                           "checkpoints.checkpoints_path; runs/<run>/ when checkpoints go to S3)") from None
+                           "checkpoints.checkpoints_path; runs/s3/<bucket>/<prefix>/ when checkpoints go to S3)") from None
     metrics = _read_rows(path, lines)
     if not metrics:
         raise MetricsError(f"{path} holds no steps yet")
