@@ -177,10 +177,11 @@ class Store:
         S3 one listing (a request per 1,000 objects)."""
         if not self.is_s3:
             found = {}
-            # A folder of the root's that is a symlink (a step folder moved to another disk and linked back) is
-            # listed too, one level deep: never deeper, so a link to a parent cannot loop.
+            # A step folder of the root's that is a symlink (moved to another disk and linked back) is listed too;
+            # a link of another name (a data folder of the user's) is not walked, nor any link deeper down.
             top = next(os.walk(self.root), (self.root, [], []))
-            linked = [os.path.join(self.root, d) for d in top[1] if os.path.islink(os.path.join(self.root, d))]
+            linked = [os.path.join(self.root, d) for d in top[1]
+                      if d.isascii() and d.isdigit() and os.path.islink(os.path.join(self.root, d))]
             for directory, _, names in itertools.chain(os.walk(self.root), *map(os.walk, linked)):
                 for name in names:
                     path = os.path.join(directory, name)
