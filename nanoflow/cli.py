@@ -247,7 +247,7 @@ def report_main(argv: list[str] | None = None) -> int:
                     "RUN_DIR/metrics.jsonl and print a per-stage summary table.",
         epilog=f"Example: {program('bin/report')} runs/curriculum")
     parser.add_argument("run_dir", help="the run folder holding metrics.jsonl (checkpoints.checkpoints_path, or "
-                                        "runs/<run> when checkpoints go to S3)")
+                                        "runs/s3/<bucket>/<prefix> when checkpoints go to S3)")
     parser.add_argument("--out", help="where to write the PNG (default RUN_DIR/report.png)")
     args = parser.parse_args(argv)
     return guarded(lambda: _report(args))

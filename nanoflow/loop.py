@@ -20,7 +20,7 @@ from nanoflow.data.fingerprint import Fingerprints
 from nanoflow.evaluation import Evaluator
 from nanoflow.io.runfolder import check_folder, check_room
 from nanoflow.io.store import StoreError, check_root
-from nanoflow.metrics import FILE, MetricsLog
+from nanoflow.metrics import FILE, MetricsLog, set_aside
 from nanoflow.parallel import Topology, init_topology
 from nanoflow.preflight import preflight
 from nanoflow.progress import Progress
@@ -36,9 +36,13 @@ log = logging.getLogger(__name__)
 
 
 def run_dir(config: Config) -> Path:
-    """Where metrics.jsonl goes: the checkpoint folder when it is local, else runs/<run> here."""
+    """Where metrics.jsonl goes: the checkpoint folder when it is local, else runs/s3/<bucket>/<prefix> here —
+    keyed by the checkpoints' own place, so that two runs on S3 never share a record, whatever their names
+    (the prefix's parts are plain: config/checks.py refuses empty, "." and ".." ones)."""
     path = config.checkpoints.checkpoints_path
-    return Path("runs", config.general.run) if "://" in path else Path(path)
+    if "://" not in path:
+        return Path(path)
+    return Path("runs", "s3", *path[len("s3://"):].rstrip("/").split("/"))
 
 
 def train(config: Config, *, fresh: bool = False, until_step: int | None = None, out: TextIO | None = None,
@@ -78,6 +82,9 @@ def _train(config: Config, checkpointer: Checkpointer, *, fresh: bool, until_ste
     if until_step is not None and state.step >= until_step:
         log.info(f"nothing to do: step {state.step} is done, at or after until_step = {until_step}")
         return state
+    if fresh:  # the old run's records are kept beside the new one's (none of it is deleted)
+        for old, new in checkpointer.on_main(lambda: set_aside(directory)) or []:
+            log.info(f"--fresh: the old run's {old} moved to {new}, kept; this run writes a new {old.name}")
     needed = 0 if "://" in config.checkpoints.checkpoints_path else state_bytes(state.model)
     checkpointer.on_main(lambda: check_room(str(directory), needed))
     _check_stages_ahead(config, schedule, state.step, tokenizer)

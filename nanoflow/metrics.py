@@ -37,6 +37,9 @@ class MetricsLog:
         self.file = None
         if not enabled:
             return
+        if os.path.islink(path):  # its target lies outside the run folder, wherever the link points
+            raise RunFolderError(f"{path} is a symlink (to {os.readlink(path)}); nanoflow writes no file through a "
+                                 "link it did not make: move the link away and run again")
         try:
             with open(path, "a+b") as f:  # created when missing
                 f.truncate(_kept_length(f, start_step))
@@ -65,6 +68,24 @@ class MetricsLog:
     def __exit__(self, *exc) -> None:
         if self.file is not None:
             self.file.close()
+
+
+def set_aside(directory: Path) -> list[tuple[Path, Path]]:
+    """Move a run folder's metrics.jsonl and eval.jsonl, before a fresh start over them, to metrics.<n>.jsonl and
+    eval.<n>.jsonl (the first n free for both): the old run's records are kept, never truncated. (old, new) each."""
+    found = [Path(directory, name) for name in (FILE, EVAL_FILE)]
+    found = [path for path in found if path.is_file() and not path.is_symlink() and path.stat().st_size]
+    n = 1
+    while any(path.with_suffix(f".{n}.jsonl").exists() for path in found):
+        n += 1
+    moved = []
+    for path in found:
+        try:
+            path.rename(path.with_suffix(f".{n}.jsonl"))
+        except OSError as e:
+            raise RunFolderError(f"cannot move {path} aside before a fresh start: {e.strerror or e}") from None
+        moved.append((path, path.with_suffix(f".{n}.jsonl")))
+    return moved
 
 
 def _kept_length(f, step: int, block: int = 1 << 16) -> int:
@@ -119,7 +140,7 @@ def read_metrics(run_dir: str | os.PathLike) -> list[dict]:
         lines = path.read_text().splitlines()
     except FileNotFoundError:
         raise MetricsError(f"{path}: no such file (bin/train writes it into the run folder, "
-                           "checkpoints.checkpoints_path; runs/<run>/ when checkpoints go to S3)") from None
+                           "checkpoints.checkpoints_path; runs/s3/<bucket>/<prefix>/ when checkpoints go to S3)") from None
     metrics = _read_rows(path, lines)
     if not metrics:
         raise MetricsError(f"{path} holds no steps yet")

@@ -240,7 +240,7 @@ def test_two_launches_on_one_run_folder(root, tiny_toml, reference, tmp_path):
     assert first.returncode == 0, out + err
     assert f"done: {TRAIN_STEPS} steps" in out
     # The first run's results are whole: one metrics line per step, in order, and the straight run's state.
-    assert metrics_steps(Path(url) if endpoint is None else tmp_path / "runs" / "tiny") == \
+    assert metrics_steps(Path(url) if endpoint is None else tmp_path / "runs" / "s3" / url[len("s3://"):]) == \
         list(range(1, TRAIN_STEPS + 1))
     assert_same(read_checkpoint(url).groups, reference)
     assert read_lock(url, endpoint) is None  # released at the end
@@ -313,3 +313,48 @@ def test_a_run_stopped_by_sigterm_releases_the_lock(tiny_toml, tmp_path):
     again = subprocess.run(train_command(tiny_toml, str(url)), cwd=tmp_path, capture_output=True, text=True,
                            timeout=120)
     assert again.returncode == 0 and "taking over" not in again.stdout, again.stdout + again.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# Records and files nanoflow did not write (issue 21, items 7 and 14)
+
+@pytest.mark.parametrize("field, value", [("lease_seconds", "abc"), ("lease_seconds", None), ("pid", "12"),
+                                          ("token", 7), ("host", ["x"])])
+def test_a_lock_record_with_a_field_of_the_wrong_type_never_tracebacks(root, field, value):
+    """Locally the flock proves nobody holds it: taken over, naming the field; on S3 nothing proves that, so
+    the launch is refused, naming the lock and the field, and the object is left as it is."""
+    root, endpoint = root
+    record = {"format": "nanoflow-lock/1", "run": "odd", "host": "lost-node", "pid": 4242, "process_start": 1,
+              "boot_id": "x", "pid_namespace": "pid:[1]", "started": "2026-01-01T00:00:00+00:00",
+              "renewed": "2026-01-01T00:00:00+00:00", "token": "feed", "lease_seconds": 120.0, field: value}
+    data = json.dumps(record).encode()
+    if endpoint is None:
+        Path(root).mkdir(parents=True)
+        Path(root, LOCK).write_bytes(data)
+        with logged() as said:
+            lock = RunLock.acquire(root, run="next")
+        lock.release()
+        assert len(said) == 1 and f"taking over {root}/{LOCK}" in said[0] and f"field {field} = " in said[0], said
+    else:
+        bucket, prefix = split(root)
+        endpoint.client().put_object(Bucket=bucket, Key=f"{prefix}/{LOCK}", Body=data)
+        with pytest.raises(RunLockedError) as refused:
+            RunLock.acquire(root, run="next")
+        assert f"{root}/{LOCK}" in str(refused.value) and f"field {field} = " in str(refused.value), refused.value
+        assert read_lock(root, endpoint) == record
+
+
+def test_a_lock_file_that_is_a_symlink_is_refused_and_its_target_untouched(tmp_path):
+    run, elsewhere = tmp_path / "run", tmp_path / "precious.txt"
+    run.mkdir()
+    elsewhere.write_text("not nanoflow's\n")
+    (run / LOCK).symlink_to(elsewhere)
+    with pytest.raises(CheckpointError) as refused:
+        RunLock.acquire(str(run), run="next")
+    assert f"{run}/{LOCK}" in str(refused.value) and "symlink" in str(refused.value), refused.value
+    assert elsewhere.read_text() == "not nanoflow's\n"
+    (run / LOCK).unlink()
+    (run / LOCK).symlink_to(tmp_path / "missing")  # a dangling one: nothing is created through it either
+    with pytest.raises(CheckpointError):
+        RunLock.acquire(str(run), run="next")
+    assert not (tmp_path / "missing").exists()

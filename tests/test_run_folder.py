@@ -13,6 +13,7 @@ from log_helpers import logged
 
 from helpers import REPO, TINY
 from nanoflow import io, load_config
+from nanoflow.config import ConfigError
 from nanoflow.io.runfolder import RunFolderError, RunFolderWriteError
 from nanoflow.loop import train
 from nanoflow.tensorboard import TensorBoardLog, available
@@ -159,3 +160,54 @@ def test_metrics_write_failing_mid_run_is_a_storage_error(tmp_path):
             with pytest.raises(RunFolderWriteError, match=f"cannot write {path} after step 3: No space left") as error:
                 log.write({"step": 3, "loss": 1.0})
     assert error.value.exit_status == EXIT_STORAGE and "run the same command again" in str(error.value)
+
+
+# ---------------------------------------------------------------------------------------------
+# Nothing outside the run folder, nothing lost without a word (issue 21, items 7 and 8)
+
+@pytest.mark.parametrize("name", ["../../x", "/tmp/elsewhere", "a/b", "..", ".", ""])
+def test_a_run_name_that_is_no_plain_name_is_refused_by_key(tmp_path, name):
+    with pytest.raises(ConfigError) as refused:
+        load_config(TINY, [f"checkpoints.checkpoints_path={str(tmp_path / 'run')!r}", f"general.run={name!r}"])
+    assert "general.run" in str(refused.value), refused.value
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("key", ["checkpoints.checkpoints_path", "checkpoints.resume_checkpoint_path",
+                                 "model.init_from"])
+def test_an_empty_path_is_refused_by_key_never_taken_as_the_config_folder(tmp_path, key):
+    with pytest.raises(ConfigError) as refused:
+        load_config(TINY, [f"checkpoints.checkpoints_path={str(tmp_path / 'run')!r}", f'{key}=""'])
+    assert f"{key}: empty" in str(refused.value), refused.value
+
+
+def test_fresh_keeps_the_old_runs_metrics_moved_aside_and_says_so(tmp_path):
+    run = tmp_path / "run"
+    train(load_config(TINY, [f"checkpoints.checkpoints_path={str(run)!r}", "tokens.train_steps=3"]),
+          out=text_io.StringIO())
+    old = (run / "metrics.jsonl").read_text()
+    assert len(old.splitlines()) == 3
+    out = text_io.StringIO()
+    train(load_config(TINY, [f"checkpoints.checkpoints_path={str(run)!r}", "tokens.train_steps=2"]), fresh=True,
+          out=out)
+    assert (run / "metrics.1.jsonl").read_text() == old  # every row of the old run, as it was
+    assert len((run / "metrics.jsonl").read_text().splitlines()) == 2
+    assert f"{run / 'metrics.jsonl'} moved to {run / 'metrics.1.jsonl'}" in out.getvalue(), out.getvalue()
+
+
+def test_a_symlinked_step_folder_is_resumed_from_and_never_written_through(tmp_path):
+    run, disk = tmp_path / "run", tmp_path / "other-disk"
+    config = load_config(TINY, [f"checkpoints.checkpoints_path={str(run)!r}", "tokens.train_steps=4",
+                                "checkpoints.checkpoint_interval=2", "checkpoints.keep=1"])
+    train(config, until_step=2, out=text_io.StringIO())
+    disk.mkdir()
+    (run / "2").rename(disk / "2")            # moved to another disk …
+    (run / "2").symlink_to(disk / "2")        # … and linked back
+    before = {p.name: p.read_bytes() for p in (disk / "2").rglob("*") if p.is_file()}
+    out = text_io.StringIO()
+    state = train(config, out=out)
+    assert f"resuming from {run}/2: step 2 done" in out.getvalue(), out.getvalue()
+    assert state.step == 4 and io.latest(str(run)) == f"{run}/4"
+    # keep = 1 would delete step 2: not through a link nanoflow did not make
+    assert {p.name: p.read_bytes() for p in (disk / "2").rglob("*") if p.is_file()} == before
+    assert (run / "2").is_symlink()

@@ -61,7 +61,7 @@ def s3_run(s3_endpoint, tmp_path_factory, tiny_toml, reference):
     url = s3_endpoint.make_bucket()
     config = tiny(tiny_toml, url, "checkpoints.checkpoint_interval=4")
     with pytest.MonkeyPatch.context() as mp:
-        mp.chdir(tmp_path_factory.mktemp("s3_run"))  # metrics.jsonl of an s3:// run goes to ./runs/<run>
+        mp.chdir(tmp_path_factory.mktemp("s3_run"))  # metrics.jsonl of an s3:// run goes to ./runs/s3/<bucket>/<prefix>
         first, _ = run(config, until_step=6)
         assert first.step == 6
         final, out = run(config)
@@ -500,3 +500,20 @@ def test_a_download_that_breaks_off_is_asked_again_within_the_documented_bound(s
         gets_of(lambda: Store(s3_bucket).read_range("blob.bin", 0, 1 << 20))
     assert len([r for r in s3_endpoint.requests[before:] if r[0] == "GET"]) == 5
     assert waits == {"smart_open": [1, 2, 4, 8, 16], "nanoflow": []}
+
+
+def test_two_runs_of_one_name_on_two_s3_prefixes_keep_two_local_records(s3_endpoint, s3_bucket, tiny_toml, tmp_path,
+                                                                       monkeypatch):
+    """The same general.run (tiny.toml's), two S3 places: each run's metrics.jsonl is its own, keyed by its
+    checkpoints' place, and the second run neither erases nor mixes into the first's."""
+    monkeypatch.chdir(tmp_path)
+    first_url, second_url = f"{s3_bucket}/first", f"{s3_bucket}/second"
+    run(tiny(tiny_toml, first_url, "tokens.train_steps=3"))
+    first_record = tmp_path / "runs" / "s3" / first_url[len("s3://"):] / "metrics.jsonl"
+    rows = first_record.read_text()
+    assert [json.loads(line)["step"] for line in rows.splitlines()] == [1, 2, 3]
+    _, out = run(tiny(tiny_toml, second_url, "tokens.train_steps=2"))
+    second_record = tmp_path / "runs" / "s3" / second_url[len("s3://"):] / "metrics.jsonl"
+    assert [json.loads(line)["step"] for line in second_record.read_text().splitlines()] == [1, 2]
+    assert first_record.read_text() == rows  # untouched by the second run
+    assert f"metrics in {Path('runs', 's3', second_url[len('s3://'):], 'metrics.jsonl')}" in out, out

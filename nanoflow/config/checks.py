@@ -73,6 +73,7 @@ def validate(config: Config) -> list[str]:
     if model.init_from is not None and "://" not in model.init_from and not os.path.exists(model.init_from):
         problems.append(f"model.init_from: {model.init_from} does not exist")
     problems.extend(rope_scaling_problems(model.rope_scaling))
+    problems.extend(_run_place_problems(config))
     problems.extend(_held_out_problems(config))
     problems.extend(evaluation_problems(config))
 
@@ -87,6 +88,25 @@ def validate(config: Config) -> list[str]:
         prefix = f"{stage_label(culprit)}.{key}" if culprit is not None else (
             "tokens.train_steps" if e.key == "train_steps" else e.key)
         problems.append(f"{prefix}: {e}")
+    return problems
+
+
+def _run_place_problems(config: Config) -> list[str]:
+    """A run writes only inside its own folder: no empty path taken for the config's folder, no run name that
+    is a path, no S3 prefix with a part that would climb out of the local record's folder (runfolder.py)."""
+    problems = []
+    for key, value in (("checkpoints.checkpoints_path", config.checkpoints.checkpoints_path),
+                       ("checkpoints.resume_checkpoint_path", config.checkpoints.resume_checkpoint_path),
+                       ("model.init_from", config.model.init_from)):
+        if value is not None and not value.strip():
+            problems.append(f"{key}: empty (an unset variable in --set?); name a folder, or s3://bucket/prefix")
+        elif value is not None and value.startswith("s3://") and any(
+                part in ("", ".", "..") for part in value[len("s3://"):].rstrip("/").split("/")):
+            problems.append(f"{key} = {value}: an empty, '.' or '..' part; write s3://bucket/prefix/of/plain/parts")
+    run = config.general.run
+    if run in ("", ".", "..") or any(c in run for c in "/\\\0"):
+        problems.append(f"general.run = {run!r}: a run's name, not a path (no '/', not '.' or '..', not empty); "
+                        "where it writes is checkpoints.checkpoints_path")
     return problems
 
 

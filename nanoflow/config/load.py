@@ -125,6 +125,8 @@ def _entry_by_name_or_index(entries: list, key: str, list_key: str, override: st
 
 
 def _resolve(base: Path, value: str) -> str:
+    if not value.strip():  # an unset shell variable in --set: refused by key (checks.py), never the TOML's folder
+        return value
     # A URL, even a malformed one ("s3:/bucket"), is left as written for the store to accept or refuse.
     if re.match(r"[A-Za-z][A-Za-z0-9+.-]*:/", value) or os.path.isabs(value):
         return value

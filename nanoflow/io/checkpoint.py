@@ -226,6 +226,9 @@ def new_save(root: str, step: int) -> str:
     file names take (beside a committed step, fresh names, so that it stays loadable until the new
     metadata lands)."""
     store, folder = Store(root), str(step)
+    if store.is_link(folder):
+        raise CheckpointError(f"{store.url(folder)} is a symlink nanoflow did not make: refusing to write step {step} "
+                              "through it; move that step folder back (or away) and run again")
     suffix = f".{secrets.token_hex(4)}" if store.exists(f"{folder}/{METADATA}") else ""
     store.write(f"{folder}/{SAVE_MARKER}", f"a save of step {step} by nanoflow\n".encode())
     return suffix
@@ -297,12 +300,19 @@ def _clean_up(store: Store, objects: dict, newest: str, written: set[str], keep:
     ours = {step: [p.partition("/")[2] for p in objects if p.startswith(f"{step}/")
                    and _OURS.fullmatch(p.partition("/")[2])]
             for step in _step_folders(objects) if f"{step}/{SAVE_MARKER}" in objects}
+    # A step folder moved elsewhere and linked back is read and resumed from, but nothing is deleted through the link
+    linked = {s for s in ours if str(s) != newest and store.is_link(str(s))}
     doomed = [s for s, names in ours.items() if METADATA not in names and str(s) != newest]
     if keep is not None:
         times = _commit_times(store, objects, [s for s, names in ours.items() if METADATA in names
                                                and str(s) != newest])
         if times is not None:
             doomed += sorted(times, key=lambda s: (times[s], s), reverse=True)[max(keep - 1, 0):]
+    for step in sorted(s for s in set(doomed) & linked):
+        log.warning(f"{store.url(str(step))} is due for deletion but is a symlink: left as it is (nanoflow deletes "
+                    "nothing through a link it did not make)")
+    doomed = [s for s in doomed if s not in linked]
+    ours = {s: names for s, names in ours.items() if s not in linked}
     leftovers = [f"{newest}/{name}" for name in ours.get(int(newest), []) if name not in written]
     leftovers += [f"{s}/{name}" for s, names in ours.items() if s not in doomed for name in names
                   if _TEMPORARY.fullmatch(name) and str(s) != newest]

@@ -162,12 +162,15 @@ def _acquire_local(store: Store, record: dict):
         os.makedirs(store.root, exist_ok=True)
     except OSError as e:
         raise CheckpointError(f"cannot create the run folder {store.root}: {e.strerror or e}") from e
+    if os.path.islink(path):  # never written through: its target lies wherever the link points
+        raise CheckpointError(f"{path} is a symlink (to {os.readlink(path)}), not a lock nanoflow made; nanoflow "
+                              "writes no file through a link: remove the link and run again")
     try:
-        f = open(path, "r+b" if os.path.exists(path) else "x+b")  # noqa: SIM115 - open while the lock is held
-    except FileExistsError:  # created by a launch starting this very moment: open what it created
-        f = open(path, "r+b")  # noqa: SIM115
+        # O_NOFOLLOW: a link put there after the check above is refused too (ELOOP), never written through
+        f = os.fdopen(os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644), "r+b")
     except OSError as e:
-        raise CheckpointError(f"cannot create the run lock {path}: {e.strerror}") from e
+        why = "a symlink, not a lock nanoflow made" if e.errno == errno.ELOOP else e.strerror
+        raise CheckpointError(f"cannot create the run lock {path}: {why}") from e
     try:
         import fcntl
 
@@ -266,6 +269,13 @@ def _take_over_if_stale(path: str, holder: dict | None, age: float, announce: bo
             raise RunLockedError(f"{path} exists but is not a nanoflow lock record; move it away if no run uses it")
         log.warning(f"taking over {path}: its record is unreadable (a holder killed while writing it)")
         return
+    wrong = _wrong_field(holder)
+    if wrong is not None:  # not a record nanoflow wrote: its holder cannot be judged, only the flock proves it gone
+        if not locked:
+            raise RunLockedError(f"{path}: {wrong}, so it is no record nanoflow wrote and its holder cannot be "
+                                 "told; move it away if no run uses it")
+        log.warning(f"taking over {path}: {wrong} (no nanoflow record), and no process holds its lock")
+        return
     alive = _alive_here(holder)
     lease = float(holder.get("lease_seconds", DEFAULT_LEASE_SECONDS))
     if alive is None and age < lease:
@@ -276,6 +286,24 @@ def _take_over_if_stale(path: str, holder: dict | None, age: float, announce: bo
         why = ("its process is gone" if alive is False else
                f"its lease was not renewed for {age:.0f}s (lease {lease:g}s): the holder is presumed dead")
         log.warning(f"taking over {path} from {_describe(holder)}: {why}")
+
+
+# The type each field of a record must have: anything else is no record nanoflow wrote (issue 21).
+_FIELDS = {"run": (str,), "host": (str, type(None)), "pid": (int,), "process_start": (int, type(None)),
+           "boot_id": (str, type(None)), "pid_namespace": (str, type(None)), "started": (str,), "renewed": (str,),
+           "lease_seconds": (int, float), "token": (str,)}
+
+
+def _wrong_field(holder: dict) -> str | None:
+    """What is wrong with the first field of `holder` of the wrong type (or a lease that is no positive number)."""
+    for key, types in _FIELDS.items():
+        value = holder.get(key)
+        if key in holder and (not isinstance(value, types) or isinstance(value, bool)):
+            return f"its field {key} = {json.dumps(value)} is not of the type nanoflow writes"
+    lease = holder.get("lease_seconds", DEFAULT_LEASE_SECONDS)
+    if not 0 < lease < float("inf"):
+        return f"its field lease_seconds = {json.dumps(lease)} is no positive number of seconds"
+    return None
 
 
 def _alive_here(holder: dict) -> bool | None:

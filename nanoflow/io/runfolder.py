@@ -1,4 +1,4 @@
-"""The local run folder (checkpoints_path, or runs/<run> beside S3 checkpoints): checked at start-up, before any
+"""The local run folder (checkpoints_path, or runs/s3/<bucket>/<prefix> for S3 checkpoints): checked at start-up, before any
 checkpoint is read or any step trained, so a folder nanoflow cannot write is an error naming it (exit status 2)
 rather than a traceback at the first save an hour in."""
 

@@ -19,6 +19,7 @@ read is at most 8 × 5 GETs and 7 × 15 + 31 + 23.75 = 159.75 s of waiting (docs
 from __future__ import annotations
 
 import email.utils
+import itertools
 import os
 import random
 import re
@@ -176,7 +177,12 @@ class Store:
         S3 one listing (a request per 1,000 objects)."""
         if not self.is_s3:
             found = {}
-            for directory, _, names in os.walk(self.root):
+            # A step folder of the root's that is a symlink (moved to another disk and linked back) is listed too;
+            # a link of another name (a data folder of the user's) is not walked, nor any link deeper down.
+            top = next(os.walk(self.root), (self.root, [], []))
+            linked = [os.path.join(self.root, d) for d in top[1]
+                      if d.isascii() and d.isdigit() and os.path.islink(os.path.join(self.root, d))]
+            for directory, _, names in itertools.chain(os.walk(self.root), *map(os.walk, linked)):
                 for name in names:
                     path = os.path.join(directory, name)
                     try:
@@ -187,6 +193,10 @@ class Store:
                     found[relative] = (stat.st_size, f"{stat.st_size}:{stat.st_mtime_ns}:{stat.st_ino}")
             return found
         return {relative: (o["Size"], o.get("ETag", "")) for relative, o in self._listing("")}
+
+    def is_link(self, relative: str) -> bool:
+        """Whether the local path is a symlink (nanoflow makes none: it never writes or deletes through one)."""
+        return not self.is_s3 and os.path.islink(self.url(relative))
 
     def written_stamp(self, relative: str, data: bytes) -> str:
         """The stamp `objects()` will show for the object just written with `data` (on S3 the ETag of a
