@@ -36,7 +36,7 @@ from nanoflow.data import load_run_tokenizer
 from nanoflow.data.fingerprint import DataChangedError, Fingerprints, fingerprint_changes
 from nanoflow.errors import EXIT_STORAGE, NanoflowError
 from nanoflow.io.checkpoint import commit, first_readable, new_save, write_files
-from nanoflow.lineage import Lineage, LRChangedError, continues_start, flags_note, lr_schedule_change, same_place
+from nanoflow.lineage import Lineage, LRChangedError, begun_from_start, flags_note, lr_schedule_change
 from nanoflow.parallel import Topology, broadcast_object, gather_objects, init_topology
 from nanoflow.schedule import ResumePoint, Schedule, TrainingMetadata, begun_stages, resume_point, training_metadata
 from nanoflow.shards import load_moments, load_weights, read_on_every_rank, state_blocks
@@ -227,24 +227,9 @@ class Checkpointer:
         were committed after it was read, so they lead the commit order. Inside the run's own folder, the older
         history the start rewinds follows them (and is not theirs); a checkpoint of another start is said."""
         checkpoints = self.config.checkpoints
-        own, start = checkpoints.checkpoints_path, checkpoints.resume_checkpoint_path
-        descendants = []
-        for folder in io.checkpoints_to_try(own):
-            if same_place(folder, start):
-                break
-            try:
-                metadata = io.read_metadata(folder)
-            except io.CheckpointError:
-                break
-            if not continues_start(metadata, start, own):
-                if not descendants:
-                    began = (Lineage.of(metadata) or Lineage()).began_from
-                    self._say(f"checkpoints_path = {own} holds checkpoints that did not begin from "
-                              f"resume_checkpoint_path = {start} (the newest, {folder}, "
-                              + (f"began from {began}" if began else "started afresh") + f"): starting from {start}; "
-                              "they stay until this run commits steps of the same numbers")
-                break
-            descendants.append(folder)
+        descendants, passed_over = begun_from_start(checkpoints.checkpoints_path, checkpoints.resume_checkpoint_path)
+        if passed_over:
+            self._say(passed_over)
         return descendants
 
     def _say_what_fresh_ignores(self) -> None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import attrs
 from attrs import frozen
 
+from nanoflow import io
 from nanoflow.config import LRSchedulerArgs, StageLRSchedulerArgs, converter
 from nanoflow.errors import NanoflowError
 from nanoflow.lr import lr_of, scheduled_lr
@@ -69,6 +70,31 @@ def continues_start(metadata: dict, start: str, checkpoints_path: str) -> bool:
     if lineage is None:
         return not inside(start, checkpoints_path)
     return lineage.began_from is not None and same_place(lineage.began_from, start)
+
+
+def begun_from_start(checkpoints_path: str, start: str) -> tuple[list[str], str | None]:
+    """The committed checkpoints of `checkpoints_path` that began from `start` (resume_checkpoint_path), newest
+    first — committed after `start` was read, they lead the commit order; inside the run's own folder the older
+    history `start` rewinds follows them, and is not theirs — and, when the newest checkpoint began elsewhere,
+    a line saying which is passed over."""
+    descendants = []
+    for folder in io.checkpoints_to_try(checkpoints_path):
+        if same_place(folder, start):
+            break
+        try:
+            metadata = io.read_metadata(folder)
+        except io.CheckpointError:
+            break
+        if not continues_start(metadata, start, checkpoints_path):
+            if descendants:
+                break
+            began = (Lineage.of(metadata) or Lineage()).began_from
+            return [], (f"checkpoints_path = {checkpoints_path} holds checkpoints that did not begin from "
+                        f"resume_checkpoint_path = {start} (the newest, {folder}, "
+                        + (f"began from {began}" if began else "started afresh") + f"): starting from {start}; "
+                        "they stay until this run commits steps of the same numbers")
+        descendants.append(folder)
+    return descendants, None
 
 
 def flags_note(load_optimizer: bool, load_lr_scheduler: bool, lineage: Lineage | None) -> str | None:

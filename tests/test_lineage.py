@@ -83,6 +83,9 @@ def test_a_resume_path_inside_the_runs_own_folder_is_started_from_once_then_its_
     train(config, until_step=6, out=first)
     assert f"resuming from {run}/4: step 4 done" in first.getvalue() or \
         f"resuming from {start}/4: step 4 done" in first.getvalue()
+    if layout == "step folder":                                # the history it rewinds is named, and kept for now
+        assert f"holds checkpoints that did not begin from resume_checkpoint_path = {start} (the newest, {run}/12, " \
+               "started afresh)" in first.getvalue(), first.getvalue()
     again = quiet()
     resumed = train(config, out=again)                         # the same command: its own 6, not 4 again
     assert f"resuming from {run}/6: step 6 done" in again.getvalue(), again.getvalue()
