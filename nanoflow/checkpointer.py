@@ -36,6 +36,7 @@ from nanoflow.data import load_run_tokenizer
 from nanoflow.data.fingerprint import DataChangedError, Fingerprints
 from nanoflow.errors import EXIT_STORAGE, NanoflowError
 from nanoflow.io.checkpoint import commit, first_readable, new_save, write_files
+from nanoflow.lineage import Lineage, LRChangedError, begun_from_start, flags_note, lr_schedule_change
 from nanoflow.parallel import Topology, broadcast_object, gather_objects, init_topology
 from nanoflow.schedule import ResumePoint, Schedule, TrainingMetadata, begun_stages, resume_point, training_metadata
 from nanoflow.shards import load_moments, load_weights, read_on_every_rank, state_blocks
@@ -58,12 +59,13 @@ class InFlight:
     work: BackgroundWork
 
 
-def checkpoint_info(state: TrainState, data_fingerprint: dict | None = None) -> dict:
+def checkpoint_info(state: TrainState, data_fingerprint: dict | None = None, lineage: Lineage = Lineage()) -> dict:
     """What a checkpoint of `state` records besides its tensors (with `data_fingerprint`, {stage name:
-    fingerprint} of the begun stages, when given)."""
+    fingerprint} of the begun stages, when given; `lineage`: where the run began, nanoflow/lineage.py)."""
     info = {
         "training": training_metadata(state.schedule, state.step).to_dict(),
         "lr_origin": state.lr_origin,
+        "lineage": lineage.to_dict(),
         "topology": state.topology.to_dict(),
         "config": state.config.to_dict(),
     }
@@ -89,6 +91,7 @@ class Checkpointer:
         self.run = Run(config, Schedule.from_config(config), self.topology)
         self._host_copy = HostCopy()          # async_save: the host buffers, reused by every save
         self._in_flight: InFlight | None = None
+        self.lineage = Lineage()              # where the run restored began (nanoflow/lineage.py): its saves record it
 
     # -- agreement across ranks ------------------------------------------------------------------
 
@@ -162,37 +165,45 @@ class Checkpointer:
             return self._restore(fresh)
 
     def _restore(self, fresh: bool) -> TrainState:
-        root, folders = self.on_main(lambda: self._checkpoints_to_try(fresh))
+        root, folders, start = self.on_main(lambda: self._checkpoints_to_try(fresh))
+        self.lineage = Lineage()
         if not folders:
             return init_state(self.config, self.topology)
-        state, reader, point = first_readable(
-            root, self._restore_from, folders=folders,
+        state, reader, point, self.lineage = first_readable(
+            root, lambda folder: self._restore_from(folder, start), folders=folders,
             announce=lambda folder, e: self._warn(f"{folder} is damaged, trying an older checkpoint: {e}"))
         checkpoints, schedule = self.config.checkpoints, self.run.schedule
         if state.step >= schedule.train_steps:
             self._say(f"nothing to do: {reader.path} has all {schedule.train_steps} steps done")
             return state
-        skipped = [what for what, loaded in (("optimizer moments", checkpoints.load_optimizer),
-                                             ("LR schedule position", checkpoints.load_lr_scheduler)) if not loaded]
+        skipped = [] if start is None else [
+            what for what, loaded in (("optimizer moments", checkpoints.load_optimizer),
+                                      ("LR schedule position", checkpoints.load_lr_scheduler)) if not loaded]
         self._say(f"resuming from {reader.path}: step {state.step} done, next step {point.step} "
                   f'(stage "{schedule.stages[point.stage].name}", {point.samples_in_stage} samples in)'
                   + (f"; fresh {' and '.join(skipped)}" if skipped else ""))
+        note = None if start is not None else flags_note(checkpoints.load_optimizer, checkpoints.load_lr_scheduler,
+                                                         self.lineage)
+        if note:
+            self._say(note)
         return state
 
-    def _checkpoints_to_try(self, fresh: bool) -> tuple[str, list[str]]:
-        """(the folder listed, the step folders to resume from in the order to try them); none for a fresh start."""
+    def _checkpoints_to_try(self, fresh: bool) -> tuple[str, list[str], str | None]:
+        """(the folder listed, the step folders to resume from in the order to try them, resume_checkpoint_path
+        when they are its: the run starts there); no folders for a fresh start."""
         checkpoints = self.config.checkpoints
-        root, folders = checkpoints.checkpoints_path, []
+        root, folders, start = checkpoints.checkpoints_path, [], None
         if fresh:
             self._say_what_fresh_ignores()
         elif checkpoints.resume_checkpoint_path is not None and (own := self._own_checkpoints()):
-            # resume_checkpoint_path is where the run began (a branch from another run): once the run has committed
-            # its own, rerunning the same command continues them instead of starting the branch over.
+            # resume_checkpoint_path is where the run began (a branch, or an older checkpoint of its own): once the
+            # run has committed checkpoints that began there, rerunning the same command continues them instead
+            # of starting over (and of applying load_optimizer / load_lr_scheduler = false again).
             folders = own
             self._say(f"checkpoints_path = {root} holds this run's own checkpoints: continuing them, not "
                       f"resume_checkpoint_path = {checkpoints.resume_checkpoint_path} (where the run began)")
         elif checkpoints.resume_checkpoint_path is not None:
-            root = checkpoints.resume_checkpoint_path
+            root = start = checkpoints.resume_checkpoint_path
             folders = io.checkpoints_to_try(root)
             if not folders:
                 raise io.CheckpointError(
@@ -204,16 +215,17 @@ class Checkpointer:
             except io.DamagedCheckpointError as e:
                 raise io.DamagedCheckpointError(f"{e}\nRefusing to start from scratch over them: repair or "
                                                 "move them, or pass --fresh") from None
-        return root, folders
+        return root, folders, start
 
     def _own_checkpoints(self) -> list[str]:
-        """The committed checkpoints of checkpoints_path when resume_checkpoint_path lies outside it, else none (a
-        resume path inside the run's own folder rewinds the run to that step)."""
+        """The committed checkpoints of checkpoints_path that began from resume_checkpoint_path, newest first: they
+        were committed after it was read, so they lead the commit order. Inside the run's own folder, the older
+        history the start rewinds follows them (and is not theirs); a checkpoint of another start is said."""
         checkpoints = self.config.checkpoints
-        own, start = checkpoints.checkpoints_path.rstrip("/"), checkpoints.resume_checkpoint_path.rstrip("/")
-        if start == own or start.startswith(own + "/"):
-            return []
-        return io.checkpoints_to_try(own)
+        descendants, passed_over = begun_from_start(checkpoints.checkpoints_path, checkpoints.resume_checkpoint_path)
+        if passed_over:
+            self._say(passed_over)
+        return descendants
 
     def _say_what_fresh_ignores(self) -> None:
         """Name the committed checkpoints --fresh passes over, so that nobody takes a fresh start for a resume."""
@@ -236,29 +248,58 @@ class Checkpointer:
                 self._say(f"--fresh: starting from step 1; checkpoints.resume_checkpoint_path = {where} is not used "
                           "(it holds no committed checkpoint either)")
 
-    def _restore_from(self, folder: str) -> tuple[TrainState, io.CheckpointReader, ResumePoint]:
-        """The state step folder `folder` holds, its reader and where training goes on from it; checked
-        before any tensor is read: the trained history (ScheduleDriftError), the model, the data."""
+    def _restore_from(self, folder: str, start: str | None) -> tuple[TrainState, io.CheckpointReader, ResumePoint,
+                                                                      Lineage]:
+        """The state step folder `folder` holds, its reader, where training goes on from it and the lineage the
+        run's checkpoints record from now on; checked before any tensor is read: the trained history
+        (ScheduleDriftError), the model, the data, the LR (LRChangedError). With `start` (the run starts from
+        resume_checkpoint_path), load_optimizer / load_lr_scheduler = false act: fresh AdamW state, the LR
+        schedule restarted (warmup included) at the resume step; a resume of the run's own checkpoint continues
+        what it holds."""
         reader = read_on_every_rank(lambda: io.CheckpointReader(folder), self.topology)
         trained = TrainingMetadata.from_dict(reader.metadata["training"])
         point = resume_point(self.run.schedule, trained)  # raises ScheduleDriftError if the config rewrites history
         self._check_architecture(reader)
         self._check_data(reader)
-        state = read_on_every_rank(lambda: self._read_state(reader, trained), self.topology)
-        return state, reader, point
+        checkpoints, saved_origin = self.config.checkpoints, int(reader.metadata.get("lr_origin", 0))
+        saved = Lineage.of(reader.metadata) or Lineage()
+        if start is None:
+            lr_origin, lineage, moments = saved_origin, saved, True
+        else:
+            lr_origin = saved_origin if checkpoints.load_lr_scheduler else trained.completed
+            lineage = Lineage(saved.optimizer_origin if checkpoints.load_optimizer else trained.completed,
+                              start.rstrip("/"), trained.completed)
+            moments = checkpoints.load_optimizer
+        if lr_origin == saved_origin:  # (a restarted schedule was asked for: its LR is new by design)
+            self._check_lr(reader, trained, lr_origin)
+        state = read_on_every_rank(lambda: self._read_state(reader, trained, lr_origin, moments), self.topology)
+        return state, reader, point, lineage
 
-    def _read_state(self, reader: io.CheckpointReader, trained: TrainingMetadata) -> TrainState:
-        """This rank's boxes of the weights (and AdamW state, with load_optimizer) into a new model and optimizer.
-        load_lr_scheduler = false restarts the LR schedule (warmup included) at the resume step."""
-        config, checkpoints = self.config, self.config.checkpoints
+    def _read_state(self, reader: io.CheckpointReader, trained: TrainingMetadata, lr_origin: int,
+                    moments: bool) -> TrainState:
+        """This rank's boxes of the weights (and of the AdamW state, with `moments`) into a new model and optimizer."""
+        config = self.config
         model = build_model(config, self.topology, init=False)
         load_weights(model, reader, reader.path)
         optimizer = build_optimizer(model, config.optimizer)
-        if checkpoints.load_optimizer:
+        if moments:
             load_moments(model, optimizer, reader)
-        lr_origin = reader.metadata["lr_origin"] if checkpoints.load_lr_scheduler else trained.completed
         return TrainState.create(step=trained.completed, model=model, optimizer=optimizer, lr_origin=lr_origin,
                                  run=self.run)
+
+    def _check_lr(self, reader: io.CheckpointReader, trained: TrainingMetadata, lr_origin: int) -> None:
+        """Refuse, before any tensor is read, a config that gives the next step of a begun stage another LR than
+        the checkpoint's config did (unless checkpoints.ignore_lr_schedule_change, then warn)."""
+        change = lr_schedule_change(reader.metadata["config"], self.config, self.run.schedule, trained.completed,
+                                    lr_origin)
+        if change is None:
+            return
+        if not self.config.checkpoints.ignore_lr_schedule_change:
+            raise LRChangedError(f"{reader.path}: {change}\nTo resume with the LR re-fitted anyway, set [checkpoints] "
+                                 "ignore_lr_schedule_change = true; to keep it, leave the stage's length (the next "
+                                 "stage's start, train_steps) and LR keys as the checkpoint has them")
+        self._warn(f"{reader.path}: {change}\n  resuming anyway, as checkpoints.ignore_lr_schedule_change = true "
+                   "says; the next checkpoint records the new schedule")
 
     def _check_architecture(self, reader: io.CheckpointReader) -> None:
         """Refuse, on every rank alike and before any tensor is read, a [model] whose weights would not fit the
@@ -324,7 +365,7 @@ class Checkpointer:
         fingerprint = None
         if topology.is_main:  # only rank 0 writes the metadata
             fingerprint = self._fingerprints().of([s.name for s in begun_stages(state.schedule, state.step)])
-        info = checkpoint_info(state, fingerprint)
+        info = checkpoint_info(state, fingerprint, self.lineage)
         groups = state_blocks(state.model, state.optimizer, topology)
         root, step = checkpoints.checkpoints_path, state.step
         self.on_main(lambda: io.confirm_held(root))  # still ours: renewed now

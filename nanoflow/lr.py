@@ -132,9 +132,15 @@ def stage_lr_at(step: int, s: StageLR) -> float:
 
 def scheduled_lr(step: int, config, schedule: Schedule, origin: int = 0) -> float:
     """The learning rate of global step `step` of `config`'s run: its stage's own schedule, or the run's."""
+    return lr_of(step, config.optimizer.learning_rate_scheduler,
+                 [stage.learning_rate_scheduler for stage in config.data_stages], schedule, origin)
+
+
+def lr_of(step: int, run, stage_schedules, schedule: Schedule, origin: int = 0) -> float:
+    """scheduled_lr from the parts of a config: the run's schedule `run` and, per stage of `schedule`, its own
+    schedule or None (a checkpoint's recorded config is compared with the current one through these)."""
     index = active_stage(schedule, step)
-    run = config.optimizer.learning_rate_scheduler
-    own = config.data_stages[index].learning_rate_scheduler
+    own = stage_schedules[index]
     if own is None:
         return lr_at(step, run, schedule.train_steps, origin)
     return stage_lr_at(step, resolve_stage_lr(own, run, stage_span(schedule, index), schedule.train_steps, origin))

@@ -87,9 +87,12 @@ def test_checkpoint_contents_and_layout(straight):
     assert not list(run.rglob("*.pkl")) and not list(run.rglob("*.pt"))
 
 
+# The flags act where a run starts from resume_checkpoint_path (here an older step of its own folder), once:
+# tests/test_lineage.py holds the resumes after it.
 def test_load_optimizer_false_starts_fresh_moments_and_keeps_position(tmp_path):
     train(tiny(tmp_path), until_step=5, out=quiet())
-    state = restore(tiny(tmp_path, "checkpoints.load_optimizer=false"), out=quiet())
+    state = restore(tiny(tmp_path, "checkpoints.load_optimizer=false",
+                         f'checkpoints.resume_checkpoint_path="{tmp_path}/5"'), out=quiet())
     assert state.step == 5 and state.consumed_samples == (20, 0)
     assert len(state.optimizer.state) == 0
     assert state.lr_origin == 0
@@ -98,7 +101,7 @@ def test_load_optimizer_false_starts_fresh_moments_and_keeps_position(tmp_path):
 
 def test_load_lr_scheduler_false_restarts_warmup_at_the_resume_step(tmp_path):
     train(tiny(tmp_path), until_step=5, out=quiet())
-    config = tiny(tmp_path, "checkpoints.load_lr_scheduler=false")
+    config = tiny(tmp_path, "checkpoints.load_lr_scheduler=false", f'checkpoints.resume_checkpoint_path="{tmp_path}/5"')
     state = restore(config, out=quiet())
     assert state.lr_origin == 5 and len(state.optimizer.state) > 0
     train(config, out=quiet())

@@ -163,6 +163,9 @@ class CheckpointsArgs:
     keep: Union[int, None] = field(default=None, validator=optional(positive))
     # Resume although a begun stage's data, tokenizer or seeds changed (OLMo-core's name); warns, naming the change.
     ignore_fingerprint_mismatch: bool = False
+    # Resume although the LR schedule of the stage being trained changed under the checkpoint (a stage's length
+    # edited, a stage inserted after the resume step, its LR keys): warns, naming the change and the LR jump.
+    ignore_lr_schedule_change: bool = False
     # Write checkpoints from a background thread off a host copy of the state; training goes on meanwhile.
     async_save: bool = False
 
