@@ -34,6 +34,13 @@ _PATH_WRITES = {  # audit event -> the positions of its path arguments (all of t
     "shutil.move": (0, 1), "os.mkfifo": (0,), "os.mknod": (0,),
 }
 _PATH_READS = {"os.listdir": 0, "os.scandir": 0}
+# event -> {position of a path argument: position of the dir_fd it is relative to}: shutil.rmtree (and anything
+# else walking by descriptors) names each entry relative to its folder's descriptor, not to the working directory
+_DIR_FDS = {
+    "os.mkdir": {0: 2}, "os.remove": {0: 1}, "os.rmdir": {0: 1}, "os.rename": {0: 2, 1: 3}, "os.replace": {0: 2, 1: 3},
+    "os.symlink": {1: 2}, "os.link": {0: 2, 1: 3}, "os.chmod": {0: 2}, "os.chown": {0: 3}, "os.utime": {0: 3},
+    "shutil.rmtree": {0: 1},
+}
 
 
 class Guard:
@@ -46,14 +53,17 @@ class Guard:
         self._busy = False
         self._folders: dict[str, str] = {}   # a folder as named -> its real path (a symlink may lead into the checkout)
 
-    def inside(self, path) -> str | None:
-        """`path` relative to the checkout, or None when it lies outside (or is not a path)."""
+    def inside(self, path, dir_fd: int | None = None) -> str | None:
+        """`path` (relative to the folder open as `dir_fd`, when given) relative to the checkout, or None when it
+        lies outside (or is not a path)."""
         if isinstance(path, bytes):
             path = os.fsdecode(path)
         elif isinstance(path, os.PathLike):
             path = os.fspath(path)
         if not isinstance(path, str) or not path:
             return None
+        if isinstance(dir_fd, int) and not os.path.isabs(path):
+            path = os.path.join(os.readlink(f"/proc/self/fd/{dir_fd}"), path)
         path = os.path.abspath(path)
         folder, name = os.path.split(path)
         real = self._folders.get(folder)
@@ -80,16 +90,18 @@ class Guard:
             elif event in _PATH_READS:
                 self._check(args[_PATH_READS[event]] if args else None, False)
             else:
+                dir_fds = _DIR_FDS.get(event, {})
                 for position in _PATH_WRITES[event]:
                     if position < len(args):
-                        self._check(args[position], True)
+                        at = dir_fds.get(position)
+                        self._check(args[position], True, args[at] if at is not None and at < len(args) else None)
         except Exception:   # a check that breaks must not break the test's own code; the session walk remains
             pass
         finally:
             self._busy = False
 
-    def _check(self, path, written: bool) -> None:
-        relative = self.inside(path)
+    def _check(self, path, written: bool, dir_fd: int | None = None) -> None:
+        relative = self.inside(path, dir_fd)
         if relative is None or relative == "." and not written:
             return
         parts = relative.split(os.sep)

@@ -19,6 +19,10 @@ sorted(os.listdir(c / "hf"))                              # read hf
 (c / "nanoflow" / "__pycache__").mkdir()                  # Python's cache: fine
 (c.parent / "elsewhere" / "out.txt").write_text("x")      # outside the checkout: fine
 (c.parent / "elsewhere" / "link" / "model.bin").write_text("x")   # through a link into hf/: wrote
+(c.parent / "elsewhere" / "gone" / "sub").mkdir(parents=True)
+(c.parent / "elsewhere" / "gone" / "sub" / "0.txt").write_text("x")
+os.chdir(c)                                               # rmtree names entries relative to descriptors, not to
+shutil.rmtree(c.parent / "elsewhere" / "gone")            # the working directory: outside the checkout, fine
 """
 
 
