@@ -273,6 +273,46 @@ def _eval(args: argparse.Namespace) -> int:
     return EXIT_DONE
 
 
+def average_main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="bin/average",
+        description="Write the (weighted) mean of a run's committed checkpoints' model weights as a committed "
+                    "checkpoint in OUT_DIR (no optimizer state): for bin/eval, bin/export, init_from, or "
+                    "resume_checkpoint_path with load_optimizer = false.",
+        epilog="Example: bin/average runs/trunk runs/trunk-avg --last 3")
+    parser.add_argument("run_dir", help="the run folder whose checkpoints to average (local or s3://)")
+    parser.add_argument("out_dir", help="a new run folder for the averaged checkpoint (local or s3://)")
+    parser.add_argument("--last", metavar="K", help="average the K highest committed steps")
+    parser.add_argument("--steps", metavar="A,B,...", help="average these committed steps")
+    parser.add_argument("--weights", metavar="W,W,...", help="one weight per checkpoint, in step order "
+                                                             "(normalised; default: uniform)")
+    args = parser.parse_args(argv)
+    return guarded(lambda: _average(args), where=args.run_dir)
+
+
+def _numbers(option: str, text: str | None, kind=int) -> list | None:
+    from nanoflow.average import AverageError
+    if text is None:
+        return None
+    try:
+        return [kind(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise AverageError(f"{option} {text!r}: expected comma-separated {'step numbers' if kind is int else 'numbers'}"
+                           ) from None
+
+
+def _average(args: argparse.Namespace) -> int:
+    from nanoflow.average import AverageError, average_checkpoints
+    last = _numbers("--last", args.last)
+    if last is not None and len(last) != 1:
+        raise AverageError(f"--last {args.last!r}: expected one number of checkpoints")
+    summary = average_checkpoints(args.run_dir, args.out_dir, last=None if last is None else last[0],
+                                  steps=_numbers("--steps", args.steps), weights=_numbers("--weights", args.weights, float))
+    sources = ", ".join(f"{s.rstrip('/').rpartition('/')[2]} ({w:.3g})" for s, w in zip(summary["sources"], summary["weights"]))
+    log.info(f"averaged steps {sources} into {summary['path']} (step {summary['step']}, model weights only)")
+    return EXIT_DONE
+
+
 def convert_nanotron_config_main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="bin/convert-nanotron-config",
@@ -330,6 +370,10 @@ def report_command() -> None:
 
 def eval_command() -> None:
     exit_process(eval_main())
+
+
+def average_command() -> None:
+    exit_process(average_main())
 
 
 def convert_nanotron_config_command() -> None:
