@@ -313,6 +313,51 @@ def _average(args: argparse.Namespace) -> int:
     return EXIT_DONE
 
 
+def compare_main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="bin/compare",
+        description="Compare runs: one figure of held-out loss against step and against training FLOPs (a trunk's "
+                    "FLOPs counted once, shared by its branches), and a table: steps, FLOPs, final held-out loss per "
+                    "eval set, the gap to the cosine run of the same length, the compute a shared trunk saved.",
+        epilog="Example: bin/compare runs/trunk runs/cooldown-* runs/cosine-* --output compare.png")
+    parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run folders holding eval.jsonl")
+    parser.add_argument("--output", default="compare.png", help="the PNG to write (default compare.png)")
+    parser.add_argument("--dataset", help="the eval set to draw (default: the first)")
+    args = parser.parse_args(argv)
+    return guarded(lambda: _compare(args))
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from nanoflow.compare import format_table, plot, read_runs
+    runs = read_runs(args.run_dirs)
+    try:
+        path = plot(runs, args.output, args.dataset)
+    except ImportError as e:  # matplotlib, an optional extra
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_BUG
+    print(format_table(runs))
+    print(f"\nwrote {path}")
+    return EXIT_DONE
+
+
+def sweep_main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="bin/sweep",
+        description="Run a study: the runs of a STUDY.toml in order (each bin/train BASE --set ...; cooldown "
+                    "branches from a trunk's checkpoints), its checkpoint averages, then bin/compare over them all. "
+                    "Stoppable and rerunnable: each run resumes, runs done are passed over.",
+        epilog="Example: bin/sweep schedules/wsd_vs_cosine/study.toml")
+    parser.add_argument("study", help="the study's TOML file")
+    parser.add_argument("--only", action="append", metavar="RUN", help="train only this run (repeatable)")
+    args = parser.parse_args(argv)
+    return guarded(lambda: _sweep(args), where=args.study)
+
+
+def _sweep(args: argparse.Namespace) -> int:
+    from nanoflow.sweep import run_study
+    return run_study(args.study, args.only)
+
+
 def convert_nanotron_config_main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="bin/convert-nanotron-config",
@@ -374,6 +419,14 @@ def eval_command() -> None:
 
 def average_command() -> None:
     exit_process(average_main())
+
+
+def compare_command() -> None:
+    exit_process(compare_main())
+
+
+def sweep_command() -> None:
+    exit_process(sweep_main())
 
 
 def convert_nanotron_config_command() -> None:
