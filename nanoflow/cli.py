@@ -298,6 +298,91 @@ def _eval(args: argparse.Namespace) -> int:
     return EXIT_DONE
 
 
+def average_main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="bin/average",
+        description="Write the (weighted) mean of a run's committed checkpoints' model weights as a committed "
+                    "checkpoint in OUT_DIR (no optimizer state): for bin/eval, bin/export, init_from, or "
+                    "resume_checkpoint_path with load_optimizer = false.",
+        epilog="Example: bin/average runs/trunk runs/trunk-avg --last 3")
+    parser.add_argument("run_dir", help="the run folder whose checkpoints to average (local or s3://)")
+    parser.add_argument("out_dir", help="a new run folder for the averaged checkpoint (local or s3://)")
+    parser.add_argument("--last", metavar="K", help="average the K highest committed steps")
+    parser.add_argument("--steps", metavar="A,B,...", help="average these committed steps")
+    parser.add_argument("--weights", metavar="W,W,...", help="one weight per checkpoint, in step order "
+                                                             "(normalised; default: uniform)")
+    args = parser.parse_args(argv)
+    return guarded(lambda: _average(args), where=args.run_dir)
+
+
+def _numbers(option: str, text: str | None, kind=int) -> list | None:
+    from nanoflow.average import AverageError
+    if text is None:
+        return None
+    try:
+        return [kind(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise AverageError(f"{option} {text!r}: expected comma-separated {'step numbers' if kind is int else 'numbers'}"
+                           ) from None
+
+
+def _average(args: argparse.Namespace) -> int:
+    from nanoflow.average import AverageError, average_checkpoints
+    last = _numbers("--last", args.last)
+    if last is not None and len(last) != 1:
+        raise AverageError(f"--last {args.last!r}: expected one number of checkpoints")
+    summary = average_checkpoints(args.run_dir, args.out_dir, last=None if last is None else last[0],
+                                  steps=_numbers("--steps", args.steps), weights=_numbers("--weights", args.weights, float))
+    sources = ", ".join(f"{s.rstrip('/').rpartition('/')[2]} ({w:.3g})" for s, w in zip(summary["sources"], summary["weights"]))
+    log.info(f"averaged steps {sources} into {summary['path']} (step {summary['step']}, model weights only)")
+    return EXIT_DONE
+
+
+def compare_main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="bin/compare",
+        description="Compare runs: one figure of held-out loss against step and against training FLOPs (a trunk's "
+                    "FLOPs counted once, shared by its branches), and a table: steps, FLOPs, final held-out loss per "
+                    "eval set, the gap to the cosine run of the same length, the compute a shared trunk saved.",
+        epilog="Example: bin/compare runs/trunk runs/cooldown-* runs/cosine-* --output compare.png")
+    parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run folders holding eval.jsonl")
+    parser.add_argument("--output", default="compare.png", help="the PNG to write (default compare.png)")
+    parser.add_argument("--dataset", help="the eval set to draw (default: the first)")
+    args = parser.parse_args(argv)
+    return guarded(lambda: _compare(args))
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from nanoflow.compare import format_table, plot, read_runs
+    runs = read_runs(args.run_dirs)
+    try:
+        path = plot(runs, args.output, args.dataset)
+    except ImportError as e:  # matplotlib, an optional extra
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_BUG
+    print(format_table(runs))
+    print(f"\nwrote {path}")
+    return EXIT_DONE
+
+
+def sweep_main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="bin/sweep",
+        description="Run a study: the runs of a STUDY.toml in order (each bin/train BASE --set ...; cooldown "
+                    "branches from a trunk's checkpoints), its checkpoint averages, then bin/compare over them all. "
+                    "Stoppable and rerunnable: each run resumes, runs done are passed over.",
+        epilog="Example: bin/sweep schedules/wsd_vs_cosine/study.toml")
+    parser.add_argument("study", help="the study's TOML file")
+    parser.add_argument("--only", action="append", metavar="RUN", help="train only this run (repeatable)")
+    args = parser.parse_args(argv)
+    return guarded(lambda: _sweep(args), where=args.study)
+
+
+def _sweep(args: argparse.Namespace) -> int:
+    from nanoflow.sweep import run_study
+    return run_study(args.study, args.only)
+
+
 def convert_nanotron_config_main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog=program("bin/convert-nanotron-config"),
@@ -356,6 +441,18 @@ def report_command() -> None:
 
 def eval_command() -> None:
     exit_process(eval_main())
+
+
+def average_command() -> None:
+    exit_process(average_main())
+
+
+def compare_command() -> None:
+    exit_process(compare_main())
+
+
+def sweep_command() -> None:
+    exit_process(sweep_main())
 
 
 def convert_nanotron_config_command() -> None:

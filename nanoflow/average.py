@@ -1,0 +1,113 @@
+"""Checkpoint averaging: `bin/average RUN_DIR OUT_DIR --last K` (or --steps, --weights).
+
+The (weighted) mean of some committed checkpoints' model weights, written as one committed nanoflow
+checkpoint by the writer of nanoflow/io/checkpoint.py (same layout, same commit protocol), so that
+bin/eval, bin/export, `init_from` and `resume_checkpoint_path` (with load_optimizer = false) read it.
+It streams tensor by tensor: each source tensor is read (any dp×tp layout, local or S3, every shard
+checked against its checksum), added into an fp32 sum and dropped, so memory holds the averaged model
+plus one tensor. The result has no optimizer state. Its metadata is the newest source checkpoint's
+(training position, config, data fingerprint), on a one-process topology, plus `averaged_from`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from nanoflow import io
+from nanoflow.checkpointer import ARCHITECTURE
+from nanoflow.errors import NanoflowError
+from nanoflow.io.checkpoint import commit, new_save, write_files
+from nanoflow.io.marker import step_of
+
+SINGLE_PROCESS = {"dp": 1, "tp": 1, "world_size": 1}
+
+
+class AverageError(NanoflowError):
+    """Checkpoints that cannot be averaged, or a selection of them that names none or too many."""
+
+
+def committed_steps(run_dir: str) -> dict[int, str]:
+    """{step: step folder} of a run folder's intact committed checkpoints."""
+    return {step_of(folder.rstrip("/").rpartition("/")[2]): folder for folder in io.checkpoints_to_try(run_dir)}
+
+
+def choose(run_dir: str, *, last: int | None = None, steps: list[int] | None = None) -> list[str]:
+    """The step folders to average, in step order: the `last` highest committed steps, or the `steps` named."""
+    found = committed_steps(run_dir)
+    if not found:
+        raise AverageError(f"{run_dir} holds no committed checkpoint")
+    if last is not None:
+        if last < 1:
+            raise AverageError(f"--last {last}: name one checkpoint or more")
+        if last > len(found):
+            raise AverageError(f"--last {last}: {run_dir} keeps only {len(found)} committed checkpoint"
+                               f"{'s' * (len(found) > 1)} (steps {', '.join(map(str, sorted(found)))})")
+        return [found[s] for s in sorted(found)[-last:]]
+    missing = [s for s in steps if s not in found]
+    if missing:
+        raise AverageError(f"--steps: {run_dir} holds no committed checkpoint of step "
+                           f"{', '.join(map(str, missing))} (it has {', '.join(map(str, sorted(found)))})")
+    if len(set(steps)) != len(steps):
+        raise AverageError(f"--steps {','.join(map(str, steps))}: a step is named twice")
+    return [found[s] for s in sorted(steps)]
+
+
+def _same_model(readers: list[io.CheckpointReader]) -> None:
+    """Refuse, before any tensor is read, checkpoints whose weights do not mean the same thing."""
+    first = readers[0]
+    for other in readers[1:]:
+        a, b = first.metadata["config"], other.metadata["config"]
+        differences = [f"model.{key} is {a['model'].get(key)} in {first.path} but {b['model'].get(key)} in "
+                       f"{other.path}" for key in ARCHITECTURE if a["model"].get(key) != b["model"].get(key)]
+        if a.get("tokenizer") != b.get("tokenizer"):
+            differences.append(f"the tokenizer is {a.get('tokenizer')} in {first.path} but {b.get('tokenizer')} in "
+                               f"{other.path}")
+        if not differences:
+            shapes = {n: first.shape("model", n) for n in first.names("model")}
+            theirs = {n: other.shape("model", n) for n in other.names("model")}
+            if shapes != theirs:
+                differences.append(f"the tensors of {first.path} and {other.path} differ in names or shapes")
+        if differences:
+            raise AverageError("cannot average checkpoints of different models: " + "; ".join(differences))
+
+
+def average_checkpoints(run_dir: str, out_dir: str, *, last: int | None = None, steps: list[int] | None = None,
+                        weights: list[float] | None = None) -> dict:
+    """Commit the weighted mean of the chosen checkpoints of `run_dir` as a checkpoint in `out_dir` (a run
+    folder that holds no committed checkpoint yet); its step is the newest source's. Returns a summary:
+    {"path", "step", "sources", "weights"}."""
+    if (last is None) == (steps is None):
+        raise AverageError("name the checkpoints with one of --last K or --steps A,B,...")
+    if steps is not None and not steps:
+        raise AverageError("--steps: name one step or more")
+    folders = choose(run_dir, last=last, steps=steps)
+    if weights is None:
+        weights = [1.0] * len(folders)
+    if len(weights) != len(folders):
+        raise AverageError(f"--weights: {len(weights)} weights for {len(folders)} checkpoints")
+    if any(not w >= 0 for w in weights) or sum(weights) <= 0:
+        raise AverageError(f"--weights {','.join(map(str, weights))}: weights must be ≥ 0, not all 0")
+    if io.checkpoints_to_try(out_dir):
+        raise AverageError(f"{out_dir} already holds a committed checkpoint; name a new folder")
+    weights = [w / sum(weights) for w in weights]
+    readers = [io.CheckpointReader(folder) for folder in folders]
+    _same_model(readers)
+    newest = readers[-1]
+    tensors = {}
+    for name in newest.names("model"):
+        total = None
+        for reader, weight in zip(readers, weights):
+            part = reader.read("model", name).to(torch.float32)   # may be a view of the bytes read: never written to
+            total = part * weight if total is None else total.add_(part, alpha=weight)
+            del part
+        tensors[name] = total.to(getattr(torch, newest.metadata["tensors"]["model"][name]["dtype"]))
+    step = newest.metadata["step"]
+    info = {key: newest.metadata[key] for key in ("training", "lr_origin", "config", "data_fingerprint")
+            if key in newest.metadata}
+    info["topology"] = SINGLE_PROCESS
+    info["averaged_from"] = [{"checkpoint": r.path, "step": r.metadata["step"], "weight": w}
+                             for r, w in zip(readers, weights)]
+    suffix = new_save(out_dir, step)
+    written = write_files(out_dir, step, {"model": tensors}, suffix, rank=0)
+    path = commit(out_dir, step, [written], info)
+    return {"path": path, "step": step, "sources": [r.path for r in readers], "weights": weights}

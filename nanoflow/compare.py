@@ -1,0 +1,188 @@
+"""Several runs side by side: `bin/compare RUN_DIR... --output compare.png`.
+
+Each run folder gives its eval.jsonl (held-out losses), its metrics.jsonl (tokens per step) and its
+checkpoint metadata (the model and stages, for FLOPs; where it began). A branch — a run whose
+`resume_checkpoint_path` names another run's step folder, or an averaged checkpoint (bin/average's
+`averaged_from`) — owns only its own steps' FLOPs; the trunk's up to the branch point are shared, so
+they count once in the study's total and in full in the branch's own "FLOPs to get here". FLOPs are
+nanoflow/flops.py's count per token times the tokens each step trained.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import attrs
+
+from nanoflow.errors import NanoflowError
+from nanoflow.flops import flops_per_token
+from nanoflow.metrics import read_eval, read_metrics
+from nanoflow.report import COLORS, _figure, read_run_metadata
+
+
+class CompareError(NanoflowError):
+    """A run folder bin/compare cannot read: no eval.jsonl, no checkpoint."""
+
+
+@attrs.frozen
+class _Model:   # the [model] keys flops_per_token reads, from a checkpoint's recorded config
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    vocab_size: int
+
+
+@attrs.frozen
+class RunResult:
+    name: str
+    path: str
+    steps: int                       # the last step evaluated
+    own_flops: float                 # the FLOPs of the steps this run trained itself
+    flops: float                     # own + the origin's up to where this run began (what it took to get here)
+    origin: tuple[str, int] | None   # (the origin's run folder, the step it began from)
+    cosine: bool                     # a baseline: one cosine decay over the whole run, no origin
+    evals: dict[str, list[tuple[int, float]]]   # eval set: [(step, loss)] in step order
+    flops_at: dict[int, float]       # step: FLOPs to get there (for the FLOPs axis)
+
+    def final(self, dataset: str) -> float:
+        points = self.evals.get(dataset)
+        return points[-1][1] if points else math.nan
+
+
+def step_flops(metadata: dict, metrics: list[dict]) -> dict[int, float]:
+    """{step: the training FLOPs of that step}: its tokens × flops_per_token at its stage's sequence length."""
+    config = metadata["config"]
+    model = _Model(**{k: config["model"][k] for k in attrs.fields_dict(_Model)})
+    default = config["tokens"]["sequence_length"]
+    lengths = {s["name"]: s.get("sequence_length") or default for s in config.get("data_stages", [])}
+    return {m["step"]: m["tokens"] * flops_per_token(model, lengths.get(m["stage"], default)) for m in metrics}
+
+
+def _origin(metadata: dict) -> tuple[str, int] | None:
+    averaged = metadata.get("averaged_from")
+    source = averaged[-1]["checkpoint"] if averaged else metadata["config"]["checkpoints"].get("resume_checkpoint_path")
+    if not source:
+        return None
+    folder, _, step = source.rstrip("/").rpartition("/")
+    return (os.path.normpath(folder), int(step)) if step.isdigit() else None
+
+
+def read_run(path: str | os.PathLike, origins: dict[str, RunResult] | None = None) -> RunResult:
+    """One run folder's result; `origins` ({normalised run folder: result}) are the runs it may have begun from."""
+    path = os.fspath(path)
+    rows = read_eval(path)
+    if not rows:
+        raise CompareError(f"{path}: no eval.jsonl rows (train it with an [evaluation] section, or evaluate it)")
+    metadata = read_run_metadata(path)
+    if metadata is None:
+        raise CompareError(f"{path}: no committed checkpoint, so no config to count its FLOPs from")
+    metrics = read_metrics(path) if (Path(path) / "metrics.jsonl").exists() else []
+    own = step_flops(metadata, metrics)
+    origin = _origin(metadata)
+    base = 0.0
+    if origin is not None:
+        trunk = (origins or {}).get(origin[0])
+        if trunk is None:
+            raise CompareError(f"{path} began from {origin[0]}/{origin[1]}: name that run too, to count its FLOPs")
+        base = trunk.flops_at.get(origin[1], math.nan)
+    flops_at, total = {}, base
+    for step in sorted(own):
+        total += own[step]
+        flops_at[step] = total
+    if not own and origin is not None:
+        flops_at[origin[1]] = base
+    evals: dict[str, list[tuple[int, float]]] = {}
+    for row in sorted(rows, key=lambda r: r["step"]):
+        evals.setdefault(row["dataset"], []).append((row["step"], row["loss"]))
+    schedule = metadata["config"]["optimizer"]["learning_rate_scheduler"]
+    reached = metadata["config"]["tokens"]["train_steps"]
+    stage_lrs = [s for s in metadata["config"].get("data_stages", [])
+                 if s.get("learning_rate_scheduler") and s["start_training_step"] <= reached]
+    cosine = origin is None and schedule.get("lr_decay_style", "cosine") == "cosine" and not stage_lrs
+    return RunResult(name=Path(path).name, path=path, steps=max(r["step"] for r in rows), own_flops=sum(own.values()),
+                     flops=total, origin=origin, cosine=cosine, evals=evals, flops_at=flops_at)
+
+
+def read_runs(paths: list[str]) -> list[RunResult]:
+    """Every run, in the order given; each origin is read before the runs that began from it."""
+    pending, done = [os.fspath(p) for p in paths], {}
+    while pending:
+        named = {os.path.normpath(p) for p in pending}
+        ready = [p for p in pending if (o := _origin(read_run_metadata(p) or {"config": {"checkpoints": {}}})) is None
+                 or o[0] not in named]
+        if not ready:
+            raise CompareError(f"{pending[0]}: the runs named begin from each other in a circle")
+        for path in ready:
+            done[os.path.normpath(path)] = read_run(path, done)
+            pending.remove(path)
+    return [done[os.path.normpath(os.fspath(p))] for p in paths]
+
+
+def cosine_gap(run: RunResult, runs: list[RunResult], dataset: str) -> float:
+    """The run's final loss minus that of the cosine run of the same length; nan when there is none."""
+    baseline = next((r for r in runs if r.cosine and r.steps == run.steps and r is not run), None)
+    return run.final(dataset) - baseline.final(dataset) if baseline is not None else math.nan
+
+
+def shared_savings(runs: list[RunResult]) -> tuple[float, float]:
+    """(FLOPs of the branches trained as separate runs from scratch, FLOPs the shared trunk and branches took)."""
+    branched = [r for r in runs if r.origin is not None]
+    trunks = {r.origin[0] for r in branched}
+    separate = sum(r.flops for r in branched)
+    shared = sum(r.own_flops for r in branched) + sum(r.flops for r in runs if os.path.normpath(r.path) in trunks)
+    return separate, shared
+
+
+def format_table(runs: list[RunResult]) -> str:
+    datasets = list(dict.fromkeys(d for r in runs for d in r.evals))
+    header = ["run", "steps", "FLOPs", *[f"{d} loss" for d in datasets], *[f"{d} gap" for d in datasets]]
+    lines = [header]
+    for r in runs:
+        lines.append([r.name, str(r.steps), f"{r.flops:.3g}", *[f"{r.final(d):.4f}" for d in datasets],
+                      *[_signed(cosine_gap(r, runs, d)) for d in datasets]])
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    text = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths)))
+            for line in lines]
+    text.insert(1, "  ".join("─" * w for w in widths))
+    separate, shared = shared_savings(runs)
+    if separate:
+        text.append(f"\nbranches as separate runs: {separate:.3g} FLOPs; trunk once + branches: {shared:.3g} FLOPs "
+                    f"(saved {separate - shared:.3g}, {1 - shared / separate:.0%})")
+    text.append("gap: final loss minus the cosine run's of the same length (negative: better than cosine)")
+    return "\n".join(text)
+
+
+def _signed(value: float) -> str:
+    return "—" if math.isnan(value) else f"{value:+.4f}"
+
+
+def plot(runs: list[RunResult], output: str | os.PathLike, dataset: str | None = None) -> Path:
+    """Held-out loss of `dataset` (default: the first) against step and against FLOPs, one line per run."""
+    dataset = dataset or next(d for r in runs for d in r.evals)
+    figure = _figure()
+    by_step, by_flops = figure.subplots(1, 2)
+    styles = ("-", "--", ":", "-.")
+    for i, r in enumerate(runs):
+        points = r.evals.get(dataset, [])
+        steps = [s for s, _ in points]
+        losses = [v for _, v in points]
+        flops = [r.flops_at.get(s, math.nan) for s in steps]
+        marker = "o" if len(points) == 1 else None
+        style = dict(color=COLORS[i % len(COLORS)], linestyle=styles[(i // len(COLORS)) % len(styles)], marker=marker,
+                     label=r.name)
+        by_step.plot(steps, losses, **style)
+        by_flops.plot(flops, losses, **style)
+    for ax, label in ((by_step, "step"), (by_flops, "training FLOPs (a trunk's counted once, up to each branch)")):
+        ax.set_xlabel(label)
+        ax.set_ylabel(f"held-out loss ({dataset})")
+        ax.grid(alpha=0.3)
+    by_step.legend(fontsize=7)
+    figure.suptitle(f"held-out {dataset} loss of {len(runs)} runs")
+    figure.tight_layout()
+    path = Path(output)
+    figure.savefig(path)
+    return path

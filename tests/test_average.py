@@ -1,0 +1,171 @@
+"""bin/average: the mean of committed checkpoints' weights, written as a committed nanoflow checkpoint."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from helpers import quiet, tiny
+from nanoflow import io
+from nanoflow.cli import average_main
+from nanoflow.export import export_hf
+from nanoflow.io.store import Store
+from nanoflow.loop import train
+
+# Pretrain only (the SFT stage out of reach), a checkpoint every 2 steps: steps 2, 4, 6, 8.
+STAGES = ["tokens.train_steps=8", "data_stages.sft.start_training_step=100", "checkpoints.checkpoint_interval=2"]
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory) -> Path:
+    run = tmp_path_factory.mktemp("average") / "run"
+    assert train(tiny(run, *STAGES), out=quiet(), fresh=True).step == 8
+    return run
+
+
+def mean_from_files(step_folders: list[Path], weights: list[float] | None = None) -> dict[str, torch.Tensor]:
+    """The expected mean, from the checkpoints' own safetensors files: each tensor assembled from the
+    shards the metadata lists (whatever the layout), then averaged in fp64."""
+    weights = weights or [1.0] * len(step_folders)
+    total = {}
+    for folder, weight in zip(step_folders, weights):
+        meta = json.loads((folder / "checkpoint_metadata.json").read_text())
+        files = {}
+        for name, entry in meta["tensors"]["model"].items():
+            whole = torch.zeros(entry["shape"], dtype=torch.float64)
+            for shard in entry["shards"]:
+                if shard["file"] not in files:
+                    files[shard["file"]] = load_file(folder / shard["file"])
+                box = tuple(slice(o, o + n) for o, n in zip(shard["offset"], shard["shape"]))
+                whole[box] = files[shard["file"]][shard["key"]].double()
+            total[name] = total.get(name, 0) + weight * whole
+    return {name: (t / sum(weights)).float() for name, t in total.items()}
+
+
+def assert_mean(out: Path | str, expected: dict[str, torch.Tensor]) -> None:
+    averaged = io.read_model(str(out))
+    assert averaged.keys() == expected.keys()
+    for name in expected:
+        assert averaged[name].dtype == torch.float32
+        assert torch.allclose(averaged[name], expected[name], rtol=0, atol=1e-6), name
+
+
+def test_last_k_is_the_mean_of_the_files(run_dir, tmp_path):
+    out = tmp_path / "avg"
+    assert average_main([str(run_dir), str(out), "--last", "3"]) == 0
+    assert_mean(out, mean_from_files([run_dir / s for s in ("4", "6", "8")]))
+    meta = io.read_metadata(str(out))
+    assert meta["step"] == 8 and meta["training"]["completed"] == 8 and "optimizer" not in meta["tensors"]
+    assert [a["step"] for a in meta["averaged_from"]] == [4, 6, 8]
+    # It differs from every source: a real average, not a copy of one of them.
+    assert not torch.equal(io.read_model(str(out))["model.norm.weight"], io.read_model(str(run_dir / "8"))["model.norm.weight"])
+
+
+def test_steps_and_weights(run_dir, tmp_path):
+    out = tmp_path / "avg"
+    assert average_main([str(run_dir), str(out), "--steps", "2,8", "--weights", "1,3"]) == 0
+    assert_mean(out, mean_from_files([run_dir / "2", run_dir / "8"], [1.0, 3.0]))
+
+
+def test_the_average_is_read_by_eval_export_init_from_and_resume(run_dir, tmp_path):
+    out = tmp_path / "avg"
+    assert average_main([str(run_dir), str(out), "--last", "2"]) == 0
+    expected = io.read_model(str(out))
+    hf = tmp_path / "hf"
+    export_hf(str(out), str(hf))
+    assert torch.equal(load_file(hf / "model.safetensors")["model.norm.weight"], expected["model.norm.weight"])
+    # init_from: a new run starting from the averaged weights (step 1, fresh optimizer).
+    started = train(tiny(tmp_path / "init", f'model.init_from="{out}"', "tokens.train_steps=1",
+                         "data_stages.sft.start_training_step=100"), out=quiet(), fresh=True)
+    assert started.step == 1
+    # resume_checkpoint_path with fresh moments: continues from step 8 of the average.
+    resumed = train(tiny(tmp_path / "resumed", *STAGES, "tokens.train_steps=10", f'checkpoints.resume_checkpoint_path="{out}"',
+                         "checkpoints.load_optimizer=false"), out=quiet())
+    assert resumed.step == 10
+
+
+def test_an_interrupted_average_commits_nothing(run_dir, tmp_path, monkeypatch):
+    out = tmp_path / "avg"
+    real_write = Store.write
+
+    def write(self, path, data):
+        if path.endswith("checkpoint_metadata.json"):
+            raise KeyboardInterrupt   # Ctrl-C at the last moment: every tensor file written, the commit not
+        return real_write(self, path, data)
+
+    monkeypatch.setattr(Store, "write", write)
+    assert average_main([str(run_dir), str(out), "--last", "2"]) == 130
+    assert any(out.rglob("*.safetensors")) and io.latest(str(out)) is None
+    monkeypatch.setattr(Store, "write", real_write)
+    assert average_main([str(run_dir), str(out), "--last", "2"]) == 0    # the same command again: done, and committed
+    assert_mean(out, mean_from_files([run_dir / "6", run_dir / "8"]))
+
+
+def test_checkpoints_of_different_models_are_refused_naming_them(run_dir, tmp_path, capsys):
+    other = tmp_path / "other"
+    train(tiny(other, *STAGES, "model.intermediate_size=48", "tokens.train_steps=2"), out=quiet(), fresh=True)
+    mixed = tmp_path / "mixed"    # one run folder holding a step of each model
+    for source, step in ((run_dir / "8", "8"), (other / "2", "2")):
+        (mixed / step).mkdir(parents=True)
+        for path in source.rglob("*"):
+            if path.is_file():
+                (mixed / step / path.relative_to(source)).parent.mkdir(parents=True, exist_ok=True)
+                (mixed / step / path.relative_to(source)).write_bytes(path.read_bytes())
+    assert average_main([str(mixed), str(tmp_path / "avg"), "--last", "2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "intermediate_size is 48" in err and "64" in err
+    assert str(mixed / "2") in err and str(mixed / "8") in err
+    assert not (tmp_path / "avg").exists()
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--last", ""], "--last ''"),
+    (["--last", "5"], "keeps only 4 committed checkpoints"),
+    (["--steps", "3,4"], "no committed checkpoint of step 3"),
+    (["--steps", "4,6", "--weights", "1"], "1 weights for 2 checkpoints"),
+    ([], "one of --last K or --steps"),
+])
+def test_bad_selections_exit_2_with_one_line(run_dir, tmp_path, capsys, args, words):
+    assert average_main([str(run_dir), str(tmp_path / "avg"), *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("error: ") and words in err, err
+    assert not (tmp_path / "avg").exists()
+
+
+def test_an_existing_average_is_not_overwritten(run_dir, tmp_path, capsys):
+    out = tmp_path / "avg"
+    assert average_main([str(run_dir), str(out), "--last", "2"]) == 0
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    assert average_main([str(run_dir), str(out), "--last", "3"]) == 2
+    assert "already holds a committed checkpoint" in capsys.readouterr().err
+    assert before == {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+
+
+def test_s3_to_s3(run_dir, s3_bucket, tmp_path):
+    source = f"{s3_bucket}/source"
+    train(tiny(source, *STAGES, "tokens.train_steps=4"), out=quiet(), fresh=True)
+    local = tmp_path / "copy"     # the source's bytes, for the expected mean
+    store = Store(source)
+    for path in store.objects():
+        if path.partition("/")[0] in ("2", "4"):
+            (local / path).parent.mkdir(parents=True, exist_ok=True)
+            (local / path).write_bytes(store.read(path))
+    out = f"{s3_bucket}/avg"
+    assert average_main([source, out, "--last", "2"]) == 0
+    assert_mean(out, mean_from_files([local / "2", local / "4"]))
+
+
+@pytest.mark.slow
+def test_a_dp2_tp2_checkpoint(tmp_path):
+    from test_parallel import run
+    trained = tmp_path / "dp2tp2"
+    result = run("dp2tp2", trained)          # torchrun, 4 gloo processes: checkpoints 2 and 4, sharded 2 × 2
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert io.read_metadata(str(trained))["topology"] == {"dp": 2, "tp": 2, "world_size": 4}
+    out = tmp_path / "avg"
+    assert average_main([str(trained), str(out), "--last", "2"]) == 0
+    assert_mean(out, mean_from_files([trained / "2", trained / "4"]))

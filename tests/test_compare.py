@@ -1,0 +1,63 @@
+"""bin/compare: FLOPs with a shared trunk counted once, the gap to cosine, the figure, bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from helpers import quiet, tiny
+from nanoflow.cli import compare_main
+from nanoflow.compare import read_runs, shared_savings
+from nanoflow.loop import train
+
+PRETRAIN = ["data_stages.sft.start_training_step=100", "checkpoints.checkpoint_interval=2"]
+
+
+def fake_eval(run, losses: dict[int, float]) -> None:
+    (run / "eval.jsonl").write_text("".join(json.dumps({"step": s, "stage": "pretrain", "dataset": "held", "loss": v,
+                                                        "tokens": 1}) + "\n" for s, v in losses.items()))
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("compare")
+    train(tiny(root / "trunk", *PRETRAIN, "tokens.train_steps=4", "optimizer.learning_rate_scheduler.lr_decay_style=\"constant\""),
+          out=quiet(), fresh=True)
+    train(tiny(root / "branch", *PRETRAIN, "tokens.train_steps=6", f'checkpoints.resume_checkpoint_path="{root / "trunk" / "2"}"'),
+          out=quiet())
+    train(tiny(root / "cosine", *PRETRAIN, "tokens.train_steps=6"), out=quiet(), fresh=True)
+    fake_eval(root / "trunk", {2: 3.0, 4: 2.5})
+    fake_eval(root / "branch", {4: 2.4, 6: 2.0})
+    fake_eval(root / "cosine", {6: 2.25})
+    return root
+
+
+def test_flops_count_the_trunk_once(runs):
+    trunk, branch, cosine = read_runs([str(runs / "trunk")]
+                                      + [str(runs / "branch"), str(runs / "cosine")])
+    # By hand: tiny's model (2 layers, hidden 32, intermediate 64, 4 heads, 2 kv, vocab 288), sequence 32,
+    # global batch 4 → 128 tokens a step. N: q, o 32×32; k, v 32×16; the MLP 3·32×64; the head 288×32.
+    n = 2 * (2 * 32 * 4 * 8 + 2 * 32 * 2 * 8 + 3 * 32 * 64) + 288 * 32
+    per_step = 128 * (6 * n + 12 * 2 * 32 * 32)
+    assert trunk.own_flops == trunk.flops == 4 * per_step
+    assert branch.own_flops == 4 * per_step                 # steps 3–6, its own
+    assert branch.flops == 6 * per_step                     # + the trunk's steps 1–2
+    assert cosine.flops == 6 * per_step and cosine.cosine and not branch.cosine and not trunk.cosine
+    separate, shared = shared_savings([trunk, branch, cosine])
+    assert (separate, shared) == (6 * per_step, 8 * per_step)   # the trunk trained on past the branch point
+
+
+def test_table_gap_and_png(runs, tmp_path, capsys):
+    png = tmp_path / "c.png"
+    assert compare_main([str(runs / "trunk"), str(runs / "branch"), str(runs / "cosine"), "--output", str(png)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    table = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines() if line[:1].isalpha()}
+    assert table["branch"][-1] == "-0.2500"                  # 2.0 − 2.25
+    assert table["cosine"][-1] == "—" and table["trunk"][-1] == "—"
+
+
+def test_a_run_without_eval_jsonl_exits_2(runs, tmp_path, capsys):
+    assert compare_main([str(runs / "cosine"), str(tmp_path), "--output", str(tmp_path / "c.png")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "no eval.jsonl" in err and str(tmp_path) in err
