@@ -3,12 +3,11 @@
 `F.cross_entropy(lm_head(hidden).float(), labels)` holds [positions × vocab] logits in the model's
 dtype, their float32 copy, the log-softmax saved for backward and its gradient: 4 × 8 × 4096 ×
 128,256 bytes = 16.8 GB for the float32 copy alone. `cross_entropy_sum` takes the same matmul and
-the same cross-entropy over chunks of positions instead, fused with its gradient: in the forward pass each
-chunk's logits give the loss, then at once their gradient (softmax − one-hot), which is multiplied into the
-hidden states' and the head's gradients (kept, float32 for the head, until backward). Three matmuls a chunk,
-as the unfused path (the former chunked loss computed the head's matmul again in backward: four); at most one
-chunk of logits (CHUNK_LOGITS elements) is alive at a time; backward only scales the kept gradients by the
-incoming one. Without gradients (evaluation) only the loss is computed.
+the same cross-entropy over chunks of positions instead. The forward keeps only each position's
+log-sum-exp (one float32 a position); the backward computes each chunk's logits again, turns them
+into their gradient and multiplies it into the hidden states' and the head's gradients, chunk by
+chunk. So at most one chunk of logits (CHUNK_LOGITS elements) is alive at a time, forward or
+backward, at the price of the head's forward matmul done twice.
 
 The value and the gradients are those of the plain path up to float rounding (the head's gradient
 is summed over chunks in float32): the logits are computed in the dtype autocast gives the matmul
@@ -53,54 +52,47 @@ def _chunk_logits(hidden: torch.Tensor, weight: torch.Tensor, dtype: torch.dtype
 
 
 class _ChunkedCrossEntropy(torch.autograd.Function):
-    """Fused linear cross-entropy: each chunk's logits are turned into the loss *and* their gradient in the
-    forward pass (softmax − one-hot, zero at ignored positions), multiplied at once into the hidden states'
-    and the head's gradients — three matmuls a chunk, as the unfused path, and nothing of the logits kept.
-    The gradients are those of the summed loss; backward only scales them by the incoming gradient (the
-    step's 1 / global target tokens), so gradient accumulation and dp see what the plain path gives."""
-
     @staticmethod
     def forward(ctx, hidden, weight, labels, ignore_index: int, positions: int):
         dtype = _compute_dtype(hidden, weight)
-        want_hidden, want_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         total = torch.zeros((), dtype=torch.float32, device=hidden.device)
-        grad_hidden = torch.empty_like(hidden) if want_hidden else None
-        grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if want_weight else None
-        w = weight.to(dtype)
+        log_sum_exps = []
         for start in range(0, hidden.shape[0], positions):
-            h = hidden[start:start + positions]
-            logits = _chunk_logits(h, weight, dtype)
+            logits = _chunk_logits(hidden[start:start + positions], weight, dtype)
             targets = labels[start:start + positions]
             is_target = targets != ignore_index
-            safe_targets = torch.where(is_target, targets, 0)[:, None]
             lse = torch.logsumexp(logits, dim=-1)
-            picked = logits.gather(1, safe_targets)[:, 0]
+            picked = logits.gather(1, torch.where(is_target, targets, 0)[:, None])[:, 0]
             total += torch.where(is_target, lse - picked, 0.0).sum()
-            if not (want_hidden or want_weight):
-                continue
-            # d(lse − logit[label]) / d logits = softmax − one_hot(label), zero at ignored positions
-            grad = logits.sub_(lse[:, None]).exp_()  # in place: one chunk alive
-            grad.scatter_add_(1, safe_targets, torch.full((h.shape[0], 1), -1.0, device=grad.device))
-            grad *= is_target[:, None]
-            grad = grad.to(dtype)  # the gradient of `.float()` rounds back to the matmul's dtype, as the plain path
-            with torch.autocast(hidden.device.type, enabled=False):
-                if want_hidden:
-                    grad_hidden[start:start + positions] = grad @ w
-                if want_weight:
-                    if dtype == torch.float32:
-                        grad_weight.addmm_(grad.t(), h)
-                    else:
-                        grad_weight += (grad.t() @ h.to(dtype)).float()
-        ctx.grads = (grad_hidden, grad_weight)  # the loss's gradients, not activations: freed by backward
-        ctx.weight_dtype = weight.dtype
+            log_sum_exps.append(lse)
+        ctx.save_for_backward(hidden, weight, labels, torch.cat(log_sum_exps))
+        ctx.ignore_index, ctx.positions, ctx.dtype = ignore_index, positions, dtype
         return total
 
     @staticmethod
     def backward(ctx, grad_total):
-        grad_hidden, grad_weight = ctx.grads
-        ctx.grads = None
-        if grad_hidden is not None:
-            grad_hidden = grad_hidden * grad_total.to(grad_hidden.dtype)
+        hidden, weight, labels, log_sum_exps = ctx.saved_tensors
+        dtype, positions = ctx.dtype, ctx.positions
+        grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
+        grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) \
+            if ctx.needs_input_grad[1] else None
+        w = weight.to(dtype)
+        for start in range(0, hidden.shape[0], positions):
+            h = hidden[start:start + positions]
+            targets = labels[start:start + positions]
+            is_target = targets != ctx.ignore_index
+            logits = _chunk_logits(h, weight, dtype)
+            # d(lse − logit[label]) / d logits = softmax − one_hot(label), zero at ignored positions
+            grad = logits.sub_(log_sum_exps[start:start + positions, None]).exp_()  # in place: one chunk alive
+            grad.scatter_add_(1, torch.where(is_target, targets, 0)[:, None],
+                              torch.full((h.shape[0], 1), -1.0, device=grad.device))
+            grad *= (grad_total * is_target)[:, None]
+            grad = grad.to(dtype)  # the gradient of `.float()` rounds back to the matmul's dtype, as the plain path
+            with torch.autocast(hidden.device.type, enabled=False):
+                if grad_hidden is not None:
+                    grad_hidden[start:start + positions] = grad @ w
+                if grad_weight is not None:
+                    grad_weight += (grad.t() @ h.to(dtype)).float()
         if grad_weight is not None:
-            grad_weight = (grad_weight * grad_total).to(ctx.weight_dtype)
+            grad_weight = grad_weight.to(weight.dtype)
         return grad_hidden, grad_weight, None, None, None

@@ -186,36 +186,3 @@ def test_a_step_reads_device_values_once_the_finite_check_with_the_metrics(monke
     assert reads == [("tolist", (3,))]
     assert metrics["target_tokens"] == int((labels != -100).sum()) and isinstance(metrics["target_tokens"], int)
     assert isinstance(metrics["loss"], float) and isinstance(metrics["grad_norm"], float)
-
-
-def test_fused_loss_with_a_tied_head_and_accumulation_equals_full_logits_cross_entropy():
-    """Two masked micro-batches through a tied embedding/head, each loss divided by the global target count
-    (the step's normaliser), against plain F.cross_entropy on full logits: loss and every gradient."""
-    generator = torch.Generator().manual_seed(3)
-    embedding = torch.randn(97, 16, generator=generator).requires_grad_()
-    mix = torch.randn(16, 16, generator=generator).requires_grad_()
-    ids = torch.randint(0, 97, (2, 3, 12), generator=generator)
-    labels = torch.randint(0, 97, (2, 3, 12), generator=generator)
-    labels[0, 1, :7] = -100   # an SFT prompt
-    count = (labels != -100).sum()
-    results = []
-    for fused in (False, True):
-        embedding.grad = mix.grad = None
-        total = 0.0
-        for micro in range(2):
-            hidden = torch.tanh(F.embedding(ids[micro], embedding) @ mix)
-            loss = (cross_entropy_sum(hidden, embedding, labels[micro], -100, chunk_logits=97 * 5) if fused
-                    else plain_loss(hidden, embedding, labels[micro])) / count
-            loss.backward()
-            total += loss.detach()
-        results.append((total, embedding.grad.clone(), mix.grad.clone()))
-    for got, want in zip(results[1], results[0]):
-        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-7)
-
-
-def test_fused_loss_without_gradients_computes_none():
-    hidden, weight = leaves((2, 8, 16), (50, 16))
-    labels = torch.randint(0, 50, (2, 8))
-    with torch.no_grad():
-        loss = cross_entropy_sum(hidden, weight, labels, -100, chunk_logits=100)
-    torch.testing.assert_close(loss, plain_loss(hidden, weight, labels).detach(), rtol=1e-6, atol=0)
