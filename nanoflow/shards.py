@@ -71,12 +71,22 @@ def state_bytes(model: torch.nn.Module) -> int:
     return 3 * sum(p.numel() * p.element_size() for p in model.parameters())
 
 
-def place(target: torch.Tensor, read_box) -> None:
-    """Fill this rank's box of `target` (a parameter or moment, sharded or not) with read_box(offset, shape)."""
-    offset, shape = local_box(target)
-    local = target.to_local() if isinstance(target, DTensor) else target
+def local_tensor(target: torch.Tensor) -> torch.Tensor:
+    """This rank's own tensor of `target` (its local shard for a DTensor), sharing its memory."""
+    return target.to_local() if isinstance(target, DTensor) else target
+
+
+def fill(reader, group: str, targets: dict[str, torch.Tensor]) -> None:
+    """Fill each target (by saved name; sharded or not) with this rank's box of it: straight into the
+    tensor where the reader can (CheckpointReader.fill), else each box read, then copied in."""
+    boxes = [(group, name, *local_box(t), local_tensor(t)) for name, t in targets.items()]
+    if hasattr(reader, "fill"):
+        reader.fill(boxes)
+        return
+    reader.fetch(box[:4] for box in boxes)
     with torch.no_grad():
-        local.copy_(read_box(offset, shape))
+        for group, name, offset, shape, local in boxes:
+            local.copy_(reader.read(group, name, offset, shape))
 
 
 def weight_mismatches(expected: dict[str, tuple[int, ...]], found: dict[str, tuple[int, ...]], *,
@@ -104,9 +114,7 @@ def load_weights(model: Llama, reader, source: str) -> None:
                                  tied=model.cfg.tie_word_embeddings)
     if problems:
         raise CheckpointError(f"{source}: the weights do not fit the model:\n  " + "\n  ".join(problems))
-    reader.fetch(("model", name, *local_box(p)) for name, p in params.items())
-    for name, p in params.items():
-        place(p, lambda offset, shape, n=name: reader.read("model", n, offset, shape))
+    fill(reader, "model", params)
 
 
 def load_moments(model: torch.nn.Module, optimizer: torch.optim.Optimizer, reader) -> None:
@@ -114,15 +122,12 @@ def load_moments(model: torch.nn.Module, optimizer: torch.optim.Optimizer, reade
     each rank reading only its boxes; a parameter the optimizer had not stepped yet stays without state."""
     saved = set(reader.names("optimizer"))
     params = [(name, p) for name, p in model.named_parameters() if f"{STEP}.{name}" in saved]
-    reader.fetch([("optimizer", f"{STEP}.{name}", None, None) for name, _ in params]
-                 + [("optimizer", f"{key}.{name}", *local_box(p)) for name, p in params for key in MOMENTS])
+    # Left unset (empty_like, not zeros_like): the read fills every element, so a zero-fill first is wasted.
+    states = {p: {key: torch.empty_like(p) for key in MOMENTS} for _, p in params}
+    fill(reader, "optimizer", {f"{key}.{name}": states[p][key] for name, p in params for key in MOMENTS})
+    reader.fetch(("optimizer", f"{STEP}.{name}", None, None) for name, _ in params)
     for name, p in params:
-        state = {STEP: reader.read("optimizer", f"{STEP}.{name}").clone()}
-        for key in MOMENTS:
-            moment = torch.zeros_like(p)
-            place(moment, lambda o, s, k=key, n=name: reader.read("optimizer", f"{k}.{n}", o, s))
-            state[key] = moment
-        optimizer.state[p] = state
+        optimizer.state[p] = {STEP: reader.read("optimizer", f"{STEP}.{name}").clone(), **states[p]}
 
 
 def read_on_every_rank(read, topology: Topology):

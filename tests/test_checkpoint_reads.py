@@ -108,6 +108,36 @@ def test_damage_is_found_in_the_shard_that_holds_it(where):
         CheckpointReader(f"{root}/1").verify()                        # the check of every byte sees it too
 
 
+def test_fill_reads_each_saved_box_straight_into_its_tensor(where):
+    """A restore's boxes, saved as asked, go from a local file into the tensors' own memory: no buffer of
+    tensor bytes is read and then copied (on S3 one run of neighbours still comes in one ranged GET)."""
+    root, endpoint = where
+    reader = CheckpointReader(f"{root}/1")
+    asked = recorded(reader)
+    targets = {name: torch.empty_like(t) for name, t in tensors().items()}
+    reader.fill(("model", name, None, None, t) for name, t in targets.items())
+    assert all(torch.equal(targets[n], t) for n, t in tensors().items())
+    if endpoint is None:
+        assert asked == [(MODEL, 0, _HEAD_GUESS)]            # the header alone came through a buffer
+    else:
+        assert len(asked) == 2 and asked[1][2] == sum(t.numel() * 4 for t in tensors().values())
+
+
+def test_fill_copies_a_box_that_was_not_saved_as_asked(where):
+    root, _ = where
+    box = torch.empty(32, 256)
+    CheckpointReader(f"{root}/1").fill([("model", "b", (16, 0), (32, 256), box)])
+    assert torch.equal(box, tensors()["b"][16:48])
+
+
+def test_fill_checks_the_bytes_it_read_into_the_tensor(where):
+    root, endpoint = where
+    flip_a_byte_of_b(root, endpoint)
+    a, b = torch.empty(256, 256), torch.empty(256, 256)
+    with pytest.raises(DamagedCheckpointError, match=re.escape(f"{root}/1/{MODEL} is damaged (the bytes of b ")):
+        CheckpointReader(f"{root}/1").fill([("model", "a", None, None, a), ("model", "b", None, None, b)])
+
+
 def test_a_header_changed_after_the_save_is_refused(tmp_path):
     root = str(tmp_path / "run")
     save_checkpoint(root, 1, {"model": tensors()}, info(1))

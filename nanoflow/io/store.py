@@ -142,6 +142,20 @@ class Store:
                              f"the object ends {length - got} bytes short of them")
         return buffer
 
+    def read_into(self, relative: str, pieces: list[tuple[int, memoryview]]) -> None:
+        """Bytes [start, start + len(view)) of a local file straight into each (start, view): the caller's own
+        memory (a tensor's), so no buffer is filled and then copied. One open for all of them."""
+        try:
+            with open(self.url(relative), "rb") as f:
+                for start, view in pieces:
+                    f.seek(start)
+                    got = f.readinto(view)
+                    if got != len(view):
+                        raise StoreError(f"cannot read {self.url(relative)}: bytes {start}–{start + len(view)} "
+                                         f"asked, the file ends {len(view) - got} bytes short of them")
+        except OSError as e:
+            raise StoreError(f"cannot read {self.url(relative)}: {e}") from e
+
     def _read_s3_range(self, relative: str, start: int, into: memoryview) -> int:
         # One GET whose closed Range header asks for exactly these bytes: no GET before the seek, and a
         # read-ahead buffer no bigger than the range (smart_open would otherwise fill it from the next one).
