@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from nanoflow import io
-from nanoflow.checkpointer import ARCHITECTURE
+from nanoflow.config import model_changes
 from nanoflow.errors import NanoflowError
 from nanoflow.io.checkpoint import commit, new_save, write_files
 from nanoflow.io.marker import step_of
@@ -57,8 +57,9 @@ def _same_model(readers: list[io.CheckpointReader]) -> None:
     first = readers[0]
     for other in readers[1:]:
         a, b = first.metadata["config"], other.metadata["config"]
-        differences = [f"model.{key} is {a['model'].get(key)} in {first.path} but {b['model'].get(key)} in "
-                       f"{other.path}" for key in ARCHITECTURE if a["model"].get(key) != b["model"].get(key)]
+        # The keys a resume refuses (config.checks.MODEL_KEYS: "shape" and "numbers") are the ones averaging refuses.
+        changes = model_changes(a["model"], b["model"])
+        differences = [f"{first.path} and {other.path}: {line}" for line in changes["shape"] + changes["numbers"]]
         if a.get("tokenizer") != b.get("tokenizer"):
             differences.append(f"the tokenizer is {a.get('tokenizer')} in {first.path} but {b.get('tokenizer')} in "
                                f"{other.path}")
