@@ -14,11 +14,13 @@ from __future__ import annotations
 import torch
 
 from nanoflow import io
-from nanoflow.config import model_changes
+from nanoflow.config import MODEL_KEYS
 from nanoflow.errors import NanoflowError
 from nanoflow.io.checkpoint import commit, new_save, write_files
 from nanoflow.io.marker import step_of
 
+# The [model] keys a resume refuses (their MODEL_KEYS role): checkpoints differing in one are not averaged.
+ARCHITECTURE = [key for key, (role, _, _) in MODEL_KEYS.items() if role in ("shape", "numbers")]
 SINGLE_PROCESS = {"dp": 1, "tp": 1, "world_size": 1}
 
 
@@ -57,9 +59,8 @@ def _same_model(readers: list[io.CheckpointReader]) -> None:
     first = readers[0]
     for other in readers[1:]:
         a, b = first.metadata["config"], other.metadata["config"]
-        # The keys a resume refuses (config.checks.MODEL_KEYS: "shape" and "numbers") are the ones averaging refuses.
-        changes = model_changes(a["model"], b["model"])
-        differences = [f"{first.path} and {other.path}: {line}" for line in changes["shape"] + changes["numbers"]]
+        differences = [f"model.{key} is {a['model'].get(key)} in {first.path} but {b['model'].get(key)} in "
+                       f"{other.path}" for key in ARCHITECTURE if a["model"].get(key) != b["model"].get(key)]
         if a.get("tokenizer") != b.get("tokenizer"):
             differences.append(f"the tokenizer is {a.get('tokenizer')} in {first.path} but {b.get('tokenizer')} in "
                                f"{other.path}")
