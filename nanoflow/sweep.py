@@ -102,7 +102,9 @@ def _average(study: dict, average: dict) -> None:
         log.info(f"averaged {len(summary['sources'])} checkpoints of {average['run']} into {summary['path']}")
     eval_file = Path(out) / EVAL_FILE
     if not eval_file.exists():
-        config = load_config(study["base"], [f"checkpoints.checkpoints_path={json.dumps(out)}"])
+        # Evaluated as the run it averages is configured (its --set: the model, the eval sets), not the bare base.
+        source = next(r for r in study["runs"] if r["name"] == average["run"])
+        config = load_config(study["base"], [*source.get("set", []), f"checkpoints.checkpoints_path={json.dumps(out)}"])
         rows = evaluate_checkpoint(out, config)
         text = "".join(json.dumps(row) + "\n" for row in rows)
         eval_file.with_suffix(".tmp").write_text(text)
