@@ -126,7 +126,7 @@ def worker_train(args, run: str, resume: bool) -> dict:
         return result
 
     loop.train_step = step
-    sampled(loop, "save", "after the checkpoint save")
+    sampled(loop.Checkpointer, "save", "after the checkpoint save")  # the save moved into Checkpointer
     with open(os.devnull, "w") as out:
         state = loop.train(config, until_step=None if resume else args.steps // 2, out=out, progress=False)
     model_bytes = sum(p.numel() * p.element_size() for p in state.model.parameters())
