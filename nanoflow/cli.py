@@ -380,7 +380,7 @@ def sweep_main(argv: list[str] | None = None) -> int:
 
 def _sweep(args: argparse.Namespace) -> int:
     from nanoflow.sweep import run_study
-    return run_study(args.study, args.only)
+    return run_study(args.study, args.only, train_main=train_main)
 
 
 def convert_nanotron_config_main(argv: list[str] | None = None) -> int:

@@ -15,6 +15,7 @@ import json
 import logging
 import os
 from pathlib import Path
+from typing import Callable
 
 from nanoflow.config import ConfigError
 from nanoflow.errors import EXIT_DONE
@@ -66,10 +67,10 @@ def run_overrides(study: dict, run: dict) -> list[str]:
     return sets + list(run.get("set", []))
 
 
-def run_study(path: str, only: list[str] | None = None) -> int:
-    """Train, average and compare as the study file says; the first run that does not finish stops it with its
-    exit status (75 after a stop signal: rerun the same command to go on)."""
-    from nanoflow.cli import train_main
+def run_study(path: str, only: list[str] | None = None, *, train_main: Callable[[list[str]], int]) -> int:
+    """Train, average and compare as the study file says; each run is `train_main(bin/train's arguments)` (the
+    command front end hands its own in: a study is a layer under the commands, never above them). The first run
+    that does not finish stops it with its exit status (75 after a stop signal: rerun the same command to go on)."""
     study = load_study(path)
     runs = [r for r in study.get("runs", []) if not only or r["name"] in only]
     for i, run in enumerate(runs, 1):

@@ -145,7 +145,8 @@ def test_an_existing_average_is_not_overwritten(run_dir, tmp_path, capsys):
     assert before == {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
 
 
-def test_s3_to_s3(run_dir, s3_bucket, tmp_path):
+def test_s3_to_s3(run_dir, s3_bucket, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)   # an S3 run keeps its local record under ./runs/s3/…: here, not in the checkout
     source = f"{s3_bucket}/source"
     train(tiny(source, *STAGES, "tokens.train_steps=4"), out=quiet(), fresh=True)
     local = tmp_path / "copy"     # the source's bytes, for the expected mean

@@ -12,6 +12,7 @@ from helpers import REPO
 from run_helpers import assert_same_checkpoint, folder_digest
 
 from nanoflow.errors import EXIT_DONE
+from nanoflow.cli import train_main
 from nanoflow.sweep import run_study
 
 BASE = REPO / "schedules" / "wsd_vs_cosine" / "base.toml"
@@ -56,7 +57,7 @@ def metadata(step_folder: Path) -> dict:
 def test_the_reduced_study_end_to_end(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     study = study_file(tmp_path)
-    assert run_study(str(study)) == EXIT_DONE
+    assert run_study(str(study), train_main=train_main) == EXIT_DONE
     table = capsys.readouterr().out
     runs = tmp_path / "runs"
     branches = ["wsd-1sqrt", "wsd-linear", "continued"]
@@ -92,7 +93,7 @@ def test_the_reduced_study_end_to_end(tmp_path, monkeypatch, capsys):
 
     # A rerun trains nothing new: every run is passed over, no file of any run folder changes.
     before = {name: folder_digest(runs / name) for name in ["trunk", "cosine", "trunk-avg", *branches]}
-    assert run_study(str(study)) == EXIT_DONE
+    assert run_study(str(study), train_main=train_main) == EXIT_DONE
     after = {name: folder_digest(runs / name) for name in before}
     for name in before:
         changed = {f for f in set(before[name]) | set(after[name]) if before[name].get(f) != after[name].get(f)}
