@@ -410,6 +410,10 @@ if topology.dp == 1:   # what a mean of the per-batch (per-rank) means would say
     result["mean_of_batch_means"] = sum(per_batch) / len(per_batch)
 if topology.is_main:
     print("RESULT", json.dumps(result))
+# leave as nanoflow's commands do: a gloo worker left to the interpreter's teardown can abort (parallel.exit_process)
+from nanoflow.parallel import exit_process, shutdown
+shutdown()
+exit_process(0)
 """
 
 

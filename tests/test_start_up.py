@@ -49,7 +49,7 @@ def test_a_config_path_that_is_no_config_file_is_one_line_and_exit_2(tmp_path, c
     elif case == "latin-1":
         path.write_bytes('[general]\nproject = "caf\xe9"\n'.encode("latin-1"))
     else:
-        path.write_bytes(_deep(600))
+        path.write_bytes(_deep(20000))
     assert cli.train_main([str(path), "--plan"]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"error: {path}: ") and expected in err, err
