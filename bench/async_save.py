@@ -36,7 +36,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import torch  # noqa: E402
 
 import nanoflow  # noqa: E402
-from nanoflow.checkpointer import Checkpointer  # noqa: E402
+from nanoflow.checkpoint.checkpointer import Checkpointer  # noqa: E402
 
 CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "schedules", "curriculum.toml")
 

@@ -5,7 +5,7 @@
 The state: the curriculum's Llama (schedules/curriculum.toml) made bigger (by default 768 hidden,
 2048 intermediate, 4 layers: about 28 M parameters), created with `nanoflow.init_state`, with AdamW
 moments made by one optimizer step on random gradients, and turned into checkpoint blocks by
-`nanoflow.shards.state_blocks` and `nanoflow.checkpointer.checkpoint_info` — exactly what the Checkpointer writes
+`nanoflow.parallel.shards.state_blocks` and `nanoflow.checkpoint.checkpointer.checkpoint_info` — exactly what the Checkpointer writes
 (params + exp_avg + exp_avg_sq ≈ 340 MB).
 
 Timed, interleaved in each round (the order flips every round, so drift in the machine hits every
@@ -50,8 +50,8 @@ import nanoflow.io.reader as reader_module  # noqa: E402
 import nanoflow.io.store as store_module  # noqa: E402
 import nanoflow.io.tensorfile as tensorfile_module  # noqa: E402
 from nanoflow.io import read_checkpoint, save_checkpoint  # noqa: E402
-from nanoflow.checkpointer import checkpoint_info  # noqa: E402
-from nanoflow.shards import state_blocks  # noqa: E402
+from nanoflow.checkpoint.checkpointer import checkpoint_info  # noqa: E402
+from nanoflow.parallel.shards import state_blocks  # noqa: E402
 
 CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "schedules", "curriculum.toml")
 MB = 1e6

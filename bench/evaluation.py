@@ -29,7 +29,7 @@ import torch  # noqa: E402
 from nanoflow import evaluation  # noqa: E402
 from nanoflow.config import EvalDatasetArgs, EvaluationArgs, load_config  # noqa: E402
 from nanoflow.evaluation import EvalSet, score  # noqa: E402
-from nanoflow.parallel import SINGLE  # noqa: E402
+from nanoflow.parallel.mesh import SINGLE  # noqa: E402
 from nanoflow.state import init_state  # noqa: E402
 from nanoflow.step import train_step  # noqa: E402
 
@@ -72,7 +72,7 @@ def throughput(rounds: int) -> tuple[float, float]:
 
 def share(steps: int, interval: int, samples: int) -> tuple[float, float, int]:
     """(seconds in evaluation, the loop's wall seconds, evaluations) of a curriculum run of `steps` steps."""
-    from nanoflow.loop import train
+    from nanoflow.training.loop import train
 
     with tempfile.TemporaryDirectory(prefix="bench-eval-") as folder:
         config = load_config(CONFIG, [f"tokens.train_steps={steps}", f'checkpoints.checkpoints_path="{folder}"',

@@ -46,7 +46,7 @@ ONE_B = ["model.vocab_size=32768", "model.hidden_size=2048", "model.intermediate
 TINY = ["model.hidden_size=64", "model.intermediate_size=128", "model.num_hidden_layers=2",
         "tokens.sequence_length=64", "tokens.micro_batch_size=2", "tokens.batch_accumulation_per_replica=1"]
 # The resume check: a model small enough that three short runs and their checkpoints take seconds,
-# trained by nanoflow.loop.train on the curriculum's own pretrain data.
+# trained by nanoflow.training.loop.train on the curriculum's own pretrain data.
 RESUME = ["model.hidden_size=512", "model.intermediate_size=1408", "model.num_hidden_layers=4",
           "model.num_attention_heads=8", "model.num_key_value_heads=4", "tokens.sequence_length=256",
           "tokens.micro_batch_size=4", "tokens.batch_accumulation_per_replica=2"]
@@ -112,7 +112,7 @@ def measure(args, overrides: list[str]) -> dict:
 def async_save_stall(args, common: list[str]) -> None:
     """The step time a checkpoint save costs, [checkpoints] async_save = false and = true, as bench/async_save.py
     measures it (once here): S plain steps, then a save and S steps through its commit; the difference."""
-    from nanoflow.checkpointer import Checkpointer
+    from nanoflow.checkpoint.checkpointer import Checkpointer
 
     steps = max(2, args.steps // 2)
     with tempfile.TemporaryDirectory(prefix="gpu-smoke-save-") as root:
@@ -197,8 +197,8 @@ def resume_check(args, root: str) -> None:
 
 
 def worker(args) -> None:
-    """One run of the resume check: nanoflow.loop.train in `args.worker`, up to `--until` or the end."""
-    from nanoflow.loop import train
+    """One run of the resume check: nanoflow.training.loop.train in `args.worker`, up to `--until` or the end."""
+    from nanoflow.training.loop import train
 
     torch.use_deterministic_algorithms(True, warn_only=True)
     overrides = [*(TINY if args.tiny else RESUME), "model.dtype=bfloat16",

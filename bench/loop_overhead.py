@@ -9,7 +9,7 @@ temporary folder. The curriculum's [evaluation] is dropped unless `--evaluation`
 user asks for (its cost is bench/evaluation.py's), not the loop's overhead; with the flag it is kept
 and shown as its own row of where the time went.
 
-- loop: `nanoflow.loop.train(config, fresh=True)` in this process, timed from the call to its
+- loop: `nanoflow.training.loop.train(config, fresh=True)` in this process, timed from the call to its
   return: tokenizer, fresh state, metrics.jsonl (one JSON line a step, flushed), TensorBoard events
   (when the `tensorboard` package is installed, as it is with the test extras), the progress
   display (a live tqdm bar drawn into /dev/null; `--plain` for the plain log lines a non-terminal
@@ -26,7 +26,7 @@ and shown as its own row of where the time went.
 Both sides start from the same weights and read the same batches, so they end bit-identical (checked).
 Both run after a warm-up of both batch shapes. Before anything is timed, the stages' HF text
 sources are tokenized once into their token cache, as any earlier run (or a resume) has done.
-Also printed: where the loop's time went, from nanoflow.loop's own functions wrapped with timers
+Also printed: where the loop's time went, from nanoflow.training.loop's own functions wrapped with timers
 (microseconds each). Target: loop tokens/s / train_step tokens/s ≥ 0.95.
 """
 
@@ -48,8 +48,8 @@ import attrs  # noqa: E402
 import torch  # noqa: E402
 
 import nanoflow  # noqa: E402
-import nanoflow.loop as loop  # noqa: E402
-import nanoflow.progress as progress  # noqa: E402
+import nanoflow.training.loop as loop  # noqa: E402
+import nanoflow.observe.progress as progress  # noqa: E402
 from nanoflow.data import load_tokenizer, open_stage  # noqa: E402
 from nanoflow.schedule import Schedule, active_stage  # noqa: E402
 
@@ -83,7 +83,7 @@ def build_batches(config) -> dict[int, dict[str, torch.Tensor]]:
 
 
 class Timers:
-    """Wraps functions of nanoflow.loop (module functions and methods) to add up the time spent in each."""
+    """Wraps functions of nanoflow.training.loop (module functions and methods) to add up the time spent in each."""
 
     def __init__(self):
         self.seconds, self.calls = collections.Counter(), collections.Counter()
@@ -123,7 +123,7 @@ class Alone:
 
 
 def run_loop(config, timers: Timers, plain: bool, alone: Alone) -> tuple[float, nanoflow.TrainState, list[int]]:
-    """`nanoflow.loop.train` with its parts timed and `alone` stepped beside each of its steps.
+    """`nanoflow.training.loop.train` with its parts timed and `alone` stepped beside each of its steps.
 
     Returns the loop's time (its wall time less the time spent beside it: the alone side's steps and
     the batch check), its final state, and the steps whose batch differed from the prepared one.
@@ -206,7 +206,7 @@ def main() -> int:
         same = all(torch.equal(a, b) for a, b in zip(looped.model.parameters(), alone.state.model.parameters()))
         loop_rate, alone_rate = tokens / loop_seconds, tokens / alone_seconds
         print(f"\n{args.steps} steps, {tokens:,} tokens; final weights of both sides identical: {same}")
-        print(f"loop (nanoflow.loop.train)  {loop_seconds:7.2f} s  {loop_rate:9,.0f} tokens/s")
+        print(f"loop (nanoflow.training.loop.train)  {loop_seconds:7.2f} s  {loop_rate:9,.0f} tokens/s")
         print(f"train_step alone            {alone_seconds:7.2f} s  {alone_rate:9,.0f} tokens/s")
         print(f"loop / train_step alone: {loop_rate / alone_rate:.3f}  (target ≥ 0.95)\n")
 

@@ -11,10 +11,10 @@ activations stay small and known. Each figure is the peak resident set (VmHWM in
 - baseline: a process that imports every module the fresh run had imported by its end (the list is
   taken from that run's sys.modules: torch, torch._dynamo — which torch.optim imports on first
   use —, nanoflow, the data libraries, tensorboard …) and builds nothing.
-- fresh run: `nanoflow.loop.train` of N steps (default 8) from scratch, in the pretrain stage (its
+- fresh run: `nanoflow.training.loop.train` of N steps (default 8) from scratch, in the pretrain stage (its
   HF text data), with metrics.jsonl, TensorBoard events when installed, and a checkpoint saved
   at step N/2 (`until_step`, a planned stop).
-- resumed run: `nanoflow.loop.train` again, which resumes from that checkpoint (reads it, restores
+- resumed run: `nanoflow.training.loop.train` again, which resumes from that checkpoint (reads it, restores
   weights, moments and RNG) and trains the remaining N/2 steps, saving at the end.
 - bare PyTorch: the baseline's imports, then the same model (nanoflow.model.Llama), AdamW and N
   steps on random batches of the same shape, written by hand: no data loader, no logging, no
@@ -100,7 +100,7 @@ def worker_baseline(modules: list[str]) -> dict:
 
 def worker_train(args, run: str, resume: bool) -> dict:
     import nanoflow
-    import nanoflow.loop as loop
+    import nanoflow.training.loop as loop
 
     samples = {"imported": (status("VmRSS"), status("VmHWM"))}
     config = nanoflow.load_config(CONFIG, overrides(args, run))
@@ -371,7 +371,7 @@ def main() -> int:
     print("| process | peak RSS MB | peak − baseline MB | ÷ state | ÷ (state + activations) |")
     print("|---|---:|---:|---:|---:|")
     print(f"| baseline (imports only) | {base / MB:,.0f} | | | |")
-    for name, result in (("fresh run (nanoflow.loop.train)", fresh), ("resumed run", resumed),
+    for name, result in (("fresh run (nanoflow.training.loop.train)", fresh), ("resumed run", resumed),
                          ("bare PyTorch loop", bare)):
         extra = result["peak"] - base
         print(f"| {name} | {result['peak'] / MB:,.0f} | {extra / MB:,.0f} | {extra / state:.2f} | "

@@ -2,13 +2,13 @@
 
     python bench/profile_step.py [--warmup W] [--steps K] [--rows N]
 
-Runs `nanoflow.loop.train` on schedules/curriculum.toml (its checkpoints in a temporary folder)
+Runs `nanoflow.training.loop.train` on schedules/curriculum.toml (its checkpoints in a temporary folder)
 through its pretrain stage — 200 of its 300 steps, batch 16 × 256 as 2 micro-batches of 8 — and
 profiles whole loop iterations: from the batch read to the progress update, train_step and the
 metrics.jsonl / TensorBoard writes in between. After W warm-up steps (default 3):
 
 1. K steps (default 3) under torch.profiler (CPU activity, shapes off): the operators with the most
-   self time per step, and the loop's parts — nanoflow.loop's calls wrapped in record_function
+   self time per step, and the loop's parts — nanoflow.training.loop's calls wrapped in record_function
    ranges — with their total and self time. A range's self time is the time spent in it outside
    any torch operator: Python, nanoflow's included.
 2. K more steps under cProfile (not at the same time: each profiler distorts the other): the Python
@@ -42,7 +42,7 @@ import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile, record_function  # noqa: E402
 
 import nanoflow  # noqa: E402
-import nanoflow.loop as loop  # noqa: E402
+import nanoflow.training.loop as loop  # noqa: E402
 import nanoflow.model  # noqa: E402
 import nanoflow.step  # noqa: E402
 

@@ -41,9 +41,9 @@ import torch  # noqa: E402
 
 import nanoflow  # noqa: E402
 from nanoflow.build import build_model, build_optimizer  # noqa: E402
-from nanoflow.checkpointer import checkpoint_info  # noqa: E402
+from nanoflow.checkpoint.checkpointer import checkpoint_info  # noqa: E402
 from nanoflow.io import CheckpointReader, save_checkpoint  # noqa: E402
-from nanoflow.shards import load_moments, load_weights, state_blocks  # noqa: E402
+from nanoflow.parallel.shards import load_moments, load_weights, state_blocks  # noqa: E402
 
 CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "schedules", "curriculum.toml")
 

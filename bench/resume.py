@@ -7,13 +7,13 @@ stage at step 1,500,000 (where the WSD decay starts too) and the SFT stage at 1,
 folders resume it, one at step 10 and one at step 1,000,000. Each holds one committed checkpoint
 of a real state — `nanoflow.init_state`, one `train_step` so that the AdamW moments exist, then the
 same model and optimizer wrapped by `TrainState.create(step=S, ...)` (AdamW's step counts set to S
-too) and saved through `nanoflow.shards.state_blocks` and `nanoflow.io.save_checkpoint`,
+too) and saved through `nanoflow.parallel.shards.state_blocks` and `nanoflow.io.save_checkpoint`,
 exactly as the loop saves — and the metrics.jsonl such a run leaves: one line per step, S lines,
 plus K more (default 37) from an attempt that was killed after the checkpoint, which the resume
 drops (1,000,037 lines, about 190 MB, for the late run).
 
 Each measurement is a fresh process running exactly what `bin/train CONFIG --set ...` runs
-(`nanoflow.cli.train_main`), with nanoflow.loop's functions wrapped to note the moment each phase
+(`nanoflow.commands.cli.train_main`), with nanoflow.training.loop's functions wrapped to note the moment each phase
 ends; it exits as soon as its first step has completed (before writing anything, so every round
 starts from the same files; the parent also restores the killed attempt's metrics lines). The
 clock (CLOCK_MONOTONIC, shared by all processes) starts just before the parent spawns the process.
@@ -82,8 +82,8 @@ def worker(argv: list[str]) -> None:
     marks = {}
     import torch._dynamo  # noqa: F401 - torch.optim imports it when the first optimizer is built (0.4 s); done
     # here, up front, so that the restore phase shows the restore's own work. The total is the same.
-    import nanoflow.cli as cli
-    import nanoflow.loop as loop
+    import nanoflow.commands.cli as cli
+    import nanoflow.training.loop as loop
     marks["imported"] = time.monotonic()
 
     def after(owner, name, mark, result_hook=None, first_only=True):
@@ -177,9 +177,9 @@ def make_run(folder: str, step: int, extra: list[str], lines_after: int) -> tupl
     import torch
 
     import nanoflow
-    from nanoflow.checkpointer import checkpoint_info
+    from nanoflow.checkpoint.checkpointer import checkpoint_info
     from nanoflow.io import save_checkpoint
-    from nanoflow.shards import state_blocks
+    from nanoflow.parallel.shards import state_blocks
 
     overrides = LONG_SCHEDULE + extra + [f'checkpoints.checkpoints_path="{folder}"']
     config = nanoflow.load_config(CONFIG, overrides)

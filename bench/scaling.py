@@ -30,7 +30,7 @@ def worker(config_path: str, steps: int, dp: int) -> None:
 
     import nanoflow
     from nanoflow.data import load_tokenizer, open_stage
-    from nanoflow.parallel import exit_process, init_topology, shutdown
+    from nanoflow.parallel.mesh import exit_process, init_topology, shutdown
 
     accumulation = 2
     config = nanoflow.load_config(config_path, [

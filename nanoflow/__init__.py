@@ -12,9 +12,9 @@ import importlib
 
 from nanoflow.version import __version__
 
-# Each public name is imported when first used (PEP 562), not with the package: `import nanoflow.cli` or
+# Each public name is imported when first used (PEP 562), not with the package: `import nanoflow.commands.cli` or
 # nanoflow.config must not import torch, so that bin/train reports a bad config before torch's seconds.
-_HOMES = {"init_state": "nanoflow.build", "stage_data": "nanoflow.build", "Checkpointer": "nanoflow.checkpointer",
+_HOMES = {"init_state": "nanoflow.build", "stage_data": "nanoflow.build", "Checkpointer": "nanoflow.checkpoint.checkpointer",
           "ConfigError": "nanoflow.config", "load_config": "nanoflow.config", "Schedule": "nanoflow.schedule",
           "Stage": "nanoflow.schedule", "StaleStateError": "nanoflow.state", "TrainState": "nanoflow.state",
           "train_step": "nanoflow.step"}

@@ -11,9 +11,9 @@ from nanoflow.data.tokenizer import Tokenizer
 from nanoflow.io import read_init_weights
 from nanoflow.preflight import check_init_from
 from nanoflow.model import Llama
-from nanoflow.parallel import SINGLE, Topology, device, init_topology, parallelize
+from nanoflow.parallel.mesh import SINGLE, Topology, device, init_topology, parallelize
 from nanoflow.schedule import Schedule, active_stage
-from nanoflow.shards import load_weights, read_on_every_rank
+from nanoflow.parallel.shards import load_weights, read_on_every_rank
 from nanoflow.state import Run, TrainState
 
 

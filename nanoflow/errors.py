@@ -17,7 +17,7 @@ INTERRUPTED = "interrupted: stopped at once, without saving; the last committed 
 
 
 def exit_interrupted() -> None:
-    """Ctrl-C while bin/* imports nanoflow.cli: the one line and the status of a Ctrl-C at any later moment."""
+    """Ctrl-C while bin/* imports nanoflow.commands.cli: the one line and the status of a Ctrl-C at any later moment."""
     import sys
     print(INTERRUPTED, file=sys.stderr)
     raise SystemExit(EXIT_INTERRUPTED)

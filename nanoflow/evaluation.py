@@ -35,10 +35,10 @@ from nanoflow.config import Config, EvalDatasetArgs
 from nanoflow.data.sources import IGNORE_INDEX, open_sources
 from nanoflow.data.tokens import DataInputError
 from nanoflow.io import read_init_weights
-from nanoflow.metrics import EVAL_FILE, MetricsLog
-from nanoflow.parallel import Topology, all_reduce_sum
+from nanoflow.observe.metrics import EVAL_FILE, MetricsLog
+from nanoflow.parallel.mesh import Topology, all_reduce_sum
 from nanoflow.schedule import Schedule, active_stage, stage_steps
-from nanoflow.shards import load_weights, read_on_every_rank
+from nanoflow.parallel.shards import load_weights, read_on_every_rank
 
 log = logging.getLogger(__name__)
 
@@ -205,7 +205,7 @@ def evaluate_checkpoint(path: str, config: Config | None = None, overrides=(), t
     with `overrides` applied as --set does). The rows are those training writes to eval.jsonl at that step."""
     from nanoflow.config import ConfigError, config_from_dict
     from nanoflow.data import load_run_tokenizer
-    from nanoflow.parallel import init_topology
+    from nanoflow.parallel.mesh import init_topology
 
     reader = read_init_weights(path)  # a run folder's latest intact checkpoint, or a step folder; local or s3://
     metadata = getattr(reader, "metadata", None)

@@ -5,7 +5,7 @@ count is the usual one (Kaplan et al. 2020, the PaLM paper's appendix B): per to
 backward matmuls of the N weights that multiply activations, plus 12·layers·hidden·sequence for attention's
 scores and weighted sums (QKᵀ and AV, forward and backward, without halving for the causal mask). What the
 run repeats or skips for its own reasons — recomputed layers, masked attention — does not change the count, so
-MFU compares runs of one model fairly. No torch and no IO here: progress.py measures, this counts.
+MFU compares runs of one model fairly. No torch and no IO here: observe/progress.py measures, this counts.
 """
 
 from __future__ import annotations

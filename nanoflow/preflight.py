@@ -4,7 +4,7 @@
 one pass). What remains needs more than the file: the run's tokenizer, loaded and measured against
 model.vocab_size, and, when `[model] init_from` is an HF model folder (local or s3://), its
 config.json compared with `[model]` and its safetensors headers with the weights that model has —
-before the run folder is locked, data is tokenized or a weight is read. (The process count is checked where the processes join: nanoflow.parallel.init_topology.)
+before the run folder is locked, data is tokenized or a weight is read. (The process count is checked where the processes join: nanoflow.parallel.mesh.init_topology.)
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ def _weight_problems(config: Config, entries: dict[str, dict]) -> list[str]:
     import torch
 
     from nanoflow.model import Llama
-    from nanoflow.shards import weight_mismatches
+    from nanoflow.parallel.shards import weight_mismatches
 
     with torch.device("meta"):   # the names and shapes only: no memory, no init
         expected = {name: tuple(p.shape) for name, p in Llama(config.model).named_parameters()}

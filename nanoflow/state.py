@@ -19,7 +19,7 @@ from attrs import define, field, frozen
 
 from nanoflow.config import Config
 from nanoflow.model import Llama
-from nanoflow.parallel import SINGLE, Topology
+from nanoflow.parallel.mesh import SINGLE, Topology
 from nanoflow.schedule import Schedule, consumed_samples
 
 

@@ -10,7 +10,7 @@ import torch
 from nanoflow.data.sources import IGNORE_INDEX
 from nanoflow.errors import EXIT_DIVERGED, NanoflowError
 from nanoflow.lr import scheduled_lr
-from nanoflow.parallel import all_reduce_sum, grad_norm, scale_gradients
+from nanoflow.parallel.mesh import all_reduce_sum, grad_norm, scale_gradients
 from nanoflow.schedule import active_stage
 from nanoflow.state import TrainState
 

@@ -31,7 +31,7 @@ import pytest
 
 import checkout_guard as guard
 from helpers import REPO, TINY, TRAIN_STEPS, quiet, tiny
-from nanoflow.loop import train
+from nanoflow.training.loop import train
 from run_helpers import groups_of
 
 SECRET_ACCESS_KEY = "testing"

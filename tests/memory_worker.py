@@ -20,7 +20,7 @@ import torch.nn.functional as F  # noqa: E402
 import nanoflow  # noqa: E402
 from helpers import TINY  # noqa: E402 - tests/ is on sys.path: this script's folder, or pytest's
 from nanoflow.model import Llama  # noqa: E402
-from nanoflow.parallel import Topology, init_topology, parallelize  # noqa: E402
+from nanoflow.parallel.mesh import Topology, init_topology, parallelize  # noqa: E402
 
 VARIANTS = ("plain", "chunked", "recompute")  # recompute: the chunked loss and recompute_layer = true
 
@@ -88,7 +88,7 @@ def main() -> None:
     loss, grads = gradients(config, topology, variant, *batch(config))
     if topology.rank == 0:
         save_file({"loss": loss, **{f"grad.{k}": v.contiguous() for k, v in grads.items()}}, out)
-    from nanoflow.parallel import exit_process, shutdown
+    from nanoflow.parallel.mesh import exit_process, shutdown
     shutdown()
     exit_process(0)
 

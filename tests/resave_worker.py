@@ -9,8 +9,8 @@ import sys
 
 from helpers import TINY
 from nanoflow import load_config
-from nanoflow.checkpointer import Checkpointer
-from nanoflow.parallel import exit_process, init_topology, shutdown
+from nanoflow.checkpoint.checkpointer import Checkpointer
+from nanoflow.parallel.mesh import exit_process, init_topology, shutdown
 
 source, destination, *overrides = sys.argv[1:]
 config = load_config(TINY, [

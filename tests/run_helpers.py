@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file
 
 from helpers import REPO
-from nanoflow.shards import state_blocks
+from nanoflow.parallel.shards import state_blocks
 
 
 def checkpoint_tensors(step_folder: Path) -> dict[str, torch.Tensor]:

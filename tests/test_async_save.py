@@ -18,13 +18,13 @@ from run_helpers import assert_same_training_state, folder_digest
 
 from nanoflow import io
 from nanoflow.build import stage_data
-from nanoflow.checkpointer import Checkpointer, StorageLostError
+from nanoflow.checkpoint.checkpointer import Checkpointer, StorageLostError
 from nanoflow.errors import EXIT_STORAGE
 from nanoflow.io.marker import METADATA, SEAL
 from nanoflow.io.store import Store, StoreError
-from nanoflow.loop import train
+from nanoflow.training.loop import train
 from nanoflow.step import train_step
-from nanoflow.verify import first_difference
+from nanoflow.commands.verify import first_difference
 
 ASYNC = "checkpoints.async_save=true"
 
@@ -73,7 +73,7 @@ def test_async_run_ends_equal_to_a_sync_run_with_identical_checkpoints(straight,
 def test_save_copies_the_state_and_returns_while_the_files_are_written(tmp_path, monkeypatch):
     """save() returns before a byte of the tensors is written; training then changes the weights in place,
     and the checkpoint still holds the ones of the step saved."""
-    import nanoflow.checkpointer as checkpointer_module
+    import nanoflow.checkpoint.checkpointer as checkpointer_module
 
     release, writing = threading.Event(), threading.Event()
     real_write_files = checkpointer_module.write_files
@@ -106,7 +106,7 @@ def test_save_copies_the_state_and_returns_while_the_files_are_written(tmp_path,
 
 
 def test_at_most_one_save_is_in_flight(tmp_path, monkeypatch):
-    import nanoflow.checkpointer as checkpointer_module
+    import nanoflow.checkpoint.checkpointer as checkpointer_module
 
     real_write_files, writing, most = checkpointer_module.write_files, [], [0]
 
@@ -197,7 +197,7 @@ def test_kill_9_mid_background_write_keeps_the_previous_commit_and_a_rerun_ends_
 def test_a_stop_signal_waits_for_the_save_in_flight(straight, tmp_path, monkeypatch):
     """SIGTERM arrives while step 4's files are still being written: the run finishes the step, waits for
     step 4's commit, saves the step it stops after, and says so; both are committed, in that order."""
-    import nanoflow.checkpointer as checkpointer_module
+    import nanoflow.checkpoint.checkpointer as checkpointer_module
 
     reference, _ = straight
     real_write_files, finished = checkpointer_module.write_files, []

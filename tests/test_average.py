@@ -11,10 +11,10 @@ from safetensors.torch import load_file
 
 from helpers import quiet, tiny
 from nanoflow import io
-from nanoflow.cli import average_main
-from nanoflow.export import export_hf
+from nanoflow.commands.cli import average_main
+from nanoflow.interop.export import export_hf
 from nanoflow.io.store import Store
-from nanoflow.loop import train
+from nanoflow.training.loop import train
 
 # Pretrain only (the SFT stage out of reach), a checkpoint every 2 steps: steps 2, 4, 6, 8.
 STAGES = ["tokens.train_steps=8", "data_stages.sft.start_training_step=100", "checkpoints.checkpoint_interval=2"]

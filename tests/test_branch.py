@@ -17,8 +17,8 @@ from process_helpers import signal_when_ready
 from run_helpers import assert_same_checkpoint, folder_digest, metrics
 
 from nanoflow import io, load_config
-from nanoflow.checkpointer import Checkpointer
-from nanoflow.loop import train
+from nanoflow.checkpoint.checkpointer import Checkpointer
+from nanoflow.training.loop import train
 from nanoflow.schedule import ScheduleDriftError
 
 COOLDOWNS = REPO / "schedules" / "cooldowns.toml"   # "stable" at a constant LR, then a "cooldown" stage

@@ -13,7 +13,7 @@ import nanoflow
 from helpers import tiny
 from nanoflow import Checkpointer, init_state, io, stage_data, train_step
 from nanoflow.io.checkpoint import save_checkpoint
-from nanoflow.shards import state_blocks
+from nanoflow.parallel.shards import state_blocks
 
 
 def trained(config, steps: int):
@@ -147,7 +147,7 @@ def test_a_shape_change_is_refused_without_the_init_from_advice(saved_at_step_2)
 
 
 def test_bin_train_refuses_a_changed_model_setting_with_exit_2(saved_at_step_2, capsys):
-    from nanoflow.cli import train_main
+    from nanoflow.commands.cli import train_main
 
     status = train_main([str(helpers.TINY), "--set", f'checkpoints.checkpoints_path="{saved_at_step_2}"',
                          "--set", "model.rms_norm_eps=0.1"])

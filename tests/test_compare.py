@@ -7,9 +7,9 @@ import json
 import pytest
 
 from helpers import quiet, tiny
-from nanoflow.cli import compare_main
-from nanoflow.compare import read_runs, shared_savings
-from nanoflow.loop import train
+from nanoflow.commands.cli import compare_main
+from nanoflow.commands.compare import read_runs, shared_savings
+from nanoflow.training.loop import train
 
 PRETRAIN = ["data_stages.sft.start_training_step=100", "checkpoints.checkpoint_interval=2"]
 

@@ -201,7 +201,7 @@ def test_sequence_parallel_needs_every_stage_length_divisible_by_tp(tmp_path):
 
 def test_dp_times_tp_differs_from_world_size(tmp_path, monkeypatch):
     """Checked once, where the processes join (init_topology), before anything is read or written."""
-    from nanoflow.parallel import init_topology
+    from nanoflow.parallel.mesh import init_topology
 
     config = load_config(write_config(tmp_path))
     monkeypatch.setenv("WORLD_SIZE", "4")

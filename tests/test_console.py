@@ -11,8 +11,9 @@ import sys
 import pytest
 
 from helpers import REPO, TINY, tiny
-from nanoflow import cli, console
-from nanoflow.loop import train
+from nanoflow import console
+from nanoflow.commands import cli
+from nanoflow.training.loop import train
 
 
 @pytest.mark.slow
@@ -53,7 +54,7 @@ def test_messages_while_a_bar_is_open_are_written_above_it():
     with console.routed(out):
         bar = tqdm(total=3, file=out, ascii=True, mininterval=0)
         bar.update(1)
-        logging.getLogger("nanoflow.loop").warning("stage x not reached")
+        logging.getLogger("nanoflow.training.loop").warning("stage x not reached")
         bar.close()
     text = out.getvalue()
     before, message, after = text.partition("warning: stage x not reached\n")
@@ -64,7 +65,7 @@ def test_messages_while_a_bar_is_open_are_written_above_it():
 
 def test_only_rank_0_prints(monkeypatch, capsys):
     def work():
-        logging.getLogger("nanoflow.loop").info("saved step 2: run/2")
+        logging.getLogger("nanoflow.training.loop").info("saved step 2: run/2")
         logging.getLogger("nanoflow.io.checkpoint").warning("something skipped")
         return 0
 

@@ -23,7 +23,7 @@ from nanoflow import io
 from nanoflow.config import load_config
 from nanoflow.evaluation import is_due
 from nanoflow.io.marker import METADATA
-from nanoflow.metrics import read_eval
+from nanoflow.observe.metrics import read_eval
 from nanoflow.schedule import Schedule, stage_steps
 
 CURRICULUM = REPO / "schedules" / "curriculum.toml"

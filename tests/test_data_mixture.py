@@ -320,7 +320,7 @@ def test_a_moving_stage_loader_follows_its_blend_and_continue_from_reads_on(tmp_
 
 
 def test_training_on_a_moving_mixture_resumes_bit_exactly(tmp_path, folders):
-    from nanoflow.loop import train
+    from nanoflow.training.loop import train
     from run_helpers import assert_same_training_state
 
     def config(run, workers=0):
@@ -342,8 +342,8 @@ def test_a_run_stopped_crashed_and_stopped_again_resumes_three_times_to_the_stra
     """The class of torchtitan #3907 (the data restarts from the beginning at the second resume): a planned stop
     mid moving blend, a crash one step later than a save, a stop just after the stage boundary — three resumes,
     each of the previous one's checkpoint — end torch.equal to the run trained straight, with the same LRs."""
-    import nanoflow.loop
-    from nanoflow.loop import train
+    import nanoflow.training.loop
+    from nanoflow.training.loop import train
     from run_helpers import assert_same_training_state, metrics
 
     def config(run):
@@ -354,17 +354,17 @@ def test_a_run_stopped_crashed_and_stopped_again_resumes_three_times_to_the_stra
     straight = train(config(tmp_path / "straight"), out=text_io.StringIO(), progress=False)
     run = tmp_path / "run"
     train(config(run), until_step=4, out=text_io.StringIO(), progress=False)        # mid moving stage: 4 saved
-    real_step = nanoflow.loop.train_step
+    real_step = nanoflow.training.loop.train_step
 
     def crash_at_step_8(state, batch):
         if state.step + 1 == 8:
             raise RuntimeError("the node died")
         return real_step(state, batch)
 
-    monkeypatch.setattr(nanoflow.loop, "train_step", crash_at_step_8)
+    monkeypatch.setattr(nanoflow.training.loop, "train_step", crash_at_step_8)
     with pytest.raises(RuntimeError, match="the node died"):
         train(config(run), out=text_io.StringIO(), progress=False)                  # resume 1: 4 → 7, 6 saved
-    monkeypatch.setattr(nanoflow.loop, "train_step", real_step)
+    monkeypatch.setattr(nanoflow.training.loop, "train_step", real_step)
     out = text_io.StringIO()
     train(config(run), until_step=10, out=out, progress=False)                     # resume 2: 6 → 10, across 9
     assert f"resuming from {run}/6" in out.getvalue(), out.getvalue()

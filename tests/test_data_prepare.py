@@ -168,7 +168,7 @@ def blend_config(root: Path, run: Path, *extra: str):
 
 
 def test_blend_schedule_trains_on_prepared_folders_and_resumes_bit_exactly(blend_folders, tmp_path):
-    from nanoflow.loop import train
+    from nanoflow.training.loop import train
     from run_helpers import assert_same_training_state
 
     out = text_io.StringIO()

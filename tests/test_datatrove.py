@@ -19,7 +19,7 @@ from data_helpers import eot_tokenizer, stage, write_config
 from helpers import REPO
 from nanoflow.config import load_config
 from nanoflow.data import TokenFolder, TokenFolderError, write_token_file
-from nanoflow.loop import train
+from nanoflow.training.loop import train
 
 EOT = 1   # <EOT> in eot_tokenizer
 
@@ -159,7 +159,7 @@ def test_a_hub_name_resolves_through_the_local_hf_cache(tmp_path, monkeypatch):
 
 
 def test_one_error_names_every_stage_whose_folder_is_refused(tmp_path, capsys):
-    from nanoflow.cli import train_main
+    from nanoflow.commands.cli import train_main
 
     tokenizer = eot_tokenizer(tmp_path / "tok" / "tokenizer.json")
     docs = [np.array(d) for d in encode(tokenizer, documents())]

@@ -12,7 +12,7 @@ import torch
 from helpers import REPO, TINY
 from nanoflow import ConfigError, init_state, io, load_config, train_step
 from nanoflow.errors import EXIT_DIVERGED
-from nanoflow.loop import train
+from nanoflow.training.loop import train
 from nanoflow.step import DivergedError
 
 HUGE_LR = ("optimizer.learning_rate_scheduler.learning_rate=1e30", "optimizer.learning_rate_scheduler.lr_warmup_steps=0")

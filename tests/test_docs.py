@@ -30,7 +30,7 @@ import pytest
 
 from helpers import REPO
 from nanoflow import ConfigError, load_config
-from nanoflow.nanotron import to_toml
+from nanoflow.interop.nanotron import to_toml
 
 if sys.version_info >= (3, 11):
     import tomllib

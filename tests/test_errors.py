@@ -20,7 +20,8 @@ import pytest
 
 from data_helpers import EOS, stage, write_config, write_folder
 from helpers import REPO, TINY as TINY_FILE
-from nanoflow import cli, errors, load_config
+from nanoflow import errors, load_config
+from nanoflow.commands import cli
 from nanoflow.config import ConfigError
 from nanoflow.config.load import looks_local
 from process_helpers import signal_when_ready, with_dispositions
@@ -82,7 +83,7 @@ def test_guarded_turns_an_error_into_its_status_and_one_message(error, status, c
 def test_guarded_prints_nanoflow_messages_as_plain_lines(capsys):
     def work():
         logging.getLogger("nanoflow.io.checkpoint").warning("runs/x: using runs/x/4; skipped: runs/x/8 is incomplete")
-        logging.getLogger("nanoflow.loop").info("saved step 4: runs/x/4")
+        logging.getLogger("nanoflow.training.loop").info("saved step 4: runs/x/4")
         logging.getLogger("someone.else").warning("someone else's")
         return 0
 
@@ -429,7 +430,7 @@ def test_verify_resume_prints_no_raw_python_warnings(tmp_path):
 def test_until_step_is_a_planned_stop_not_a_signal(tmp_path):
     import io as text_io
 
-    from nanoflow.loop import train
+    from nanoflow.training.loop import train
 
     out = text_io.StringIO()
     state = train(load_config(REPO / TINY, [f'checkpoints.checkpoints_path="{tmp_path / "run"}"']), until_step=2,

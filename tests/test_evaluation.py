@@ -24,8 +24,8 @@ from nanoflow.data import write_token_file
 from nanoflow.data.loader import StageLoader
 from nanoflow.data.sources import IGNORE_INDEX
 from nanoflow.evaluation import EvalSet, load_eval_set, pick, score
-from nanoflow.metrics import MEASURED
-from nanoflow.parallel import SINGLE
+from nanoflow.observe.metrics import MEASURED
+from nanoflow.parallel.mesh import SINGLE
 from process_helpers import signal_when_ready
 
 PYTHON = sys.executable
@@ -226,7 +226,7 @@ def _row(prompt, answer, width):
 
 
 def test_evaluation_never_changes_training_and_writes_a_row_per_step_and_set(tmp_path):
-    from nanoflow.loop import train
+    from nanoflow.training.loop import train
 
     config = load_config(write_run(tmp_path))
     with_eval = train(config, fresh=True, out=text_io.StringIO())
@@ -249,7 +249,7 @@ def test_evaluation_never_changes_training_and_writes_a_row_per_step_and_set(tmp
 
 
 def test_a_progress_line_per_evaluation(tmp_path):
-    from nanoflow.loop import train
+    from nanoflow.training.loop import train
 
     config = load_config(write_run(tmp_path), ["tokens.train_steps=4", "data_stages.sft.start_training_step=10"])
     out = text_io.StringIO()   # train(out=) sends every message of the run there (nanoflow/console.py)
@@ -263,7 +263,7 @@ def test_tensorboard_gets_the_eval_curves(tmp_path):
     pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from nanoflow.loop import train
+    from nanoflow.training.loop import train
 
     train(load_config(write_run(tmp_path)), fresh=True, out=text_io.StringIO())
     events = EventAccumulator(str(tmp_path / "run"))
@@ -274,9 +274,9 @@ def test_tensorboard_gets_the_eval_curves(tmp_path):
 
 def test_report_draws_the_eval_curves(tmp_path):
     pytest.importorskip("matplotlib")
-    from nanoflow.loop import train
-    from nanoflow.metrics import read_eval
-    from nanoflow.report import write_report
+    from nanoflow.training.loop import train
+    from nanoflow.observe.metrics import read_eval
+    from nanoflow.commands.report import write_report
 
     train(load_config(write_run(tmp_path)), fresh=True, out=text_io.StringIO())
     run = tmp_path / "run"
@@ -289,9 +289,9 @@ def test_report_draws_the_eval_curves(tmp_path):
 
 def test_the_eval_panel_shows_its_axes_whole_and_hides_no_curve_under_its_legend(tmp_path):
     pytest.importorskip("matplotlib")
-    from nanoflow.loop import train
-    from nanoflow.metrics import read_eval, read_metrics
-    from nanoflow.report import draw, stage_spans
+    from nanoflow.training.loop import train
+    from nanoflow.observe.metrics import read_eval, read_metrics
+    from nanoflow.commands.report import draw, stage_spans
 
     train(load_config(write_run(tmp_path)), fresh=True, out=text_io.StringIO())
     run = tmp_path / "run"
@@ -393,7 +393,7 @@ from nanoflow.build import build_model
 from nanoflow.config import load_config
 from nanoflow.data.sources import IGNORE_INDEX
 from nanoflow.evaluation import EvalSet, score
-from nanoflow.parallel import init_topology
+from nanoflow.parallel.mesh import init_topology
 
 config = load_config(sys.argv[1], [f"parallelism.dp={sys.argv[2]}", "model.num_hidden_layers=1"])
 topology = init_topology(config)
@@ -411,7 +411,7 @@ if topology.dp == 1:   # what a mean of the per-batch (per-rank) means would say
 if topology.is_main:
     print("RESULT", json.dumps(result))
 # leave as nanoflow's commands do: a gloo worker left to the interpreter's teardown can abort (parallel.exit_process)
-from nanoflow.parallel import exit_process, shutdown
+from nanoflow.parallel.mesh import exit_process, shutdown
 shutdown()
 exit_process(0)
 """

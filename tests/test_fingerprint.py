@@ -17,8 +17,8 @@ from nanoflow import io, load_config
 from nanoflow.data import ByteTokenizer
 from nanoflow.data import fingerprint as fp
 from nanoflow.data.fingerprint import DataChangedError, fingerprint_changes, stage_fingerprint
-from nanoflow.checkpointer import Checkpointer
-from nanoflow.loop import train
+from nanoflow.checkpoint.checkpointer import Checkpointer
+from nanoflow.training.loop import train
 
 
 @pytest.fixture

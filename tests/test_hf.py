@@ -18,12 +18,12 @@ import helpers
 import nanoflow
 from helpers import REPO, TINY
 from nanoflow import ConfigError
-from nanoflow.export import export_hf
+from nanoflow.interop.export import export_hf
 from nanoflow.io import read_hf, read_model
 from nanoflow.io.hf import HFFormatError, HFWeights, is_hf_folder, read_init_weights
-from nanoflow.checkpointer import Checkpointer
+from nanoflow.checkpoint.checkpointer import Checkpointer
 from nanoflow.preflight import preflight
-from nanoflow.loop import train
+from nanoflow.training.loop import train
 
 MODEL_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
               "num_key_value_heads", "max_position_embeddings", "rms_norm_eps", "rope_theta", "tie_word_embeddings")
@@ -273,7 +273,7 @@ def test_export_and_import_on_s3(trained, s3_bucket):
     checked(run.parent, init)
     with pytest.raises(ConfigError, match=r"model.init_from: model.num_hidden_layers = 3, but s3://.*/hf/config.json"):
         checked(run.parent, init, "model.num_hidden_layers=3")
-    from nanoflow.cli import train_main
+    from nanoflow.commands.cli import train_main
 
     assert train_main([str(TINY), "--plan", "--set", init, "--set", "model.num_hidden_layers=3"]) == 2
 
@@ -434,7 +434,7 @@ REFUSED = [   # config.json key, value, what the message says
 
 @pytest.mark.parametrize("key, value, message", REFUSED, ids=[f"{k}={v}"[:40] for k, v, _ in REFUSED])
 def test_config_json_key_that_changes_the_numbers_is_refused(tmp_path, capsys, key, value, message):
-    from nanoflow.cli import train_main
+    from nanoflow.commands.cli import train_main
 
     hf_folder(tmp_path / "hf", tied=True)
     path = tmp_path / "hf" / "config.json"
@@ -507,7 +507,7 @@ DAMAGE = [
 @pytest.mark.parametrize("tied, damage, lines", [d[1:] for d in DAMAGE], ids=[d[0] for d in DAMAGE])
 def test_hf_folder_whose_tensors_do_not_match_its_config_json_is_refused_before_training(tmp_path, capsys, tied,
                                                                                             damage, lines):
-    from nanoflow.cli import train_main
+    from nanoflow.commands.cli import train_main
 
     hf_folder(tmp_path / "hf", tied=tied)
     damaged(tmp_path / "hf", damage)

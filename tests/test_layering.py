@@ -1,6 +1,6 @@
 """The package's layering, read from the source (ast; nothing is imported): no import cycle between
-nanoflow's modules, function-level imports included; nanoflow.io knows bytes only; the pure modules
-import no torch; the model knows nothing of training. See the module table of the design notes.
+nanoflow's modules, function-level imports included; every package and top-level module sits in the layer
+table below, and imports only what its layer may; the pure layer imports no torch. docs/design.md draws the map.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def violations() -> dict[str, set[tuple[str, str]]]:
         imported = imports(name)
         if name == "nanoflow.io" or name.startswith("nanoflow.io."):
             found["io"] |= {(name, m) for m in imported if _above_io(m)}
-        if name in ("nanoflow.schedule", "nanoflow.lr") or name == "nanoflow.config" or name.startswith("nanoflow.config."):
+        if name in ("nanoflow.schedule", "nanoflow.lr", "nanoflow.errors", "nanoflow.version") or name == "nanoflow.config" or name.startswith("nanoflow.config."):
             found["torch"] |= {(name, m) for m in imported if m == "torch"}
         if name == "nanoflow.model":   # the decoder: torch, and of nanoflow only its loss (a torch function, like a layer)
             found["model"] |= {(name, m) for m in imported if m.startswith("nanoflow") and m != "nanoflow.loss"}
@@ -98,9 +98,9 @@ def cycle_edges(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_the_walk_sees_the_package():
     # The walk is only as good as what it finds: the modules, and imports at every level of a body.
-    assert {"nanoflow", "nanoflow.loop", "nanoflow.io.hf", "nanoflow.config.checks", "nanoflow.preflight"} <= set(MODULES)
+    assert {"nanoflow", "nanoflow.training.loop", "nanoflow.io.hf", "nanoflow.config.checks", "nanoflow.preflight"} <= set(MODULES)
     assert "nanoflow.io.checkpoint" in GRAPH["nanoflow.io.hf"]
-    assert "nanoflow.loop" in GRAPH["nanoflow.cli"]                  # a function-level import
+    assert "nanoflow.training.loop" in GRAPH["nanoflow.commands.cli"]                  # a function-level import
     assert "torch" in imports("nanoflow.model")
 
 
@@ -124,4 +124,61 @@ def test_pure_modules_import_no_torch():
 def test_the_model_knows_nothing_of_training():
     assert sorted(violations()["model"]) == []
 
+
+def unit(module: str) -> str:
+    """The layer table's key of a module: its package under nanoflow, or the top-level module itself."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "nanoflow"
+
+
+PURE = {"errors", "version", "schedule", "lr", "config"}   # no torch, no IO: the stage math and the config's rules
+KERNEL = {"loss", "model", "flops", "console", "state", "step", "build", "run", "preflight", "evaluation"}
+# What each unit may import of nanoflow (besides itself). Read top to bottom: a layer sees only those above it.
+MAY_IMPORT = {
+    "nanoflow": {"version"},                  # the package root: its public names are imported on first use
+    "errors": set(), "version": set(),
+    "schedule": {"errors"},
+    "lr": {"errors", "schedule"},
+    "config": {"errors", "lr", "schedule"},
+    "io": {"errors", "version"},              # bytes only: it knows no model, no config, no run
+    "data": {"errors", "config", "io", "schedule", "lr"},   # knows nothing of a run: never the loop or the checkpointer
+    "loss": set(),                            # a torch function, like a layer
+    "model": {"loss"},                        # the decoder knows nothing of training
+    "flops": {"config"},
+    "console": {"errors"},
+    "parallel": PURE | {"io", "model", "loss"},
+    "state": PURE | {"model", "parallel"},
+    "step": PURE | {"model", "loss", "parallel", "state", "data"},
+    "preflight": PURE | {"io", "data", "model", "flops", "parallel"},
+    "run": PURE | {"io", "data", "model", "flops", "parallel", "preflight", "console"},
+    "build": PURE | {"io", "data", "model", "parallel", "preflight", "state", "run"},
+    "observe": PURE | {"io", "console", "flops"},          # observers show and record; they never save
+    "evaluation": PURE | {"io", "data", "model", "parallel", "state", "step", "build", "run", "observe"},
+    "checkpoint": PURE | {"io", "data", "model", "parallel", "console", "state", "build", "run"},
+    "interop": PURE | {"io", "data", "console"},
+    "training": (PURE | KERNEL | {"io", "data", "parallel", "observe", "checkpoint"}),
+    "commands": None,                         # on top: may import anything, and nothing imports it
+}
+
+
+def test_every_package_has_a_place_in_the_layer_table():
+    assert {unit(name) for name in MODULES} - set(MAY_IMPORT) == set()
+
+
+def test_each_layer_imports_only_what_it_may():
+    found = sorted((name, imported) for name, imported_set in GRAPH.items() for imported in imported_set
+                   if unit(imported) != unit(name) and MAY_IMPORT[unit(name)] is not None
+                   and unit(imported) not in MAY_IMPORT[unit(name)])
+    assert found == []
+
+
+def test_nothing_imports_the_commands():
+    assert sorted((name, m) for name, ms in GRAPH.items() for m in ms
+                  if unit(m) == "commands" and unit(name) != "commands") == []
+
+
+def test_the_layer_rules_can_fail():
+    # A table that allowed everything would pass any tree: one real edge, checked against a table without it.
+    assert "nanoflow.checkpoint.checkpointer" in {m for m in GRAPH["nanoflow.training.loop"]}
+    assert "checkpoint" not in MAY_IMPORT["observe"] and "training" not in MAY_IMPORT["data"]
 

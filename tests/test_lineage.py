@@ -11,9 +11,9 @@ from helpers import REPO, quiet, tiny
 from run_helpers import assert_same_training_state, metrics
 
 from nanoflow import io, load_config
-from nanoflow.checkpointer import Checkpointer
+from nanoflow.checkpoint.checkpointer import Checkpointer
 from nanoflow.errors import NanoflowError
-from nanoflow.loop import train
+from nanoflow.training.loop import train
 from nanoflow.lr import scheduled_lr
 from nanoflow.schedule import Schedule
 

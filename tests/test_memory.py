@@ -14,7 +14,7 @@ from helpers import REPO
 from memory_worker import batch, config_for, gradients
 from nanoflow.loss import cross_entropy_sum
 from nanoflow.model import Llama
-from nanoflow.parallel import SINGLE, parallelize
+from nanoflow.parallel.mesh import SINGLE, parallelize
 
 
 def plain_loss(hidden, weight, labels):

@@ -1,4 +1,4 @@
-"""metrics.jsonl is written and read in one module (nanoflow/metrics.py), and tokens/s is one definition that the
+"""metrics.jsonl is written and read in one module (nanoflow/observe/metrics.py), and tokens/s is one definition that the
 progress line, TensorBoard and bin/report all show."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import math
 
 import pytest
 
-from nanoflow.metrics import FILE, MetricsError, MetricsLog, Throughput, read_metrics, step_seconds, tokens_per_second
-from nanoflow.progress import Progress
-from nanoflow.report import format_summary, stage_summary
+from nanoflow.observe.metrics import FILE, MetricsError, MetricsLog, Throughput, read_metrics, step_seconds, tokens_per_second
+from nanoflow.observe.progress import Progress
+from nanoflow.commands.report import format_summary, stage_summary
 
 # Two processes: steps 1–3, then a resume whose clock starts again (step 4's elapsed is below step 3's).
 RECORDS = [{"step": 1, "stage": "a", "loss": 3.0, "lr": 1e-3, "grad_norm": 1.0, "tokens": 100, "elapsed": 2.0},
@@ -64,7 +64,7 @@ def test_report_and_progress_show_the_same_tokens_per_second(caplog):
     progress = Progress(train_steps=4, start_step=0, live=False, interval=1)
     for m in RECORDS:
         progress.step_done(m)
-    lines = [r.getMessage() for r in caplog.records if r.name == "nanoflow.progress"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "nanoflow.observe.progress"]
     assert len(lines) == 4
     expected = [f"{tokens_per_second(sum(m['tokens'] for m in RECORDS[:k]), sum(step_seconds(RECORDS)[:k])):,.0f} tok/s"
                 for k in range(1, 5)]

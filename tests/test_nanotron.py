@@ -18,7 +18,7 @@ from helpers import REPO
 from nanoflow import load_config
 from nanoflow.config import ConfigError
 from nanoflow.lr import lr_at
-from nanoflow.nanotron import convert, to_toml
+from nanoflow.interop.nanotron import convert, to_toml
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -726,7 +726,7 @@ def test_a_model_config_that_is_not_a_llama_is_refused_by_name(tmp_path, model_c
     raw["model"]["model_config"] = model_config
     with pytest.raises(ValueError, match=named):
         convert(raw)
-    from nanoflow.cli import convert_nanotron_config_main
+    from nanoflow.commands.cli import convert_nanotron_config_main
 
     (tmp_path / "model.yaml").write_text(yaml.safe_dump(raw))
     assert convert_nanotron_config_main([str(tmp_path / "model.yaml")]) == 2
@@ -746,7 +746,7 @@ def test_a_list_of_splits_trains_on_train_and_the_other_splits_become_eval_sets_
 
     from nanoflow.data import ByteTokenizer, open_stage
     from nanoflow.evaluation import load_eval_set
-    from nanoflow.plan import render_plan
+    from nanoflow.commands.plan import render_plan
 
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     rows = {"train": [f"train row {i} " * 20 for i in range(20)],

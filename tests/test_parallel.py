@@ -13,7 +13,7 @@ import torch
 
 from helpers import REPO, TINY
 from nanoflow import io
-from nanoflow.verify import first_difference
+from nanoflow.commands.verify import first_difference
 
 pytestmark = pytest.mark.slow
 

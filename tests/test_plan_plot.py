@@ -8,10 +8,11 @@ from pathlib import Path
 import pytest
 
 from helpers import REPO, TINY
-from nanoflow import cli, load_config
+from nanoflow import load_config
+from nanoflow.commands import cli
 from nanoflow.lr import scheduled_lr
-from nanoflow.plan import source_shares
-from nanoflow.plan_plot import PANELS, plan_figure, plan_steps
+from nanoflow.commands.plan import source_shares
+from nanoflow.commands.plan_plot import PANELS, plan_figure, plan_steps
 from nanoflow.schedule import Schedule
 
 COOLDOWNS = REPO / "schedules" / "cooldowns.toml"
@@ -86,8 +87,8 @@ def test_the_plan_counts_its_stages_in_words_that_agree(tmp_path):
 
     from helpers import TINY
     from nanoflow.config import load_config
-    from nanoflow.nanotron import to_toml
-    from nanoflow.plan import render_plan
+    from nanoflow.interop.nanotron import to_toml
+    from nanoflow.commands.plan import render_plan
 
     raw = tomllib.loads(TINY.read_text())
     raw["data_stages"] = raw["data_stages"][:1]   # pretrain alone

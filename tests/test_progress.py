@@ -1,5 +1,5 @@
 """What a user watches on a long run: tokens/s over a recent window, an ETA that weighs each stage by its own
-step cost, MFU against the device's peak, peak memory, and a start-up header (nanoflow/progress.py, flops.py)."""
+step cost, MFU against the device's peak, peak memory, and a start-up header (nanoflow/observe/progress.py, flops.py)."""
 
 from __future__ import annotations
 
@@ -14,11 +14,11 @@ from torch import nn
 from helpers import tiny
 from nanoflow import init_state
 from nanoflow.flops import flops_per_token, gpu_peak, matmul_parameters
-from nanoflow.loop import train
-from nanoflow.metrics import Throughput, read_metrics
+from nanoflow.training.loop import train
+from nanoflow.observe.metrics import Throughput, read_metrics
 from nanoflow.model import Llama
-from nanoflow.progress import Costs, Progress, cpu_matmul_peak, peak_memory
-from nanoflow.report import format_summary, stage_summary
+from nanoflow.observe.progress import Costs, Progress, cpu_matmul_peak, peak_memory
+from nanoflow.commands.report import format_summary, stage_summary
 
 
 # schedules/tiny.toml by hand: hidden 32, 4 heads of 8, 2 kv heads, intermediate 64, 2 layers, vocabulary 288, tied.

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from helpers import REPO, tiny
-from nanoflow import tensorboard as nanoflow_tensorboard
-from nanoflow.loop import train
-from nanoflow.metrics import MetricsError, read_metrics, step_seconds, tokens_per_second
-from nanoflow.report import HEIGHT, WIDTH, format_summary, read_run_metadata, stage_spans, stage_summary, write_report
+from nanoflow.observe import tensorboard as nanoflow_tensorboard
+from nanoflow.training.loop import train
+from nanoflow.observe.metrics import MetricsError, read_metrics, step_seconds, tokens_per_second
+from nanoflow.commands.report import HEIGHT, WIDTH, format_summary, read_run_metadata, stage_spans, stage_summary, write_report
 
 
 @pytest.fixture(scope="module")

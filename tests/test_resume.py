@@ -18,12 +18,12 @@ from log_helpers import logged
 from nanoflow import io
 from nanoflow.io.marker import FORMAT, sealed
 from nanoflow.io.store import StoreError
-from nanoflow.checkpointer import Checkpointer
-from nanoflow.loop import train
-from nanoflow.metrics import MetricsLog
+from nanoflow.checkpoint.checkpointer import Checkpointer
+from nanoflow.training.loop import train
+from nanoflow.observe.metrics import MetricsLog
 from nanoflow.lr import lr_at
 from nanoflow.schedule import ScheduleDriftError
-from nanoflow.verify import first_difference
+from nanoflow.commands.verify import first_difference
 
 
 def restore(config, *, fresh: bool = False, out):

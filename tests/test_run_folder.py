@@ -15,8 +15,8 @@ from helpers import REPO, TINY
 from nanoflow import io, load_config
 from nanoflow.config import ConfigError
 from nanoflow.io.runfolder import RunFolderError, RunFolderWriteError
-from nanoflow.loop import train
-from nanoflow.tensorboard import TensorBoardLog, available
+from nanoflow.training.loop import train
+from nanoflow.observe.tensorboard import TensorBoardLog, available
 
 
 def train_command(run: Path, *overrides: str) -> list[str]:
@@ -151,7 +151,7 @@ def test_tensorboard_failing_stops_tensorboard_not_the_run(tmp_path, capfd):
 
 def test_metrics_write_failing_mid_run_is_a_storage_error(tmp_path):
     from nanoflow.errors import EXIT_STORAGE
-    from nanoflow.metrics import MetricsLog
+    from nanoflow.observe.metrics import MetricsLog
 
     with small_disk(tmp_path / "disk", "64k"):
         path = tmp_path / "disk" / "metrics.jsonl"

@@ -33,8 +33,8 @@ from s3_helpers import copy_run, get, keys, split, step_folders
 from nanoflow.io import (CheckpointError, latest, read_checkpoint, read_metadata, read_model,
                         save_checkpoint)
 from nanoflow.io.store import Store, StoreError
-from nanoflow.loop import train
-from nanoflow.shards import MOMENTS, STEP
+from nanoflow.training.loop import train
+from nanoflow.parallel.shards import MOMENTS, STEP
 
 FILES = ("checkpoint_metadata.json", "model/rank00000.safetensors", "optimizer/rank00000.safetensors")
 

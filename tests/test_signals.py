@@ -1,5 +1,5 @@
-"""The signal rule of the whole process (nanoflow/signals.py, docs/resume.md "Signals"), in torch-free child
-interpreters (nanoflow.signals imports no torch), each started with the disposition it means to test."""
+"""The signal rule of the whole process (nanoflow/training/signals.py, docs/resume.md "Signals"), in torch-free child
+interpreters (nanoflow.training.signals imports no torch), each started with the disposition it means to test."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from process_helpers import with_dispositions
 
 _CHILD = """
 import os, signal, sys
-from nanoflow import signals
+from nanoflow.training import signals
 signals.install_start_up_handlers()
 what = sys.argv[1]
 try:
@@ -77,8 +77,8 @@ def test_a_finished_run_is_stopped_by_no_signal():
 _TRIES = """
 import os, random, sys, time
 import torch
-from nanoflow import cli
-from nanoflow.async_save import BackgroundWork
+from nanoflow.commands import cli
+from nanoflow.checkpoint.async_save import BackgroundWork
 from nanoflow.io.checkpoint import write_files
 statuses = []
 for attempt in range(int(sys.argv[1])):

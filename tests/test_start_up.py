@@ -13,7 +13,7 @@ from helpers import REPO
 # A child interpreter, so that this test's own imports (torch, through conftest) do not count.
 _REPORT_TORCH = """
 import sys
-from nanoflow import cli
+from nanoflow.commands import cli
 status = cli.train_main(sys.argv[1:])
 print("torch imported" if "torch" in sys.modules else "torch not imported", status)
 """
@@ -40,7 +40,7 @@ def _deep(levels: int) -> bytes:
     ("deep", "nested too deeply"),
 ])
 def test_a_config_path_that_is_no_config_file_is_one_line_and_exit_2(tmp_path, capsys, case, expected):
-    from nanoflow import cli
+    from nanoflow.commands import cli
     path = tmp_path / "config.toml"
     if case == "folder":
         path.mkdir()
@@ -59,7 +59,7 @@ def test_a_config_path_that_is_no_config_file_is_one_line_and_exit_2(tmp_path, c
 
 @pytest.mark.parametrize("key, value", [("model.hidden_size", 1048576), ("model.num_hidden_layers", 100000000)])
 def test_an_impossible_model_size_is_refused_before_building_with_both_numbers(tmp_path, capsys, key, value):
-    from nanoflow import cli
+    from nanoflow.commands import cli
     from helpers import TINY
     folder = tmp_path / "run"
     status = cli.train_main([str(TINY), "--set", f"{key}={value}", "--set", f"checkpoints.checkpoints_path={folder}"])
@@ -72,9 +72,9 @@ def test_an_impossible_model_size_is_refused_before_building_with_both_numbers(t
 _CTRL_C_WHILE_IMPORTING = """
 import runpy, sys
 
-class CtrlC:  # a Ctrl-C that lands while bin/train imports nanoflow.cli
+class CtrlC:  # a Ctrl-C that lands while bin/train imports nanoflow.commands.cli
     def find_spec(self, name, path=None, target=None):
-        if name == "nanoflow.cli":
+        if name == "nanoflow.commands.cli":
             raise KeyboardInterrupt
 sys.meta_path.insert(0, CtrlC())
 sys.argv = ["bin/train", "schedules/tiny.toml"]

@@ -12,8 +12,8 @@ from helpers import REPO
 from run_helpers import assert_same_checkpoint, folder_digest
 
 from nanoflow.errors import EXIT_DONE
-from nanoflow.cli import train_main
-from nanoflow.sweep import run_study
+from nanoflow.commands.cli import train_main
+from nanoflow.commands.sweep import run_study
 
 BASE = REPO / "schedules" / "wsd_vs_cosine" / "base.toml"
 SMALL = ["model.hidden_size=32", "model.intermediate_size=64", "model.num_hidden_layers=2",

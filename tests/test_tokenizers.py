@@ -19,8 +19,8 @@ from data_helpers import EOT_TEXTS, eot_tokenizer, stage, write_config
 from helpers import REPO
 from nanoflow.config import load_config
 from nanoflow.data import TokenFolder, TokenizerError, load_run_tokenizer, load_tokenizer, open_stage
-from nanoflow.export import export_hf
-from nanoflow.loop import train
+from nanoflow.interop.export import export_hf
+from nanoflow.training.loop import train
 
 TEXTS = EOT_TEXTS
 

@@ -165,8 +165,8 @@ def test_sigint_stops_cleanly_after_the_current_step(tmp_path):
 
 
 def test_a_second_ctrl_c_stops_at_once_with_a_message_not_a_traceback(tmp_path, monkeypatch, capsys):
-    from nanoflow import cli, loop
-
+    from nanoflow.commands import cli
+    from nanoflow.training import loop
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt  # what StopRequest raises on a second SIGINT, wherever the loop is
 

@@ -10,7 +10,7 @@ from helpers import TINY
 from run_helpers import assert_same_checkpoint, bin_train, metrics
 
 from nanoflow import io, load_config
-from nanoflow.loop import train
+from nanoflow.training.loop import train
 
 # 8 steps, "sft" from step 5 with its own LR schedule (a cooldown), a checkpoint every 3 steps.
 SHORT = ["tokens.train_steps=8", "data_stages.sft.start_training_step=5", "checkpoints.checkpoint_interval=3",

@@ -6,7 +6,7 @@ import random
 import pytest
 
 from helpers import TINY
-from nanoflow.verify import Kill, _aimed, plan_kills, save_steps, verify_resume
+from nanoflow.commands.verify import Kill, _aimed, plan_kills, save_steps, verify_resume
 
 
 def test_save_steps_are_every_interval_and_the_last():
@@ -44,7 +44,7 @@ def test_a_kill_the_resumed_run_has_passed_moves_to_where_it_still_goes():
 def test_verify_resume_performs_exactly_the_kills_asked(tmp_path, caplog):
     caplog.set_level(logging.INFO, logger="nanoflow")
     ok = verify_resume(str(TINY), ["checkpoints.checkpoint_interval=3"], tmp_path, kills=5, seed=3)
-    lines = [r.getMessage() for r in caplog.records if r.name == "nanoflow.verify"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "nanoflow.commands.verify"]
     assert ok, "\n".join(lines)
     assert sum(": exit -9;" in line for line in lines) == 5
     assert lines[-1].startswith("PASS: after 5 kills")

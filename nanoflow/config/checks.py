@@ -455,7 +455,7 @@ def _continue_from_problems(config: Config, index: int) -> list[str]:
 
 def check_world_size(config: Config, world: str | None) -> None:
     """torchrun's WORLD_SIZE (None without torchrun: one process) must be parallelism.dp × parallelism.tp.
-    Checked where the processes join (nanoflow.parallel.init_topology), not at load: a config for many
+    Checked where the processes join (nanoflow.parallel.mesh.init_topology), not at load: a config for many
     processes loads, and --plan prints its plan, from a single one."""
     dp, tp = config.parallelism.dp, config.parallelism.tp
     if world in (None, "1") and dp * tp == 1 or world == str(dp * tp):

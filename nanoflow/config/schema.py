@@ -96,7 +96,7 @@ class ParallelismArgs:
     tp: int = field(default=1, validator=positive)
     # nanotron's names: REDUCE_SCATTER is sequence parallelism (norms and residual stream split by position over tp)
     tp_mode: Literal["ALL_REDUCE", "REDUCE_SCATTER"] = "ALL_REDUCE"
-    # nanotron's name: each decoder layer's activations are recomputed in backward instead of kept (parallel.py)
+    # nanotron's name: each decoder layer's activations are recomputed in backward instead of kept (parallel/mesh.py)
     recompute_layer: bool = False
 
 

@@ -5,7 +5,7 @@
 any box of a saved tensor by byte ranges, checking every shard it uses; `store` reaches a local
 folder or an s3:// prefix (with bounded retries); `tensorfile` writes and parses safetensors files
 without copies; `hf` is the transformers Llama folder: its files, and reading such folders back (for
-`[model] init_from`; nanoflow.export writes checkpoints as such folders).
+`[model] init_from`; nanoflow.interop.export writes checkpoints as such folders).
 """
 
 from nanoflow.io.checkpoint import (

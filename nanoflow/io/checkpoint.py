@@ -209,7 +209,7 @@ def save_checkpoint(root: str, step: int, groups: dict[str, dict[str, Block | to
     Plain tensors are whole blocks. `info` goes into the metadata as is (schedule position, config …);
     its "training" record says how many steps were completed (`step`). Returns the step folder. A
     cleanup that fails after the commit is a logged warning: the commit stands. With several
-    ranks, nanoflow.checkpointer runs the three phases below with the collectives between them.
+    ranks, nanoflow.checkpoint.checkpointer runs the three phases below with the collectives between them.
     """
     _check_info(step, info)
     suffix = new_save(root, step)

@@ -10,7 +10,7 @@ An HF Llama folder is what `LlamaForCausalLM.save_pretrained` writes and `from_p
     tokenizer.json, tokenizer_config.json   so that AutoTokenizer loads the run's tokenizer
 
 Here is the folder's format: its config.json, its weight files, a byte-level tokenizer.json, and
-reading it back. nanoflow.export.export_hf writes a checkpoint as such a folder (with the run's
+reading it back. nanoflow.interop.export.export_hf writes a checkpoint as such a folder (with the run's
 tokenizer, which io does not know); config.json is written last, so a folder that has it is
 complete. Import accepts sharded and unsharded folders, safetensors only (no pickle):
 `read_hf` reads every weight whole; `read_init_weights` (for `[model] init_from`) reads, on each
@@ -41,7 +41,7 @@ class HFFormatError(CheckpointError):
 
 
 # ---------------------------------------------------------------------------------------------
-# Export (the folder's files; nanoflow.export.export_hf writes them for a checkpoint)
+# Export (the folder's files; nanoflow.interop.export.export_hf writes them for a checkpoint)
 
 def hf_config(model: dict, *, dtype: str = "float32", bos_token_id: int | None = None,
               eos_token_id: int | None = None) -> dict:
@@ -231,7 +231,7 @@ def read_hf(folder: str) -> tuple[dict, dict[str, torch.Tensor]]:
 
 
 class HFWeights:
-    """An HF model folder's weights, read box by box as nanoflow.shards.load_weights asks (the same
+    """An HF model folder's weights, read box by box as nanoflow.parallel.shards.load_weights asks (the same
     names / shape / fetch / read as a CheckpointReader): each file's header once, then only the bytes
     of the rows a box covers, so each rank of a sharded model reads its own slice, not the model."""
 

@@ -7,7 +7,7 @@ carried over, a key it has not is named in the report with its value and, where 
 Nothing is dropped silently; a null value means "not set" and needs no report. A dropped key
 whose value changes nothing in nanoflow (pp = 1, zero_stage = 0 …) is reported as "ignored".
 
-    from nanoflow.nanotron import convert
+    from nanoflow.interop.nanotron import convert
     toml_text, report = convert(yaml.safe_load(open("config.yaml")))
 
 Paths are carried over verbatim: nanotron reads them relative to the working directory, nanoflow
@@ -24,7 +24,7 @@ import attrs
 
 from nanoflow import config as schema
 from nanoflow.config.checks import ROPE_KEYS
-from nanoflow.nanotron_keys import (
+from nanoflow.interop.nanotron_keys import (
     LR_SHIFT,
     MODEL_CONFIG_FIELDS,
     MODEL_CONFIG_FLAGS,
@@ -34,7 +34,7 @@ from nanoflow.nanotron_keys import (
     NEUTRAL,
     REASONS,
 )
-from nanoflow.toml_writer import to_toml
+from nanoflow.interop.toml_writer import to_toml
 
 __all__ = ["Report", "convert", "to_toml"]
 

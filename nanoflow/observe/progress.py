@@ -21,7 +21,7 @@ from attrs import frozen
 
 from nanoflow import console
 from nanoflow.flops import flops_per_token, gpu_peak
-from nanoflow.metrics import Window
+from nanoflow.observe.metrics import Window
 from nanoflow.schedule import Schedule, stage_steps
 
 log = logging.getLogger(__name__)
@@ -113,7 +113,7 @@ def peak_memory(device: torch.device) -> int:
 
 class Progress:
     """`live`: a bar (None: when the console stream is a terminal). Its clock starts at construction: `elapsed()`
-    is what each step's record holds, and its tokens/s are the record's (nanoflow.metrics.Window). Without `costs`
+    is what each step's record holds, and its tokens/s are the record's (nanoflow.observe.metrics.Window). Without `costs`
     every step weighs the same and there is no MFU."""
 
     def __init__(self, train_steps: int, start_step: int, live: bool | None = None, interval: int = 10,

@@ -18,8 +18,8 @@ import attrs
 
 from nanoflow.errors import NanoflowError
 from nanoflow.flops import flops_per_token
-from nanoflow.metrics import read_eval, read_metrics
-from nanoflow.report import COLORS, _figure, read_run_metadata
+from nanoflow.observe.metrics import read_eval, read_metrics
+from nanoflow.commands.report import COLORS, _figure, read_run_metadata
 
 
 class CompareError(NanoflowError):

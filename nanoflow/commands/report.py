@@ -1,6 +1,6 @@
 """The run report: `bin/report RUN_DIR` → RUN_DIR/report.png and a per-stage summary table.
 
-Reads RUN_DIR/metrics.jsonl (nanoflow.metrics: one JSON object per step: step, stage, loss, lr, tokens, elapsed …)
+Reads RUN_DIR/metrics.jsonl (nanoflow.observe.metrics: one JSON object per step: step, stage, loss, lr, tokens, elapsed …)
 and, when RUN_DIR holds a committed checkpoint, its metadata: the configured stages and
 train_steps, so that a report drawn mid-run shows the whole curriculum, stages not reached yet
 included. matplotlib (the `report` extra) is imported only to draw, without pyplot.
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import attrs
 
-from nanoflow.metrics import read_eval, read_metrics, step_seconds, tokens_per_second
+from nanoflow.observe.metrics import read_eval, read_metrics, step_seconds, tokens_per_second
 
 WIDTH, HEIGHT, DPI = 1200, 900, 100   # report.png's size in pixels
 LEGEND_X = 1.09   # the eval legend's left edge, in eval-panel widths: right of the exact-match axis and its label

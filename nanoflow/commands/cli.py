@@ -9,7 +9,8 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-from nanoflow import console, signals
+from nanoflow import console
+from nanoflow.training import signals
 from nanoflow.config import ConfigError, load_config
 from nanoflow.errors import (EXIT_BAD_INPUT, EXIT_BUG, EXIT_DONE, EXIT_INTERRUPTED, EXIT_STOPPED, INTERRUPTED,
                              NanoflowError)
@@ -20,18 +21,18 @@ log = logging.getLogger(__name__)
 
 
 def exit_process(code: int) -> None:
-    """sys.exit(code); in a torchrun worker, nanoflow.parallel.exit_process (which skips a teardown that can abort).
+    """sys.exit(code); in a torchrun worker, nanoflow.parallel.mesh.exit_process (which skips a teardown that can abort).
 
     While a background checkpoint write is still running (a second Ctrl-C cut it), the interpreter's teardown
     is skipped too: the write's daemon thread, stopped there in the middle of torch's C++ code, can abort the
     process ("terminate called without an active exception", status 134). Nothing of that write is committed
     (the commit is the main thread's), and the next commit clears its temporaries."""
-    async_save = sys.modules.get("nanoflow.async_save")
+    async_save = sys.modules.get("nanoflow.checkpoint.async_save")
     if async_save is not None and async_save.writing():
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
-    parallel = sys.modules.get("nanoflow.parallel")  # never imported for --plan or a config error: nothing to skip
+    parallel = sys.modules.get("nanoflow.parallel.mesh")  # never imported for --plan or a config error: nothing to skip
     if parallel is not None:
         parallel.exit_process(code)
     sys.exit(code)
@@ -103,13 +104,13 @@ def _train(args: argparse.Namespace) -> int:
         raise ConfigError(f"--until-step {args.until_step} is after tokens.train_steps = {config.tokens.train_steps}, "
                           "where the run ends anyway (drop it, or raise train_steps: that changes the LR schedule)")
     if args.plan:
-        from nanoflow.plan import render_plan
+        from nanoflow.commands.plan import render_plan
         from nanoflow.preflight import preflight
         print(render_plan(config, preflight(config).tokenizer))   # the checks a training run would pass first
         if args.until_step is not None:
             print(f"stops after step {args.until_step} (--until-step)")
         if args.plot is not None:
-            from nanoflow.plan_plot import write_plan_plot
+            from nanoflow.commands.plan_plot import write_plan_plot
             try:
                 print(f"\nwrote {write_plan_plot(config, args.plot)}")
             except ImportError as e:  # matplotlib, an optional extra
@@ -118,8 +119,8 @@ def _train(args: argparse.Namespace) -> int:
             except OSError as e:
                 raise PlotError(f"--plot {args.plot}: cannot write it: {e.strerror or e}") from None
         return EXIT_DONE
-    from nanoflow.loop import train  # the training machinery, once the config is known to be good
-    from nanoflow.parallel import shutdown
+    from nanoflow.training.loop import train  # the training machinery, once the config is known to be good
+    from nanoflow.parallel.mesh import shutdown
     try:
         state = train(config, fresh=args.fresh, until_step=args.until_step)
     finally:
@@ -155,7 +156,7 @@ def _verify_resume(args: argparse.Namespace) -> int:
     load_config(args.config, args.overrides)  # fail fast, with the usual message, on a bad config
     import tempfile
 
-    from nanoflow.verify import verify_resume
+    from nanoflow.commands.verify import verify_resume
     with tempfile.TemporaryDirectory(prefix="verify-resume-") as temporary:
         workdir = Path(args.workdir or temporary)
         ok = verify_resume(args.config, args.overrides, workdir, kills=args.kills, seed=args.seed)
@@ -218,7 +219,7 @@ def export_main(argv: list[str] | None = None) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from nanoflow.export import export_hf
+    from nanoflow.interop.export import export_hf
     summary = export_hf(args.checkpoint, args.out_dir, max_shard_size=args.max_shard_size, dtype=args.dtype)
     tokenizer = f"; tokenizer: {summary['tokenizer']}" if summary["tokenizer"] else "; no tokenizer"
     log.info(f"exported step {summary['step']} to {summary['path']}: {len(summary['files'])} files, "
@@ -254,7 +255,7 @@ def report_main(argv: list[str] | None = None) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from nanoflow.report import format_summary, write_report
+    from nanoflow.commands.report import format_summary, write_report
     try:
         path, rows = write_report(args.run_dir, args.out)
     except ImportError as e:  # matplotlib, an optional extra
@@ -285,7 +286,7 @@ def eval_main(argv: list[str] | None = None) -> int:
 def _eval(args: argparse.Namespace) -> int:
     config = load_config(args.config, args.overrides) if args.config else None
     from nanoflow.evaluation import evaluate_checkpoint, format_rows
-    from nanoflow.parallel import init_topology, shutdown
+    from nanoflow.parallel.mesh import init_topology, shutdown
     try:
         topology = init_topology(config) if config is not None else None
         main = os.environ.get("RANK", "0") == "0"
@@ -316,7 +317,7 @@ def average_main(argv: list[str] | None = None) -> int:
 
 
 def _numbers(option: str, text: str | None, kind=int) -> list | None:
-    from nanoflow.average import AverageError
+    from nanoflow.checkpoint.average import AverageError
     if text is None:
         return None
     try:
@@ -327,7 +328,7 @@ def _numbers(option: str, text: str | None, kind=int) -> list | None:
 
 
 def _average(args: argparse.Namespace) -> int:
-    from nanoflow.average import AverageError, average_checkpoints
+    from nanoflow.checkpoint.average import AverageError, average_checkpoints
     last = _numbers("--last", args.last)
     if last is not None and len(last) != 1:
         raise AverageError(f"--last {args.last!r}: expected one number of checkpoints")
@@ -353,7 +354,7 @@ def compare_main(argv: list[str] | None = None) -> int:
 
 
 def _compare(args: argparse.Namespace) -> int:
-    from nanoflow.compare import format_table, plot, read_runs
+    from nanoflow.commands.compare import format_table, plot, read_runs
     runs = read_runs(args.run_dirs)
     try:
         path = plot(runs, args.output, args.dataset)
@@ -379,7 +380,7 @@ def sweep_main(argv: list[str] | None = None) -> int:
 
 
 def _sweep(args: argparse.Namespace) -> int:
-    from nanoflow.sweep import run_study
+    from nanoflow.commands.sweep import run_study
     return run_study(args.study, args.only, train_main=train_main)
 
 
@@ -400,7 +401,7 @@ def _convert_nanotron_config(args: argparse.Namespace) -> int:
     except ImportError:
         print("error: reading YAML needs PyYAML: pip install pyyaml", file=sys.stderr)
         return EXIT_BUG
-    from nanoflow.nanotron import convert
+    from nanoflow.interop.nanotron import convert
     try:
         with open(args.config) as f:
             raw = yaml.safe_load(f)

@@ -80,7 +80,7 @@ def run_study(path: str, only: list[str] | None = None, *, train_main: Callable[
             return status
     for average in study.get("averages", []):
         _average(study, average)
-    from nanoflow.compare import format_table, plot, read_runs
+    from nanoflow.commands.compare import format_table, plot, read_runs
     names = [r["name"] for r in study.get("runs", [])] + [a["name"] for a in study.get("averages", [])]
     results = read_runs([f"{study['runs_dir']}/{name}" for name in names])
     figure = plot(results, study.get("figure") and str(Path(path).resolve().parent / study["figure"])
@@ -92,10 +92,10 @@ def run_study(path: str, only: list[str] | None = None, *, train_main: Callable[
 
 def _average(study: dict, average: dict) -> None:
     from nanoflow import io
-    from nanoflow.average import average_checkpoints
+    from nanoflow.checkpoint.average import average_checkpoints
     from nanoflow.config import load_config
     from nanoflow.evaluation import evaluate_checkpoint
-    from nanoflow.metrics import EVAL_FILE
+    from nanoflow.observe.metrics import EVAL_FILE
     out = f"{study['runs_dir']}/{average['name']}"
     if not io.checkpoints_to_try(out) if os.path.exists(out) else True:
         summary = average_checkpoints(f"{study['runs_dir']}/{average['run']}", out, steps=average.get("steps"),

@@ -16,7 +16,7 @@ import math
 import threading
 from pathlib import Path
 
-from nanoflow.metrics import MEASURED, Throughput, tokens_per_second
+from nanoflow.observe.metrics import MEASURED, Throughput, tokens_per_second
 
 log = logging.getLogger(__name__)
 

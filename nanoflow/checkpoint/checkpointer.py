@@ -9,12 +9,12 @@
         checkpointer.poll()                      # background, and committed here once written)
 
 Under torchrun every rank makes the same calls. Rank 0 lists the checkpoints, takes the lock and
-commits; every rank reads and writes only the boxes it holds (nanoflow.shards); the agreements
+commits; every rank reads and writes only the boxes it holds (nanoflow.parallel.shards); the agreements
 between ranks are made here, so that an error on one rank stops them all instead of leaving the
 others waiting. The bytes, the layout and the commit protocol are nanoflow.io's.
 
 With [checkpoints] async_save, a save copies this rank's boxes to host memory and a background thread
-(nanoflow/async_save.py) writes them while training goes on; the commit, by the same protocol, follows
+(nanoflow/checkpoint/async_save.py) writes them while training goes on; the commit, by the same protocol, follows
 at the first poll() that finds every rank's files written, or at finish(). Every collective stays on
 the calling thread, in the order every rank makes its calls (docs/resume.md says why); the writing
 thread only writes this rank's files.
@@ -29,17 +29,17 @@ from typing import TextIO
 import attrs
 
 from nanoflow import console, io
-from nanoflow.async_save import BackgroundWork, HostCopy
+from nanoflow.checkpoint.async_save import BackgroundWork, HostCopy
 from nanoflow.build import build_model, build_optimizer, init_state
 from nanoflow.config import Config, model_changes
 from nanoflow.data import load_run_tokenizer
 from nanoflow.data.fingerprint import DataChangedError, Fingerprints
 from nanoflow.errors import EXIT_STORAGE, NanoflowError
 from nanoflow.io.checkpoint import commit, first_readable, new_save, write_files
-from nanoflow.lineage import Lineage, LRChangedError, begun_from_start, flags_note, lr_schedule_change
-from nanoflow.parallel import Topology, broadcast_object, gather_objects, init_topology
+from nanoflow.checkpoint.lineage import Lineage, LRChangedError, begun_from_start, flags_note, lr_schedule_change
+from nanoflow.parallel.mesh import Topology, broadcast_object, gather_objects, init_topology
 from nanoflow.schedule import ResumePoint, Schedule, TrainingMetadata, begun_stages, resume_point, training_metadata
-from nanoflow.shards import load_moments, load_weights, read_on_every_rank, state_blocks
+from nanoflow.parallel.shards import load_moments, load_weights, read_on_every_rank, state_blocks
 from nanoflow.state import Run, TrainState
 
 log = logging.getLogger(__name__)
@@ -61,7 +61,7 @@ class InFlight:
 
 def checkpoint_info(state: TrainState, data_fingerprint: dict | None = None, lineage: Lineage = Lineage()) -> dict:
     """What a checkpoint of `state` records besides its tensors (with `data_fingerprint`, {stage name:
-    fingerprint} of the begun stages, when given; `lineage`: where the run began, nanoflow/lineage.py)."""
+    fingerprint} of the begun stages, when given; `lineage`: where the run began, nanoflow/checkpoint/lineage.py)."""
     info = {
         "training": training_metadata(state.schedule, state.step).to_dict(),
         "lr_origin": state.lr_origin,
@@ -91,7 +91,7 @@ class Checkpointer:
         self.run = Run(config, Schedule.from_config(config), self.topology)
         self._host_copy = HostCopy()          # async_save: the host buffers, reused by every save
         self._in_flight: InFlight | None = None
-        self.lineage = Lineage()              # where the run restored began (nanoflow/lineage.py): its saves record it
+        self.lineage = Lineage()              # where the run restored began (nanoflow/checkpoint/lineage.py): its saves record it
 
     # -- agreement across ranks ------------------------------------------------------------------
 

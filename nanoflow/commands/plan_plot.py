@@ -12,8 +12,8 @@ from pathlib import Path
 
 from nanoflow.config import Config
 from nanoflow.lr import scheduled_lr
-from nanoflow.plan import source_shares
-from nanoflow.report import COLORS, DPI, StageSpan, _figure, draw_stage_bands, label_stages
+from nanoflow.commands.plan import source_shares
+from nanoflow.commands.report import COLORS, DPI, StageSpan, _figure, draw_stage_bands, label_stages
 from nanoflow.schedule import Schedule, active_stage, stage_steps
 
 MAX_POINTS = 2000   # steps drawn per curve: every step of a short run, an even sample (with every switch) of a long one

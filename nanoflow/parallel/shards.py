@@ -5,7 +5,7 @@ the global tensor on each rank; torch's `compute_local_shape_and_global_offset` 
 DCP's planner uses — says where, also for the `_StridedShard` FSDP2 puts on top of a column-wise
 TP shard. Saving writes each box once (the lowest rank among replicas holding it); restoring
 reads just the box each rank of the *new* layout holds, so a checkpoint resumes on any dp × tp.
-The bytes themselves go through nanoflow.io; the checkpoint lifecycle is nanoflow.checkpointer's.
+The bytes themselves go through nanoflow.io; the checkpoint lifecycle is nanoflow.checkpoint.checkpointer's.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from torch.distributed.tensor import DTensor
 
 from nanoflow.io import Block, CheckpointError, DamagedCheckpointError
 from nanoflow.model import Llama
-from nanoflow.parallel import Topology, gather_objects
+from nanoflow.parallel.mesh import Topology, gather_objects
 
 MOMENTS = ("exp_avg", "exp_avg_sq")   # per-element AdamW state, sharded like the parameter
 STEP = "step"                          # AdamW's per-parameter step count, a scalar

@@ -1,6 +1,6 @@
 """Stopping on request: Ctrl-C, SIGTERM (a scheduler's preemption) or SIGUSR1 ask the loop to stop after the
 current step and save; a second Ctrl-C stops at once. Its own module because it is neither display
-(progress.py) nor the loop's order of work: it owns the signal handlers and the ranks' agreement.
+(observe/progress.py) nor the loop's order of work: it owns the signal handlers and the ranks' agreement.
 
 The rule for the whole process (docs/resume.md, "Signals"):
 - during start-up (imports, config, data, restore: before the loop) Ctrl-C stops at once (130), SIGTERM
@@ -75,7 +75,7 @@ class StopRequest:
     """
 
     def __init__(self, topology=None):
-        from nanoflow.parallel import SINGLE
+        from nanoflow.parallel.mesh import SINGLE
         self.requested: str | None = None
         self.topology = SINGLE if topology is None else topology
 
@@ -84,7 +84,7 @@ class StopRequest:
             return self.requested
         import torch
 
-        from nanoflow.parallel import device
+        from nanoflow.parallel.mesh import device
         flag = torch.tensor([1.0 if self.requested else 0.0], device=device())
         torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
         return (self.requested or "a signal to another rank") if flag.item() else None

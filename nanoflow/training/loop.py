@@ -1,7 +1,7 @@
 """The driver: runs steps state.step+1 .. train_steps, switching stage loaders as the schedule says.
 
 It orchestrates; the stage math lives in schedule.py, the step in step.py, the data in data/, what the
-user watches in progress.py, the record of every step (metrics.jsonl) in metrics.py, and stop
+user watches in observe/progress.py, the record of every step (metrics.jsonl) in observe/metrics.py, and stop
 signals in signals.py. Every message goes through logging (nanoflow/console.py).
 """
 
@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TextIO
 
 from nanoflow import console, io
-from nanoflow.checkpointer import Checkpointer, StorageLostError
+from nanoflow.checkpoint.checkpointer import Checkpointer, StorageLostError
 from nanoflow.config import Config, unreached_stages, untrained_splits
 from nanoflow.data import open_stage
 from nanoflow.data.loader import check_stages
@@ -20,17 +20,17 @@ from nanoflow.data.fingerprint import Fingerprints
 from nanoflow.evaluation import Evaluator
 from nanoflow.io.runfolder import check_folder, check_room
 from nanoflow.io.store import StoreError, check_root
-from nanoflow.metrics import FILE, MetricsLog, set_aside
-from nanoflow.parallel import Topology, init_topology
+from nanoflow.observe.metrics import FILE, MetricsLog, set_aside
+from nanoflow.parallel.mesh import Topology, init_topology
 from nanoflow.preflight import preflight
-from nanoflow.progress import Progress
+from nanoflow.observe.progress import Progress
 from nanoflow.schedule import active_stage, stage_steps
-from nanoflow.shards import state_bytes
-from nanoflow import signals
-from nanoflow.signals import StopRequest
+from nanoflow.parallel.shards import state_bytes
+from nanoflow.training import signals
+from nanoflow.training.signals import StopRequest
 from nanoflow.state import TrainState
 from nanoflow.step import train_step
-from nanoflow.tensorboard import TensorBoardLog
+from nanoflow.observe.tensorboard import TensorBoardLog
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 taken at the save step, and the thread that writes it while training goes on.
 
 When to copy, wait and commit, and the agreement between ranks, are the Checkpointer's
-(nanoflow/checkpointer.py); the bytes are nanoflow.io's. Nothing here runs a collective.
+(nanoflow/checkpoint/checkpointer.py); the bytes are nanoflow.io's. Nothing here runs a collective.
 """
 
 from __future__ import annotations

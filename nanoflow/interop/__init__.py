@@ -1,0 +1,1 @@
+"""Other tools' formats: HF export, nanotron's config converter and key table, the TOML writer."""

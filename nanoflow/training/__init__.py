@@ -1,0 +1,1 @@
+"""The training loop and the stop signals it answers."""
