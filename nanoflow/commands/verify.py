@@ -27,6 +27,7 @@ import attrs
 import torch
 
 from nanoflow import console, io
+from nanoflow.schedule import is_save_step
 
 log = logging.getLogger(__name__)
 
@@ -48,8 +49,8 @@ def _save_bytes(run: Path) -> tuple[int, int]:
 
 
 def save_steps(interval: int, train_steps: int) -> list[int]:
-    """The steps a run saves at: every interval, and the last."""
-    return sorted(set(range(interval, train_steps + 1, interval)) | {train_steps})
+    """The steps a run saves at (nanoflow.schedule.is_save_step): every interval, and the last."""
+    return [step for step in range(1, train_steps + 1) if is_save_step(step, interval, train_steps)]
 
 
 @attrs.frozen
