@@ -18,6 +18,7 @@ from nanoflow.data import open_stage
 from nanoflow.data.hf_datasets import load_rows
 from nanoflow.data.sources import PackedText
 from nanoflow.data.hf_datasets import hf_specs
+from nanoflow.schedule import Schedule
 
 
 @pytest.fixture

@@ -31,7 +31,7 @@ from nanoflow.schedule import is_save_step
 
 log = logging.getLogger(__name__)
 
-TRAIN = str(Path(__file__).resolve().parent.parent / "bin" / "train")
+TRAIN = str(Path(__file__).resolve().parents[2] / "bin" / "train")   # nanoflow/commands/ → the repository
 
 
 def _train_command(config: str, overrides: list[str], run: Path) -> list[str]:
