@@ -466,7 +466,7 @@ def check_world_size(config: Config, world: str | None) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# [evaluation] and held_out_samples (issue 14)
+# [evaluation] and held_out_samples: every eval set names data that exists and is kept out of training
 
 def _held_out_problems(config: Config) -> list[str]:
     """Stages that read one source must reserve the same held_out_samples of it: a stage that reserved none would

@@ -194,7 +194,7 @@ class DatasetArgs:
     dataset_overwrite_cache: bool = False
     # With a {name = weight} table: the same names' weights at the stage's end; shares move linearly in between.
     dataset_weights_end: Union[dict[str, float], None] = None
-    # Evaluation (issue 14): the last N samples (windows, or SFT rows) of each source are kept out of training,
+    # Evaluation: the last N samples (windows, or SFT rows) of each source are kept out of training,
     # for an [[evaluation.datasets]] entry with held_out_of = this stage.
     held_out_samples: Union[int, None] = field(default=None, validator=optional(positive))
 
@@ -309,7 +309,7 @@ class DatasetStageArgs:
 
 
 # ---------------------------------------------------------------------------------------------
-# [evaluation] (issue 14): fixed held-out sets, evaluated during training and by bin/eval
+# [evaluation]: fixed held-out sets, evaluated during training and by bin/eval
 
 @frozen
 class EvalDatasetArgs:
