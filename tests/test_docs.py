@@ -14,7 +14,8 @@ Conventions (docs/README.md says the same to writers):
 - ```text blocks are output, never run. One right after a ```bash block that runs is that block's output and is
   compared with what it really prints (stdout and stderr): each shown line, in order, must be a line of it, where
   numbers may differ (times, speeds, losses vary by machine and CPU) but not a count of files, steps, stages,
-  layers or heads, `...` or `…` stands for anything, and runs of spaces for any spacing.
+  layers or heads, `...` or `…` stands for anything, runs of spaces for any spacing, and a table's rule (───) for
+  a rule of any width.
 - Every relative link of README.md and docs/*.md (images too) names a file of the repository, and a `#part` a
   heading of that file; docs/README.md lists every page; the `bin/…`, `tests/….py` and `nanoflow/….py` a page
   names exist; the README's Quickstart is what .ci/run runs, and its command table has every bin/ command.
@@ -91,6 +92,9 @@ def test_shown_output_may_differ_in_numbers_but_not_in_counts_or_words():
     assert output_differs("step 2/12 (pretrain) loss 5.5530", printed) is not None
     assert output_differs("exported ... 5 files, ...", printed) is None
     assert output_differs("step 2/12 loss 5.5530\ntrain.log written", printed) == "train.log written"  # order
+    table = "stage  time  tok/s\n─────  ─────  ─────\npretrain  26.6s  34"
+    assert output_differs("stage  time  tok/s\n─────  ────  ─────\npretrain  1.8s  487", table) is None   # widths
+    assert output_differs("stage  time  tok/s\n─────  ────", table) == "─────  ────"                  # columns
 
 
 def test_docs_pages_exist():
@@ -132,13 +136,15 @@ NUMBER = re.compile(r"\d[\d,]*(?:\.\d+)?(?:e[-+]?\d+)?")
 def shown_line_pattern(line: str) -> re.Pattern:
     """The regex a shown output line stands for (see the module docstring)."""
     pattern, at = "", 0
-    for match in re.finditer(r"\.\.\.|…|\s+|" + COUNT.pattern + "|" + NUMBER.pattern, line):
+    for match in re.finditer(r"\.\.\.|…|\s+|─+|" + COUNT.pattern + "|" + NUMBER.pattern, line):
         pattern += re.escape(line[at:match.start()])
         text = match.group(0)
         if text in ("...", "…"):
             pattern += ".*"
         elif text.isspace():
             pattern += r"\s+"
+        elif text.startswith("─"):   # a table's rule: its columns are as wide as the numbers below it
+            pattern += "─+"
         elif COUNT.fullmatch(text):
             pattern += re.escape(text)
         else:
