@@ -2,8 +2,9 @@
 
 `schema` holds the sections as small frozen attrs classes and the one cattrs converter that
 structures TOML into them, rejecting unknown keys; `load` reads a file, applies `--set` overrides
-and resolves paths relative to the TOML file; `checks` finds everything that can be found wrong
-before any expensive work, naming the file, the stage and the key of each problem.
+and resolves paths relative to the TOML file; `checks` (with `model_checks` and `data_checks`) finds
+everything that can be found wrong before any expensive work, naming the file, the stage and the key
+of each problem.
 """
 
 from nanoflow.config.checks import (MODEL_KEYS, check_world_size, hf_config_mismatches, locate_source, model_changes,

@@ -45,7 +45,7 @@ class RopeScalingArgs:
 
     "linear" divides every frequency by `factor`; "llama3" (Llama 3.1+) divides the low frequencies by
     `factor`, keeps the high ones and blends in between. The types and the keys each needs are
-    nanoflow.config.checks.ROPE_KEYS.
+    nanoflow.config.model_checks.ROPE_KEYS.
     """
 
     rope_type: str = "default"
