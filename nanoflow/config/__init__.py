@@ -1,7 +1,8 @@
 """The run configuration: nanotron's config schema, written in TOML.
 
-`schema` holds the sections as small frozen attrs classes and the one cattrs converter that
-structures TOML into them, rejecting unknown keys; `load` reads a file, applies `--set` overrides
+`schema` holds the sections as small frozen attrs classes, each key with its meaning (`reference`
+renders them as docs/config.md); `structure` the one cattrs converter that structures TOML into
+them, rejecting unknown keys; `load` reads a file, applies `--set` overrides
 and resolves paths relative to the TOML file; `checks` (with `model_checks` and `data_checks`) finds
 everything that can be found wrong before any expensive work, naming the file, the stage and the key
 of each problem.
@@ -33,8 +34,8 @@ from nanoflow.config.schema import (
     StageLRSchedulerArgs,
     TokenizerArgs,
     TokensArgs,
-    converter,
 )
+from nanoflow.config.structure import converter
 
 __all__ = [
     "BUILDERS", "CheckpointsArgs", "Config", "ConfigError", "DataArgs", "DatasetArgs", "DatasetStageArgs",

@@ -21,7 +21,8 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 from nanoflow.config.checks import validate
-from nanoflow.config.schema import BUILDERS, Config, ConfigError, converter
+from nanoflow.config.schema import BUILDERS, Config, ConfigError
+from nanoflow.config.structure import converter
 
 # ---------------------------------------------------------------------------------------------
 # Loading
