@@ -126,10 +126,10 @@ class TokenizerArgs:
                                       "tokenizer.json, or an HF model or tokenizer folder holding one", "bytes",
                                       path=TOKENIZER_PATH)
     eos_token: Union[str, None] = key("the end-of-text token every document ends with; unset: the folder's "
-                                      "tokenizer_config.json, else a special token such as <|endoftext|>, </s>, "
-                                      "<eos>", None)
+                                      "tokenizer_config.json, else a special token such as `<|endoftext|>`, `</s>`, "
+                                      "`<eos>`", None)
     bos_token: Union[str, None] = key("the BOS an export declares (nanoflow adds none); unset: as eos_token, from "
-                                      "<|begin_of_text|>, <s>, ...", None)
+                                      "`<|begin_of_text|>`, `<s>`, ...", None)
     accept_recorded_names: Union[list[str], None] = key(
         "tokenizer names recorded in token folders that cannot be resolved here (a hub name, a path on another "
         "machine), to be taken as this tokenizer; each acceptance is logged", None)
@@ -266,7 +266,7 @@ class DatasetArgs:
         'a builder ("text", "json", "csv", "parquet", "arrow") over hf_data_files, a folder saved with '
         "Dataset.save_to_disk, a hub dataset, or a {name = weight} table of them (or of paths and globs) to blend",
         path=DATASET_NAME)
-    hf_data_files: Union[str, list[str], None] = key("the builder's files: a path or glob (** allowed), or a list "
+    hf_data_files: Union[str, list[str], None] = key("the builder's files: a path or glob (`**` allowed), or a list "
                                                      "of them", None, path=PATH)
     hf_dataset_config_name: Union[str, None] = key("the hub dataset's configuration (load_dataset's name)", None)
     hf_dataset_splits: Union[str, list[str]] = key(
