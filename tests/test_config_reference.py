@@ -11,7 +11,7 @@ import attrs
 import pytest
 
 from helpers import REPO
-from nanoflow.config import Config, converter, schema
+from nanoflow.config import Config, converter, schema, stages
 from nanoflow.config.load import resolve_paths
 from nanoflow.config.reference import fields, render
 
@@ -24,8 +24,8 @@ PAGE = REPO / "docs" / "config.md"
 
 
 def schema_classes() -> set[type]:
-    return {value for value in vars(schema).values()
-            if isinstance(value, type) and attrs.has(value) and value.__module__ == schema.__name__}
+    return {value for module in (schema, stages) for value in vars(module).values()
+            if isinstance(value, type) and attrs.has(value) and value.__module__ == module.__name__}
 
 
 def test_every_key_has_a_meaning():

@@ -21,7 +21,8 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 from nanoflow.config.checks import validate
-from nanoflow.config.schema import BUILDERS, DATASET_NAME, PATH, TOKENIZER_PATH, Config, ConfigError
+from nanoflow.config.keys import DATASET_NAME, PATH, TOKENIZER_PATH
+from nanoflow.config.schema import BUILDERS, Config, ConfigError
 from nanoflow.config.structure import converter
 
 # ---------------------------------------------------------------------------------------------

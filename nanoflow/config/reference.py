@@ -12,7 +12,8 @@ from typing import Literal, Union
 
 import attrs
 
-from nanoflow.config.schema import DATASET_NAME, PATH, TOKENIZER_PATH, Config
+from nanoflow.config.keys import DATASET_NAME, PATH, TOKENIZER_PATH
+from nanoflow.config.schema import Config
 
 TITLE = "# Config reference"
 

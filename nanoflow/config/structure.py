@@ -11,7 +11,8 @@ from typing import Literal, Union
 
 import cattrs
 
-from nanoflow.config.schema import CLIP_GRAD_EXPECTED, INT_LIMIT, DatasetArgs, NanosetDatasetsArgs, RopeScalingArgs
+from nanoflow.config.keys import INT_LIMIT
+from nanoflow.config.schema import CLIP_GRAD_EXPECTED, DatasetArgs, NanosetDatasetsArgs, RopeScalingArgs
 
 converter = cattrs.Converter(forbid_extra_keys=True)
 
