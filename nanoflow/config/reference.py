@@ -18,8 +18,9 @@ from nanoflow.config.schema import Config
 TITLE = "# Config reference"
 
 INTRO = """\
-Generated from the fields of `nanoflow/config/schema.py` (`python -m nanoflow.config.reference >
-docs/config.md`; a test fails when the two differ): edit a key's meaning there, not here.
+Generated from the fields of the schema, `nanoflow/config/schema.py` and `stages.py` (`python -m
+nanoflow.config.reference > docs/config.md`; a test fails when the two differ): edit a key's
+meaning there, not here.
 
 A config is one TOML file. A key's path names the tables it sits in: `tokens.train_steps` is
 `train_steps` under `[tokens]`; `data_stages[].data.dataset.hf_data_files` is `hf_data_files` under
