@@ -17,12 +17,8 @@ from attrs import Factory, field, frozen
 from attrs.validators import ge, gt, instance_of, le, lt, optional
 
 from nanoflow.config.locations import BUILDERS
-from nanoflow.errors import NanoflowError
+from nanoflow.errors import ConfigError  # noqa: F401 - the config's error, imported from here
 
-
-
-class ConfigError(NanoflowError, ValueError):
-    """A configuration that cannot run. The message names the file, the stage and the key."""
 
 
 positive = [instance_of(int), gt(0)]

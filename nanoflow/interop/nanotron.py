@@ -24,6 +24,7 @@ import attrs
 
 from nanoflow import config as schema
 from nanoflow.config.checks import ROPE_KEYS
+from nanoflow.errors import NanotronConfigError
 from nanoflow.interop.nanotron_keys import (
     LR_SHIFT,
     MODEL_CONFIG_FIELDS,
@@ -179,7 +180,7 @@ def convert(nanotron: dict) -> tuple[str, Report]:
     naming what was not carried over, so the file itself keeps the record.
     """
     if not isinstance(nanotron, dict):
-        raise ValueError("a nanotron config is a YAML mapping at the top level")
+        raise NanotronConfigError("a nanotron config is a YAML mapping at the top level")
     walk = _Walk()
     out: dict = {}
     hints = typing.get_type_hints(schema.Config)
@@ -286,15 +287,17 @@ def _refuse_other_models(model_config: dict) -> None:
              if isinstance(key, str) and re.fullmatch(r"is_\w+_config", key) and value is True]
     for flag in flags:
         if flag not in MODEL_CONFIG_FLAGS:
-            raise ValueError(f"model.model_config.{flag} = true: a model config the converter does not know "
-                             f"(nanotron's are {', '.join(name for name, _ in MODEL_CONFIG_FLAGS.values())}); "
-                             "nanoflow trains Llama models only (nanotron's LlamaConfig or Qwen2Config)")
+            known = ", ".join(name for name, _ in MODEL_CONFIG_FLAGS.values())
+            raise NanotronConfigError(f"model.model_config.{flag} = true: a model config the converter does not know "
+                                      f"(nanotron's are {known}); nanoflow trains Llama models only (nanotron's "
+                                      "LlamaConfig or Qwen2Config)")
     for flag, (name, why) in MODEL_CONFIG_FLAGS.items():
         own = [key for key in MODEL_CONFIG_FIELDS.get(flag, ()) if key in model_config]
         if why is not None and (flag in flags or own):
             how = f"{flag} = true" if flag in flags else f"its key{'s' if len(own) > 1 else ''} {', '.join(own)}"
-            raise ValueError(f"model.model_config is nanotron's {name} ({how}): {why}; nanoflow trains Llama "
-                             "models only (nanotron's LlamaConfig or Qwen2Config), so it cannot be converted")
+            raise NanotronConfigError(f"model.model_config is nanotron's {name} ({how}): {why}; nanoflow trains "
+                                      "Llama models only (nanotron's LlamaConfig or Qwen2Config), so it cannot be "
+                                      "converted")
 
 
 def _in_order(table: dict, cls) -> dict:
