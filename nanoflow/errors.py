@@ -10,7 +10,7 @@ modules (schedule.py, config/) can raise these too.
 
 EXIT_DONE = 0
 EXIT_BUG = 1            # an exception nanoflow did not expect: a traceback, and an issue to file
-EXIT_BAD_INPUT = 2      # a config, data, tokenizer or checkpoint to fix, a missing extra, a run folder held by another run
+EXIT_BAD_INPUT = 2      # a config, data, tokenizer or checkpoint to fix, a missing extra, a run folder in use
 EXIT_DIVERGED = 3       # a non-finite loss or gradient norm: stopped before the update, the last good checkpoint kept
 EXIT_STORAGE = 4        # storage failed mid-run: what was committed before stands; rerun to resume
 EXIT_STOPPED = 75       # stopped by a signal after saving (sysexits' EX_TEMPFAIL): requeue, rerun to resume

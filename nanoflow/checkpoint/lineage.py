@@ -21,7 +21,7 @@ from attrs import frozen
 
 from nanoflow import io
 from nanoflow.config import LRSchedulerArgs, StageLRSchedulerArgs, converter
-from nanoflow.errors import LRChangedError  # noqa: F401 - the lineage's error, imported from here
+from nanoflow.errors import LRChangedError  # noqa: F401 - imported from here
 from nanoflow.lr import lr_of, scheduled_lr
 from nanoflow.schedule import Schedule, Stage, active_stage
 

@@ -17,7 +17,7 @@ from attrs import Factory, field, frozen
 from attrs.validators import ge, gt, instance_of, le, lt, optional
 
 from nanoflow.config.locations import BUILDERS
-from nanoflow.errors import ConfigError  # noqa: F401 - the config's error, imported from here
+from nanoflow.errors import ConfigError  # noqa: F401 - imported from here
 
 
 

@@ -28,7 +28,7 @@ from nanoflow.data.hf_datasets import hf_specs, load_rows, tokenizer_fingerprint
 from nanoflow.data.loader import orders_by_source_key, stage_samples
 from nanoflow.data.tokenizer import Tokenizer
 from nanoflow.data.tokens import SUFFIX
-from nanoflow.errors import DataChangedError  # noqa: F401 - the fingerprint's error, imported from here
+from nanoflow.errors import DataChangedError  # noqa: F401 - imported from here
 from nanoflow.schedule import Schedule
 
 HASH_LIMIT = 256 << 20   # a source of up to 256 MiB is identified by its files' content, a larger one by sizes and mtimes

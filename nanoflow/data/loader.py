@@ -44,7 +44,7 @@ log = logging.getLogger(__name__)
 
 
 @attrs.define
-class Part:
+class OrderedSource:
     """One source of a stage and where its reading order starts."""
 
     named: NamedSource
@@ -129,7 +129,7 @@ class StageLoader:
         self.stage = schedule.stages[index]
         self.steps = stage_steps(schedule, index)
         self.vocab_size = config.model.vocab_size
-        self.parts: list[Part] | None = None
+        self.parts: list[OrderedSource] | None = None
         self._pool: ThreadPoolExecutor | None = None
         self._pending: dict[tuple[int, int, int], Future] = {}
         self._wrapped: set[int] = set()
@@ -144,7 +144,7 @@ class StageLoader:
             self.parts = []
             for n in named:
                 seed, order_name, offset = source_position(config, schedule, index, n.key)
-                self.parts.append(Part(n, sample_order(seed, order_name, len(n.source)), offset))
+                self.parts.append(OrderedSource(n, sample_order(seed, order_name, len(n.source)), offset))
             batch = self.stage.global_batch_size
             for part, start, end in zip(self.parts, self.blend.weights, self.blend.weights_end):
                 need = min(batch, math.ceil(batch * max(start, end)))   # a moving share peaks at an end
@@ -238,7 +238,7 @@ class StageLoader:
                                 f"model.vocab_size = {self.vocab_size} (was the data tokenized for another model?)")
         return {"input_ids": torch.from_numpy(inputs), "labels": torch.from_numpy(labels)}, epochs
 
-    def _where(self, part: Part, g: int, i: int) -> str:
+    def _where(self, part: OrderedSource, g: int, i: int) -> str:
         return f'stage "{self.stage.name}": sample {g} ({part.named.label}, {part.source.locate(i)})'
 
     def _report_wraps(self, epochs: dict[int, int]) -> None:

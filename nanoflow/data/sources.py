@@ -179,7 +179,7 @@ class SampleRange:
         self.source.close()
 
 
-def reserve(source, held_out: int | None, tail: bool, where: str):
+def split_held_out(source, held_out: int | None, tail: bool, where: str):
     """The part of `source` training reads (the head) or evaluation reads (`tail`: the last `held_out` samples)."""
     if not held_out:
         return source
@@ -301,12 +301,12 @@ def open_sources(dataset: DatasetArgs | NanosetDatasetsArgs, stage_name: str, to
     is its samples but the last N, or with `held_out` those N only."""
     inputs, n = source_inputs(dataset), dataset.held_out_samples
 
-    def part(label: str, source):
-        return reserve(source, n, held_out, f'stage "{stage_name}" ({label})')
+    def split(label: str, source):
+        return split_held_out(source, n, held_out, f'stage "{stage_name}" ({label})')
 
     if isinstance(dataset, NanosetDatasetsArgs):
         return [NamedSource(f"dataset_folder {folder}", key, weight,
-                            part(f"dataset_folder {folder}",
+                            split(f"dataset_folder {folder}",
                                  open_token_folder(folder, stage_name, tokenizer, sequence_length, vocab_size,
                                                    accepted_names)), end)
                 for key, weight, end, folder in inputs]
@@ -315,6 +315,6 @@ def open_sources(dataset: DatasetArgs | NanosetDatasetsArgs, stage_name: str, to
     except ValueError as e:
         raise StageDataError(f'stage "{stage_name}": {e}') from None
     return [NamedSource(specs[key].label, key, weight,
-                        part(specs[key].label, open_hf_source(specs[key], stage_name, tokenizer, sequence_length,
+                        split(specs[key].label, open_hf_source(specs[key], stage_name, tokenizer, sequence_length,
                                                               cache_dir)), end)
             for key, weight, end, _ in inputs]

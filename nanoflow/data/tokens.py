@@ -32,7 +32,7 @@ import numpy as np
 
 from nanoflow.config import token_folder_problem
 from nanoflow.config.locations import TOKEN_SUFFIX
-from nanoflow.errors import StageDataError, TokenFolderError  # noqa: F401 - StageDataError, imported from here
+from nanoflow.errors import StageDataError, TokenFolderError  # noqa: F401 - StageDataError: imported from here
 from nanoflow.io.store import write_atomically
 
 SUFFIX = TOKEN_SUFFIX
@@ -150,7 +150,7 @@ def file_digest(path: str) -> str:
     return digest.hexdigest()
 
 
-def read_metadata(path: str) -> tuple[str, int]:
+def read_token_format(path: str) -> tuple[str, int]:
     """(tokenizer name, token size) from PATH.ds.metadata."""
     metadata = path + ".metadata"
     try:
@@ -172,7 +172,7 @@ class TokenFile:
 
     def __init__(self, path: str):
         self.path = path
-        self.tokenizer_name, self.token_size = read_metadata(path)
+        self.tokenizer_name, self.token_size = read_token_format(path)
         size = os.path.getsize(path)
         if size % self.token_size:
             raise TokenFolderError(f"{path}: {size} bytes is not a whole number of {self.token_size}-byte tokens; "

@@ -40,7 +40,7 @@ def sealed(meta: dict) -> bytes:
     return json.dumps({**meta, SEAL: _digest(_canonical(meta))}, indent=1).encode()
 
 
-def read_metadata(store: Store, folder: str, name: str | None = None) -> dict:
+def read_marker(store: Store, folder: str, name: str | None = None) -> dict:
     """The checked marker of step folder `folder` of `store` ("" for the store's root). `name` is the
     folder's own name when it is not `folder` (a step folder opened on its own)."""
     relative = f"{folder}/{METADATA}" if folder else METADATA
