@@ -60,7 +60,8 @@ class LRChangedError(NanoflowError):
 
 
 class MissingExtraError(NanoflowError):
-    """An optional package a command needs is not installed; the message names it and the pip command that adds it."""
+    """A package a command needs is not installed (an optional extra such as matplotlib, or a dependency removed
+    since); the message names it and the pip command that adds it."""
 
     def __init__(self, needs: str, package: str, extra: str | None = None):
         # The extras are pyproject.toml's optional dependencies, installed from the checkout: `pip install '.[report]'`.
