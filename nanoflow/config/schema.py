@@ -21,11 +21,7 @@ from nanoflow.config.keys import PATH, TOKENIZER_PATH, key, non_negative, positi
 from nanoflow.config.locations import BUILDERS  # noqa: F401 - nanoflow.config's name for it comes from here
 from nanoflow.config.stages import (  # noqa: F401 - re-exported: the schema is one namespace
     DataArgs, DatasetArgs, DatasetStageArgs, EvalDatasetArgs, EvaluationArgs, NanosetDatasetsArgs, StageLRSchedulerArgs)
-from nanoflow.errors import NanoflowError
-
-
-class ConfigError(NanoflowError, ValueError):
-    """A configuration that cannot run. The message names the file, the stage and the key."""
+from nanoflow.errors import ConfigError  # noqa: F401 - imported from here
 
 
 @frozen
