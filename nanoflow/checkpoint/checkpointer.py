@@ -34,7 +34,7 @@ from nanoflow.build import build_model, build_optimizer, init_state
 from nanoflow.config import Config, model_changes
 from nanoflow.data import load_run_tokenizer
 from nanoflow.data.fingerprint import DataChangedError, Fingerprints
-from nanoflow.errors import EXIT_STORAGE, NanoflowError
+from nanoflow.errors import NanoflowError, StorageLostError
 from nanoflow.io.checkpoint import commit, first_readable, new_save, write_files
 from nanoflow.checkpoint.lineage import Lineage, LRChangedError, begun_from_start, flags_note, lr_schedule_change
 from nanoflow.parallel.mesh import Topology, broadcast_object, gather_objects, init_topology
@@ -43,12 +43,6 @@ from nanoflow.parallel.shards import load_moments, load_weights, read_on_every_r
 from nanoflow.state import Run, TrainState
 
 log = logging.getLogger(__name__)
-
-class StorageLostError(NanoflowError):
-    """Storage failed once training had begun: not the config's fault, and what was committed stands."""
-
-    exit_status = EXIT_STORAGE
-
 
 @attrs.frozen
 class InFlight:

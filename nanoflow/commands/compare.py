@@ -16,14 +16,10 @@ from pathlib import Path
 
 import attrs
 
-from nanoflow.errors import NanoflowError
+from nanoflow.errors import CompareError
 from nanoflow.flops import flops_per_token
 from nanoflow.observe.metrics import read_eval, read_metrics
 from nanoflow.commands.report import COLORS, _figure, read_run_metadata
-
-
-class CompareError(NanoflowError):
-    """A run folder bin/compare cannot read: no eval.jsonl, no checkpoint."""
 
 
 @attrs.frozen

@@ -34,6 +34,7 @@ import socket
 import logging
 import threading
 
+from nanoflow.errors import LockLostError, RunLockedError
 from nanoflow.io.checkpoint import CheckpointError
 from nanoflow.io.store import Store, StoreError
 
@@ -43,14 +44,6 @@ LOCK = "nanoflow.lock"
 FORMAT = "nanoflow-lock/1"
 LEASE_ENV = "NANOFLOW_LOCK_LEASE_SECONDS"
 DEFAULT_LEASE_SECONDS = 120.0  # renewed every quarter of it: a holder may miss three renewals before it is stale
-
-
-class RunLockedError(CheckpointError):
-    """The run folder is held by another live run."""
-
-
-class LockLostError(CheckpointError):
-    """The lock this run held was taken over (its lease had lapsed): this run must not write again."""
 
 
 def lease_seconds() -> float:

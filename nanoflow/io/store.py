@@ -31,11 +31,7 @@ import attrs
 import numpy
 import torch
 
-from nanoflow.errors import NanoflowError
-
-
-class StoreError(NanoflowError, OSError):
-    """Storage that cannot be reached, read or written; the message names the path and the cause."""
+from nanoflow.errors import StoreError
 
 
 @attrs.frozen
