@@ -18,7 +18,7 @@ from nanoflow.data.tokens import StageDataError
 
 
 # ---------------------------------------------------------------------------------------------
-# held_out_samples at least the source's samples (issue 21, item 12)
+# held_out_samples at least the source's samples: nothing would be left to train on
 
 def test_held_out_samples_of_the_whole_source_names_the_stage_the_source_and_both_numbers(tmp_path):
     (tmp_path / "corpus.txt").write_text("some words of prose " * 10)        # 200 bytes: 12 windows of 16
@@ -36,7 +36,7 @@ def test_held_out_samples_of_the_whole_source_names_the_stage_the_source_and_bot
 
 
 # ---------------------------------------------------------------------------------------------
-# One definition of "a data source that exists" (issue 21, item 11): the check before the run and the loader
+# One definition of "a data source that exists" : the check before the run and the loader
 
 def _saved(folder, rows):
     import datasets
@@ -114,7 +114,7 @@ def test_a_hub_id_is_located_on_the_hub_by_the_check_and_by_the_loader(every_kin
 
 
 # ---------------------------------------------------------------------------------------------
-# A token cache that cannot be written (issue 21, item 14)
+# A token cache that cannot be written: exit 2 naming the file, not a traceback
 
 @contextlib.contextmanager
 def small_disk(path, size: str):

@@ -164,7 +164,7 @@ def test_metrics_write_failing_mid_run_is_a_storage_error(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------
-# Nothing outside the run folder, nothing lost without a word (issue 21, items 7 and 8)
+# Nothing outside the run folder, nothing lost without a word
 
 @pytest.mark.parametrize("name", ["../../x", "/tmp/elsewhere", "a/b", "..", ".", ""])
 def test_a_run_name_that_is_no_plain_name_is_refused_by_key(tmp_path, name):

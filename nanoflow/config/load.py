@@ -284,7 +284,7 @@ def _readable_path(where: str, raw: dict) -> str:
         stages = raw.get("data_stages", [])
         try:
             name = stages[int(index_text)].get("name")
-        except (ValueError, IndexError, AttributeError):
+        except (ValueError, IndexError, KeyError, AttributeError):   # KeyError: a [data_stages] table, not an array
             name = None
         label = f'data_stages[{index_text}]' + (f' (stage "{name}")' if name else "")
         return label + rest

@@ -281,7 +281,8 @@ def _take_over_if_stale(path: str, holder: dict | None, age: float, announce: bo
         log.warning(f"taking over {path} from {_describe(holder)}: {why}")
 
 
-# The type each field of a record must have: anything else is no record nanoflow wrote (issue 21).
+# The type each field of a record must have: anything else is no record nanoflow wrote,
+# and is refused rather than trusted (a lock file of someone else's, or one damaged on disk).
 _FIELDS = {"run": (str,), "host": (str, type(None)), "pid": (int,), "process_start": (int, type(None)),
            "boot_id": (str, type(None)), "pid_namespace": (str, type(None)), "started": (str,), "renewed": (str,),
            "lease_seconds": (int, float), "token": (str,)}

@@ -1,11 +1,12 @@
 """What the user watches during training: a start-up header, then a tqdm bar on a terminal, plain lines every
 logging interval elsewhere (CI logs, files). Its lines are messages of the one channel (nanoflow/console.py).
 
-Each step's record gets what the line shows (`Progress.step_done`): tokens/s over the last 30 s (metrics.Window), the
-model FLOPs utilisation over the same steps where the devices' peak is known (nanoflow/flops.py's count against
-its GPU table, or a matmul peak measured once at start on the CPU), and the process's peak memory. The ETA
-weighs every remaining step by its stage's model FLOPs a step, at the seconds per FLOP measured over the current
-stage's recent steps: an SFT stage of short sequences ahead of a pretrain stage costs what its own steps cost.
+Each step's record gets what the line shows (`Progress.step_done`): tokens/s over the last WINDOW_SECONDS
+(metrics.Window), the model FLOPs utilisation over the same steps where the devices' peak is known
+(nanoflow/flops.py's count against its GPU table, or a matmul peak measured once at start on the CPU), and the
+process's peak memory. The ETA weighs every remaining step by its stage's model FLOPs a step, at the seconds per
+FLOP measured over the current stage's recent steps: an SFT stage of short sequences ahead of a pretrain stage
+costs what its own steps cost.
 """
 
 from __future__ import annotations
