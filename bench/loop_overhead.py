@@ -161,7 +161,7 @@ def run_loop(config, timers: Timers, plain: bool, alone: Alone) -> tuple[float, 
     timers.wrap(loop.Progress, "step_done", "progress display")
     timers.wrap(loop.Progress, "__init__", "progress display")
     timers.wrap(loop.Progress, "close", "progress display")
-    timers.wrap(progress.Costs, "of", "progress: start-up header (CPU matmul peak measured once)")
+    timers.wrap(progress.FlopsAndPeak, "of", "progress: start-up header (CPU matmul peak measured once)")
     timers.wrap(progress, "header", "progress: start-up header (CPU matmul peak measured once)")
     timers.wrap(loop.StopRequest, "agreed", "signals (agree on a stop)")
     timers.wrap(loop.Evaluator, "maybe_run", "evaluation (--evaluation: the curriculum's eval sets)")

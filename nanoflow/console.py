@@ -12,7 +12,6 @@ for a normal line, `log.warning(...)` for a warning. Where the lines go is decid
 from __future__ import annotations
 
 import contextlib
-import io
 import logging
 import os
 import sys
@@ -97,27 +96,6 @@ def stream() -> TextIO:
         if isinstance(handler, LineHandler):
             return handler.target
     return sys.stdout
-
-
-class Lines(io.TextIOBase):
-    """A text stream each print to which becomes one message of `logger` (one starting "warning: " a warning): the
-    channel for code still written as print(..., file=out)."""
-
-    def __init__(self, logger: logging.Logger):
-        self.logger, self.pending = logger, ""
-
-    def writable(self) -> bool:
-        return True
-
-    def write(self, text: str) -> int:
-        self.pending += text
-        if self.pending.endswith("\n"):  # print's end: what came before is one message, however many lines
-            message, self.pending = self.pending[:-1], ""
-            if message.startswith("warning: "):
-                self.logger.warning(message[len("warning: "):])
-            else:
-                self.logger.info(message)
-        return len(text)
 
 
 @contextlib.contextmanager

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from nanoflow.build import build_model
 from nanoflow.config import Config, EvalDatasetArgs
 from nanoflow.data.sources import IGNORE_INDEX, open_sources
-from nanoflow.data.tokens import DataInputError
+from nanoflow.data.tokens import StageDataError
 from nanoflow.io import read_init_weights
 from nanoflow.observe.metrics import EVAL_FILE, MetricsLog
 from nanoflow.parallel.agree import on_every_rank
@@ -92,7 +92,7 @@ def load_eval_set(config: Config, entry: EvalDatasetArgs, tokenizer) -> EvalSet:
             n.source.close()
     top = int(max(inputs.max(), labels.max()))
     if top >= config.model.vocab_size:
-        raise DataInputError(f'eval set "{entry.name}": token id {top} is outside model.vocab_size = '
+        raise StageDataError(f'eval set "{entry.name}": token id {top} is outside model.vocab_size = '
                              f"{config.model.vocab_size} (was the data tokenized for another model?)")
     return EvalSet(entry.name, entry.metric, torch.from_numpy(inputs), torch.from_numpy(labels),
                    entry.micro_batch_size or config.tokens.micro_batch_size)

@@ -16,20 +16,7 @@ from collections.abc import Sequence
 import attrs
 from attrs import field, frozen
 
-from nanoflow.errors import NanoflowError
-
-
-class ScheduleError(NanoflowError, ValueError):
-    """A schedule that cannot be trained. `stage` and `key` name the culprit when there is one."""
-
-    def __init__(self, message: str, *, stage: str | None = None, key: str | None = None):
-        super().__init__(message)
-        self.stage = stage
-        self.key = key
-
-
-class ScheduleDriftError(ScheduleError):
-    """The part of the schedule that has already been trained differs from what a checkpoint recorded."""
+from nanoflow.errors import ScheduleDriftError, ScheduleError
 
 
 @frozen

@@ -8,17 +8,11 @@ import math
 import torch
 
 from nanoflow.data.sources import IGNORE_INDEX
-from nanoflow.errors import EXIT_DIVERGED, NanoflowError
+from nanoflow.errors import DivergedError
 from nanoflow.lr import scheduled_lr
 from nanoflow.parallel.mesh import all_reduce_sum, grad_norm, scale_gradients
 from nanoflow.schedule import active_stage
 from nanoflow.state import TrainState
-
-
-class DivergedError(NanoflowError, FloatingPointError):
-    """A non-finite loss or gradient norm: the step's update was not applied and nothing was saved."""
-
-    exit_status = EXIT_DIVERGED
 
 
 def train_step(state: TrainState, batch) -> tuple[TrainState, dict]:

@@ -9,6 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from data_helpers import eot_tokenizer
 from helpers import quiet, tiny
 from nanoflow import io
 from nanoflow.commands.cli import average_main
@@ -105,19 +106,38 @@ def test_an_interrupted_average_commits_nothing(run_dir, tmp_path, monkeypatch):
     assert_mean(out, mean_from_files([run_dir / "6", run_dir / "8"]))
 
 
+def mixed_run(folder: Path, *step_folders: Path) -> Path:
+    """One run folder holding copies of step folders of different runs, each under its own step's name."""
+    for source in step_folders:
+        for path in source.rglob("*"):
+            if path.is_file():
+                (folder / source.name / path.relative_to(source)).parent.mkdir(parents=True, exist_ok=True)
+                (folder / source.name / path.relative_to(source)).write_bytes(path.read_bytes())
+    return folder
+
+
 def test_checkpoints_of_different_models_are_refused_naming_them(run_dir, tmp_path, capsys):
     other = tmp_path / "other"
     train(tiny(other, *STAGES, "model.intermediate_size=48", "tokens.train_steps=2"), out=quiet(), fresh=True)
-    mixed = tmp_path / "mixed"    # one run folder holding a step of each model
-    for source, step in ((run_dir / "8", "8"), (other / "2", "2")):
-        (mixed / step).mkdir(parents=True)
-        for path in source.rglob("*"):
-            if path.is_file():
-                (mixed / step / path.relative_to(source)).parent.mkdir(parents=True, exist_ok=True)
-                (mixed / step / path.relative_to(source)).write_bytes(path.read_bytes())
+    mixed = mixed_run(tmp_path / "mixed", run_dir / "8", other / "2")    # a step of each model
     assert average_main([str(mixed), str(tmp_path / "avg"), "--last", "2"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "intermediate_size is 48" in err and "64" in err
+    assert str(mixed / "2") in err and str(mixed / "8") in err
+    assert not (tmp_path / "avg").exists()
+
+
+def test_checkpoints_of_different_tokenizers_are_refused_naming_them(run_dir, tmp_path, capsys):
+    # The same architecture (vocab_size 288 holds the BPE's 280 ids): only the tokenizer tells the weights apart.
+    bpe = eot_tokenizer(tmp_path / "bpe" / "tokenizer.json")
+    other = tmp_path / "other"
+    train(tiny(other, *STAGES, f"tokenizer.tokenizer_name_or_path={json.dumps(str(bpe))}", 'tokenizer.eos_token="<EOT>"',
+               "tokens.train_steps=2"), out=quiet(), fresh=True)
+    mixed = mixed_run(tmp_path / "mixed", run_dir / "8", other / "2")
+    assert average_main([str(mixed), str(tmp_path / "avg"), "--last", "2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("error: ") and "the tokenizer is" in err, err
+    assert str(bpe) in err and "'bytes'" in err and "model." not in err
     assert str(mixed / "2") in err and str(mixed / "8") in err
     assert not (tmp_path / "avg").exists()
 

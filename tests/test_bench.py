@@ -1,4 +1,5 @@
-"""Each bench/ script runs as committed in its smallest setting and prints its ratio lines (issue 24 item 3).
+"""Each bench/ script runs as committed in its smallest setting and prints its ratio lines, so a
+benchmark BENCHMARKS.md quotes cannot rot unnoticed.
 
 Only that the numbers are printed and parse is asserted, never their values: these are timings.
 Scripts not yet covered here are listed in the issue's report.

@@ -61,3 +61,20 @@ def test_a_run_without_eval_jsonl_exits_2(runs, tmp_path, capsys):
     assert compare_main([str(runs / "cosine"), str(tmp_path), "--output", str(tmp_path / "c.png")]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "no eval.jsonl" in err and str(tmp_path) in err
+
+
+def test_a_moved_study_named_by_relative_paths(runs, tmp_path, monkeypatch, capsys):
+    # The branch records the trunk's absolute step folder; its copy elsewhere still finds the trunk's copy.
+    import shutil
+    for name in ("trunk", "branch", "cosine"):
+        shutil.copytree(runs / name, tmp_path / "moved" / name)
+    monkeypatch.chdir(tmp_path / "moved")
+    trunk, branch, cosine = read_runs(["trunk", "branch/", "./cosine"])
+    original = read_runs([str(runs / n) for n in ("trunk", "branch", "cosine")])
+    assert branch.origin == ("trunk", 2) and branch.flops == original[1].flops and branch.own_flops == original[1].own_flops
+    assert shared_savings([trunk, branch, cosine]) == shared_savings(original)
+    # The original and the copy named together: each branch counts the trunk beside it.
+    both = read_runs(["trunk", "branch", str(runs / "trunk"), str(runs / "branch")])
+    assert both[1].origin == ("trunk", 2) and both[3].origin == (str(runs / "trunk"), 2)
+    assert compare_main(["trunk", "branch", "cosine", "--output", "c.png"]) == 0
+    assert "-0.2500" in capsys.readouterr().out

@@ -233,6 +233,15 @@ def test_invalid_toml(tmp_path):
     assert str(path) in str(info.value)
 
 
+def test_data_stages_written_as_a_table_is_a_config_error(tmp_path):
+    # [data_stages.data] without [[data_stages]]: a table where an array of stages belongs, once a traceback (exit 1)
+    stages = VALID.index("[[data_stages]]")
+    path = write_config(tmp_path, VALID[:stages] + '[data_stages.data.dataset]\nhf_dataset_or_datasets = "text"\n')
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert str(path) in str(info.value) and "data_stages" in str(info.value)
+
+
 # ---------------------------------------------------------------------------------------------
 # Positive tests
 

@@ -16,7 +16,7 @@ from data_helpers import BYTES, documents, load, stage, write_folder
 from nanoflow.config import ConfigError
 from nanoflow.data import open_stage
 from nanoflow.data.blend import Blend
-from nanoflow.data.blend import MovingBlend, integer_weights, make_blend, target_shares
+from nanoflow.data.blend import MovingBlend, integer_weights, make_blend
 from nanoflow.schedule import Schedule
 
 
@@ -186,10 +186,10 @@ def test_the_shares_start_at_the_start_weights_and_end_at_the_end_weights():
     assert np.abs(np.bincount(first, minlength=3) - np.array([900, 100, 0])).max() <= 4
     assert np.abs(np.bincount(last, minlength=3) - np.array([100, 300, 600])).max() <= 4
     assert blend.counts(n) == [1_000_000, 400_000, 600_000]   # (start + end) / 2 of the stage, here exactly
-    assert target_shares([0.9, 0.1, 0.0], [0.1, 0.3, 0.6], n, 0) == pytest.approx((0.9, 0.1, 0.0), abs=1e-6)
-    assert target_shares([0.9, 0.1, 0.0], [0.1, 0.3, 0.6], n, n) == pytest.approx((0.1, 0.3, 0.6), abs=1e-6)
-    assert target_shares([0.9, 0.1, 0.0], [0.1, 0.3, 0.6], n, n // 4) == pytest.approx((0.7, 0.15, 0.15), abs=1e-6)
-    assert target_shares([1, 3], None, n, 5) == pytest.approx((0.25, 0.75), abs=1e-6)
+    quarter, _ = blend.assign(np.arange(n // 4 - 500, n // 4 + 500))   # a quarter in: s + (e − s) / 4
+    assert np.abs(np.bincount(quarter, minlength=3) - np.array([700, 150, 150])).max() <= 4
+    static, _ = make_blend([1, 3], None, n).assign(np.arange(5, 1005))  # no end weights: the start weights
+    assert np.abs(np.bincount(static, minlength=2) - np.array([250, 750])).max() <= 1
     after, _ = blend.assign(np.arange(n + 10**6, n + 10**6 + 1000))      # past the end: the end weights
     assert np.abs(np.bincount(after, minlength=3) - np.array([100, 300, 600])).max() <= 4
 

@@ -14,30 +14,30 @@ import pytest
 from data_helpers import BYTES, documents, load, stage, write_folder
 from nanoflow.config import ConfigError
 from nanoflow.data import open_stage
-from nanoflow.data.tokens import DataInputError
+from nanoflow.data.tokens import StageDataError
 from nanoflow.schedule import Schedule
 
 
 # ---------------------------------------------------------------------------------------------
-# held_out_samples at least the source's samples (issue 21, item 12)
+# held_out_samples at least the source's samples: nothing would be left to train on
 
 def test_held_out_samples_of_the_whole_source_names_the_stage_the_source_and_both_numbers(tmp_path):
     (tmp_path / "corpus.txt").write_text("some words of prose " * 10)        # 200 bytes: 12 windows of 16
     config = load(tmp_path, [stage("pretrain", 1, {"hf_dataset_or_datasets": "text", "hf_data_files": "corpus.txt",
                                                    "held_out_samples": 12})])
-    with pytest.raises(DataInputError, match=r'stage "pretrain" \(text files .*corpus.txt\): held_out_samples = 12 '
+    with pytest.raises(StageDataError, match=r'stage "pretrain" \(text files .*corpus.txt\): held_out_samples = 12 '
                                              r"leaves nothing to train on: the source has 12 samples"):
         open_stage(config, 0, BYTES, Schedule.from_config(config), cache_dir=str(tmp_path / "cache"))
     write_folder(tmp_path / "tokens", documents(np.random.default_rng(0), 4, 0, 200, (20, 21)))   # 84 tokens: 5
     config = load(tmp_path, [stage("pretrain", 1, {"dataset_folder": str(tmp_path / "tokens"),
                                                    "held_out_samples": 9})])
-    with pytest.raises(DataInputError, match=r'stage "pretrain" \(dataset_folder .*tokens\): held_out_samples = 9 '
+    with pytest.raises(StageDataError, match=r'stage "pretrain" \(dataset_folder .*tokens\): held_out_samples = 9 '
                                              r"leaves nothing to train on: the source has 5 samples"):
         open_stage(config, 0, BYTES, Schedule.from_config(config))
 
 
 # ---------------------------------------------------------------------------------------------
-# One definition of "a data source that exists" (issue 21, item 11): the check before the run and the loader
+# One definition of "a data source that exists" : the check before the run and the loader
 
 def _saved(folder, rows):
     import datasets
@@ -82,7 +82,7 @@ def test_each_kind_of_source_the_check_accepts_trains_and_one_that_is_gone_is_re
     with pytest.raises(ConfigError) as refused:
         load(every_kind, [stage("pretrain", 1, dataset)])
     problem = str(refused.value).split(".data.dataset: ")[-1]
-    with pytest.raises(DataInputError) as gone:                     # gone between the check and the load
+    with pytest.raises(StageDataError) as gone:                     # gone between the check and the load
         open_stage(config, 0, BYTES, Schedule.from_config(config), cache_dir=str(every_kind / "no-cache"))
     assert problem.split(": ", 1)[-1].split(" (")[0] in str(gone.value)
 
@@ -115,7 +115,7 @@ def test_a_hub_id_is_located_on_the_hub_by_the_check_and_by_the_loader(every_kin
 
 
 # ---------------------------------------------------------------------------------------------
-# A token cache that cannot be written (issue 21, item 14)
+# A token cache that cannot be written: exit 2 naming the file, not a traceback
 
 @contextlib.contextmanager
 def small_disk(path, size: str):
@@ -139,7 +139,7 @@ def rows(tmp_path):
 def test_a_file_in_the_way_of_the_token_cache_names_the_cache_and_what_to_do(tmp_path, rows):
     (tmp_path / "cache").mkdir()
     (tmp_path / "cache" / "nanoflow-tokens").write_text("not a folder")
-    with pytest.raises(DataInputError, match=r'stage "pretrain" \(json files .*rows.jsonl\): cannot write the token '
+    with pytest.raises(StageDataError, match=r'stage "pretrain" \(json files .*rows.jsonl\): cannot write the token '
                                              r"cache .*cache/nanoflow-tokens/\w+\.npy: .*remove what is in the way"):
         open_stage(rows, 0, BYTES, Schedule.from_config(rows), cache_dir=str(tmp_path / "cache"))
     assert (tmp_path / "cache" / "nanoflow-tokens").read_text() == "not a folder"
@@ -148,7 +148,7 @@ def test_a_file_in_the_way_of_the_token_cache_names_the_cache_and_what_to_do(tmp
 def test_a_full_disk_under_the_token_cache_names_the_cache_and_leaves_nothing_behind(tmp_path, rows):
     tokens = tmp_path / "cache" / "nanoflow-tokens"
     with small_disk(tokens, "16k"):
-        with pytest.raises(DataInputError, match=r"cannot write the token cache .*nanoflow-tokens/\w+\.npy: No space "
+        with pytest.raises(StageDataError, match=r"cannot write the token cache .*nanoflow-tokens/\w+\.npy: No space "
                                                  r"left on device; the tokens need [\d,]+ bytes there: free space"):
             open_stage(rows, 0, BYTES, Schedule.from_config(rows), cache_dir=str(tmp_path / "cache"))
         assert os.listdir(tokens) == []
@@ -156,7 +156,7 @@ def test_a_full_disk_under_the_token_cache_names_the_cache_and_leaves_nothing_be
 
 def test_a_full_datasets_cache_is_said_and_the_data_files_are_not_blamed(tmp_path, rows):
     with small_disk(tmp_path / "cache", "64k"):
-        with pytest.raises(DataInputError) as caught:
+        with pytest.raises(StageDataError) as caught:
             open_stage(rows, 0, BYTES, Schedule.from_config(rows), cache_dir=str(tmp_path / "cache"))
     message = str(caught.value)
     assert f"`datasets` cannot write its cache under {tmp_path / 'cache'} (No space left on device" in message

@@ -9,7 +9,7 @@ import pytest
 
 from data_helpers import BYTES, EOS, documents, load, stage, write_folder
 from nanoflow.config import ConfigError
-from nanoflow.data import DataError, TokenFolder, TokenFolderError, open_stage, write_token_file
+from nanoflow.data import SampleReadError, TokenFolder, TokenFolderError, open_stage, write_token_file
 from nanoflow.data.sources import PackedText
 from nanoflow.schedule import Schedule
 
@@ -106,7 +106,7 @@ def test_token_ids_beyond_the_model_vocabulary(tmp_path):
     config = load(tmp_path, [folder_stage(tmp_path / "late", data={"num_loading_workers": 2})],
                   sequence_length=64, micro_batch_size=8, accumulation=16)    # 128 samples a step: ~all of them
     with open_stage(config, 0, BYTES, Schedule.from_config(config)) as loader:
-        with pytest.raises(DataError, match=r'stage "pretrain": sample \d+ \(dataset_folder .*late, window \d+: '
+        with pytest.raises(SampleReadError, match=r'stage "pretrain": sample \d+ \(dataset_folder .*late, window \d+: '
                                             r'.*00000_unshuffled\.ds at token 6\d{4}\): token id 290 is outside '
                                             r'model.vocab_size = 288'):
             for step in loader.steps:

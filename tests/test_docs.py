@@ -1,4 +1,4 @@
-"""Every snippet in docs/ runs.
+"""Every snippet in the README and docs/ runs, every link resolves, every command and file a page names exists.
 
 Conventions (docs/README.md says the same to writers):
 - ```python and ```bash blocks run, in page order, in one scratch folder per page that mirrors the
@@ -9,11 +9,16 @@ Conventions (docs/README.md says the same to writers):
   [[data_stages]]) as it is, a fragment merged over schedules/tiny.toml (its stages replaced when
   the fragment has [[data_stages]]), so every key a page shows is a real, valid key. The quick test
   loads them alone (a path that an earlier block of the page creates may be missing then); the slow
-  one loads them in page order, strictly.
+  one loads them in page order, strictly. A shown-only TOML block is still loaded by the quick test, its missing
+  paths forgiven, so that its keys are real ones too.
 - ```text blocks are output, never run. One right after a ```bash block that runs is that block's output and is
   compared with what it really prints (stdout and stderr): each shown line, in order, must be a line of it, where
   numbers may differ (times, speeds, losses vary by machine and CPU) but not a count of files, steps, stages,
-  layers or heads, `...` or `…` stands for anything, and runs of spaces for any spacing.
+  layers or heads, `...` or `…` stands for anything, runs of spaces for any spacing, and a table's rule (───) for
+  a rule of any width.
+- Every relative link of README.md and docs/*.md (images too) names a file of the repository, and a `#part` a
+  heading of that file; docs/README.md lists every page; the `bin/…`, `tests/….py` and `nanoflow/….py` a page
+  names exist; the README's Quickstart is what .ci/run runs, and its command table has every bin/ command.
 """
 
 from __future__ import annotations
@@ -38,7 +43,9 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 DOCS = REPO / "docs"
-PAGES = sorted(p.name for p in DOCS.glob("*.md") if p.name != "README.md")   # README.md: the index
+# Pages whose blocks run, by their path in the repository: the README and docs/ (docs/README.md is the index).
+PAGES = ["README.md"] + sorted(f"docs/{p.name}" for p in DOCS.glob("*.md") if p.name != "README.md")
+LINKED = PAGES + ["docs/README.md"]   # pages whose links are checked
 FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```\s*$", re.MULTILINE | re.DOTALL)
 NO_RUN = "<!-- no-run -->"
 NOT_MIRRORED = {".git", ".venv", "runs", "schedules", "__pycache__", ".pytest_cache", ".hypothesis", "build"}
@@ -46,7 +53,7 @@ NOT_MIRRORED = {".git", ".venv", "runs", "schedules", "__pycache__", ".pytest_ca
 
 def blocks(page: str) -> list[tuple[str, str, int, bool]]:
     """(language, code, line number, runs) of every fenced block of a page."""
-    text = (DOCS / page).read_text()
+    text = (REPO / page).read_text()
     found = []
     for match in FENCE.finditer(text):
         before = text[:match.start()].rstrip().rsplit("\n", 1)[-1].strip()
@@ -85,14 +92,18 @@ def test_shown_output_may_differ_in_numbers_but_not_in_counts_or_words():
     assert output_differs("step 2/12 (pretrain) loss 5.5530", printed) is not None
     assert output_differs("exported ... 5 files, ...", printed) is None
     assert output_differs("step 2/12 loss 5.5530\ntrain.log written", printed) == "train.log written"  # order
+    table = "stage  time  tok/s\n─────  ─────  ─────\npretrain  26.6s  34"
+    assert output_differs("stage  time  tok/s\n─────  ────  ─────\npretrain  1.8s  487", table) is None   # widths
+    assert output_differs("stage  time  tok/s\n─────  ────", table) == "─────  ────"                  # columns
 
 
 def test_docs_pages_exist():
-    assert {"stages.md", "resume.md", "s3.md", "parallelism.md", "data.md", "notebook.md"} <= set(PAGES)
+    assert {f"docs/{name}.md" for name in ("stages", "resume", "s3", "parallelism", "data", "notebook", "design",
+                                          "slurm", "config", "study")} <= set(PAGES)
     for page in PAGES:
-        assert blocks(page), f"docs/{page} has no code block"
+        assert blocks(page), f"{page} has no code block"
         for language, _, line, _ in blocks(page):
-            assert language in ("python", "bash", "toml", "text"), f"docs/{page}:{line}: ```{language or '(none)'}"
+            assert language in ("python", "bash", "toml", "text"), f"{page}:{line}: ```{language or '(none)'}"
 
 
 def load_toml_block(folder: Path, page: str, n: int, code: str, line: int, *, strict: bool = True) -> None:
@@ -106,15 +117,15 @@ def load_toml_block(folder: Path, page: str, n: int, code: str, line: int, *, st
     except Exception as e:
         problems = [p for p in str(e).splitlines()[1:] if strict or not p.strip().endswith("does not exist")]
         if problems or not isinstance(e, ConfigError):
-            pytest.fail(f"docs/{page}:{line}: the TOML block does not load: {e}")
+            pytest.fail(f"{page}:{line}: the TOML block does not load: {e}")
 
 
 @pytest.mark.parametrize("page", PAGES)
 def test_toml_blocks_load(page, tmp_path, monkeypatch):
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     folder = scratch(tmp_path)
-    for n, (language, code, line, runs) in enumerate(blocks(page)):
-        if language == "toml" and runs:
+    for n, (language, code, line, _) in enumerate(blocks(page)):
+        if language == "toml":   # shown-only ones too: their paths may be missing, their keys must be real
             load_toml_block(folder, page, n, code, line, strict=False)
 
 
@@ -125,13 +136,15 @@ NUMBER = re.compile(r"\d[\d,]*(?:\.\d+)?(?:e[-+]?\d+)?")
 def shown_line_pattern(line: str) -> re.Pattern:
     """The regex a shown output line stands for (see the module docstring)."""
     pattern, at = "", 0
-    for match in re.finditer(r"\.\.\.|…|\s+|" + COUNT.pattern + "|" + NUMBER.pattern, line):
+    for match in re.finditer(r"\.\.\.|…|\s+|─+|" + COUNT.pattern + "|" + NUMBER.pattern, line):
         pattern += re.escape(line[at:match.start()])
         text = match.group(0)
         if text in ("...", "…"):
             pattern += ".*"
         elif text.isspace():
             pattern += r"\s+"
+        elif text.startswith("─"):   # a table's rule: its columns are as wide as the numbers below it
+            pattern += "─+"
         elif COUNT.fullmatch(text):
             pattern += re.escape(text)
         else:
@@ -165,7 +178,7 @@ def run_page(page: str, folder: Path) -> str | None:
         if language == "text" and printed is not None:
             wrong = output_differs(code, printed)
             if wrong is not None:
-                return (f"docs/{page}:{line}: the output shown is not what the block before prints: no line like "
+                return (f"{page}:{line}: the output shown is not what the block before prints: no line like "
                         f"{wrong!r} (in order) in\n{printed[-3000:]}")
         printed = None
         if not runs or language not in ("python", "bash", "toml"):
@@ -185,9 +198,9 @@ def run_page(page: str, folder: Path) -> str | None:
         try:
             result = subprocess.run(command, cwd=folder, env=env, capture_output=True, text=True, timeout=180)
         except subprocess.TimeoutExpired:
-            return f"docs/{page}:{line}: the {language} block ran over 180 s"
+            return f"{page}:{line}: the {language} block ran over 180 s"
         if result.returncode != 0:
-            return (f"docs/{page}:{line}: the {language} block exits {result.returncode}\n"
+            return (f"{page}:{line}: the {language} block exits {result.returncode}\n"
                     f"--- stdout\n{result.stdout[-3000:]}\n--- stderr\n{result.stderr[-3000:]}")
         printed = result.stdout + result.stderr if language == "bash" else None
     return None
@@ -196,7 +209,7 @@ def run_page(page: str, folder: Path) -> str | None:
 @pytest.fixture(scope="module")
 def page_results(tmp_path_factory) -> dict[str, str | None]:
     """Every page run at once, each in its own scratch folder (pages are independent; their blocks are not)."""
-    folders = {page: scratch(tmp_path_factory.mktemp(page.removesuffix(".md"))) for page in PAGES}
+    folders = {page: scratch(tmp_path_factory.mktemp(page.removesuffix(".md").replace("/", "-"))) for page in PAGES}
     with ThreadPoolExecutor(max_workers=max(2, min(4, os.cpu_count() or 1))) as pool:
         futures = {page: pool.submit(run_page, page, folder) for page, folder in folders.items()}
         return {page: future.result() for page, future in futures.items()}
@@ -207,3 +220,98 @@ def page_results(tmp_path_factory) -> dict[str, str | None]:
 def test_code_blocks_run(page, page_results):
     if page_results[page] is not None:
         pytest.fail(page_results[page], pytrace=False)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Links, named files and commands: what a reader follows from a page must be there.
+
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
+NAMED = re.compile(r"(?<![\w./-])(bin/[A-Za-z][\w-]*|(?:tests|nanoflow)/[\w/]+\.py)")
+
+
+def prose(page: str) -> str:
+    """A page without its fenced blocks (a block's text is code or output, not links)."""
+    return FENCE.sub("", (REPO / page).read_text())
+
+
+def slug(heading: str) -> str:
+    """The anchor GitHub gives a heading: lower case, punctuation dropped (hyphens and underscores kept), spaces
+    as hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower().replace("`", "")).replace(" ", "-")
+
+
+def anchors(path: Path) -> set[str]:
+    """The anchors of a page's headings; a repeated heading's get -1, -2 … as on GitHub."""
+    found, counts = set(), {}
+    for heading in re.findall(r"^#{1,6} +(.+?) *#*$", FENCE.sub("", path.read_text()), re.MULTILINE):
+        base = slug(heading)
+        found.add(f"{base}-{counts[base]}" if base in counts else base)
+        counts[base] = counts.get(base, 0) + 1
+    return found
+
+
+def broken_links(page: str, text: str | None = None) -> list[str]:
+    """The links of `page` (its prose, or `text` as if it were that page's) that lead nowhere."""
+    found = []
+    for target in LINK.findall(prose(page) if text is None else text):
+        if re.match(r"[a-z][a-z0-9+.-]*:", target):      # https:, mailto: … are not the repository's
+            continue
+        file, _, part = target.partition("#")
+        path = (REPO / page).parent / file if file else REPO / page
+        if not path.exists():
+            found.append(f"{page}: ({target}): no {os.path.relpath(path, REPO)}")
+        elif part and (path.suffix != ".md" or part not in anchors(path)):
+            found.append(f"{page}: ({target}): no heading #{part} in {file or page}")
+    return found
+
+
+def test_the_link_checker_finds_broken_links():
+    assert slug("A stage's own learning rate") == "a-stages-own-learning-rate"
+    assert slug("bin/prepare: writing token folders") == "binprepare-writing-token-folders"
+    assert slug("Stage math (schedule.py) — the contract") == "stage-math-schedulepy--the-contract"
+    assert anchors(REPO / "docs" / "resume.md") >= {"signals", "what-may-change-on-a-resume"}
+    assert LINK.findall("see [a](x.md#y) and ![b](c.png), not `code`") == ["x.md#y", "c.png"]
+    text = "[a](docs/nope.md) [b](docs/resume.md#nope) [c](docs/resume.md#signals) [d](#commands) [e](https://x.org)"
+    assert broken_links("README.md", text) == ["README.md: (docs/nope.md): no docs/nope.md",
+                                               "README.md: (docs/resume.md#nope): no heading #nope in docs/resume.md"]
+
+
+@pytest.mark.parametrize("page", LINKED)
+def test_relative_links_resolve(page):
+    assert broken_links(page) == []
+
+
+def test_every_page_is_in_the_index():
+    listed = {target.partition("#")[0] for target in LINK.findall(prose("docs/README.md"))}
+    assert {page.removeprefix("docs/") for page in PAGES if page.startswith("docs/")} - listed == set()
+
+
+@pytest.mark.parametrize("page", LINKED)
+def test_the_files_and_commands_a_page_names_exist(page):
+    text = (REPO / page).read_text()
+    assert NAMED.findall("bin/train, bin/verify-resume's, tests/unit/test_lr.py and nanoflow/io/store.py") == [
+        "bin/train", "bin/verify-resume", "tests/unit/test_lr.py", "nanoflow/io/store.py"]
+    assert sorted({name for name in NAMED.findall(text) if not (REPO / name).is_file()}) == []
+
+
+def readme_section(title: str) -> str:
+    text = (REPO / "README.md").read_text()
+    start = text.index(f"\n## {title}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start:end if end != -1 else len(text)]
+
+
+def test_the_quickstart_is_what_ci_runs():
+    shown = [code for language, code, _, _ in blocks("README.md") if language == "bash"
+             and f"```bash\n{code}```" in readme_section("Quickstart")]
+    assert len(shown) == 1, "the Quickstart has one bash block: its two commands"
+    commands = shown[0].strip().splitlines()
+    ci = [line for line in (REPO / ".ci" / "run").read_text().splitlines()
+          if line.strip() and not line.startswith(("#", "set ", "cd "))]
+    assert len(commands) == 2 and commands == ci
+
+
+def test_the_commands_table_has_every_command():
+    table = readme_section("Commands")
+    rows = re.findall(r"^\| `(bin/[\w-]+)", table, re.MULTILINE)
+    assert sorted(rows) == sorted(f"bin/{p.name}" for p in (REPO / "bin").iterdir() if p.is_file())

@@ -168,7 +168,7 @@ def test_a_bad_sample_mid_run_saves_nothing_and_names_stage_sample_and_file(tmp_
 
 def test_a_token_file_cut_short_under_the_loader_is_a_data_error_not_a_crash(tmp_path):
     from data_helpers import BYTES, documents, load
-    from nanoflow.data import DataError, open_stage
+    from nanoflow.data import SampleReadError, open_stage
 
     write_folder(tmp_path / "tokens", documents(np.random.default_rng(0), 3000, 0, 200), files=2)
     config = load(tmp_path, [stage("pretrain", 1, {"dataset_folder": str(tmp_path / "tokens")})], sequence_length=64,
@@ -177,7 +177,7 @@ def test_a_token_file_cut_short_under_the_loader_is_a_data_error_not_a_crash(tmp
         loader.batch_at(1)
         for path in (tmp_path / "tokens").glob("*.ds"):   # a mapped file read past its new end would be SIGBUS
             os.truncate(path, path.stat().st_size // 3)
-        with pytest.raises(DataError, match=r'stage "pretrain": sample \d+ \(dataset_folder .*tokens.*\): '
+        with pytest.raises(SampleReadError, match=r'stage "pretrain": sample \d+ \(dataset_folder .*tokens.*\): '
                                             r'TokenFolderError: .*_unshuffled\.ds: \d+ bytes now, \d+ when the run '
                                             r'opened it: the file changed under the run'):
             for step in loader.steps[1:]:
@@ -273,12 +273,12 @@ def test_a_mistyped_local_path_is_an_immediate_error_naming_stage_and_path(tmp_p
 def test_the_hub_is_not_tried_for_a_missing_absolute_path(tmp_path):
     from nanoflow.config import DatasetArgs
     from nanoflow.data.hf_datasets import hf_specs, load_rows
-    from nanoflow.data.tokens import DataInputError
+    from nanoflow.data.tokens import StageDataError
 
     missing = str(tmp_path / "nowhere" / "set")
-    with pytest.raises(DataInputError, match=f'stage "sft".*{missing} does not exist'):
+    with pytest.raises(StageDataError, match=f'stage "sft".*{missing} does not exist'):
         load_rows(DatasetArgs(hf_dataset_or_datasets=missing), "sft")
-    with pytest.raises(DataInputError, match=f'stage "sft".*hf_data_files: {tmp_path}/x.jsonl matches no file'):
+    with pytest.raises(StageDataError, match=f'stage "sft".*hf_data_files: {tmp_path}/x.jsonl matches no file'):
         load_rows(hf_specs(DatasetArgs(hf_dataset_or_datasets="someone/dataset",
                                        hf_data_files=str(tmp_path / "x.jsonl")))[0], "sft")
 

@@ -1,4 +1,4 @@
-"""Evaluation (issue 14): fixed eval sets, held-out windows, exact match, eval.jsonl across a kill -9 and a resume,
+"""Evaluation: fixed eval sets, held-out windows, exact match, eval.jsonl across a kill -9 and a resume,
 evaluation that never changes training, bin/eval on run and step folders, and the sharded score on dp=2 / tp=2."""
 
 from __future__ import annotations

@@ -182,3 +182,41 @@ def test_the_layer_rules_can_fail():
     assert "nanoflow.checkpoint.checkpointer" in {m for m in GRAPH["nanoflow.training.loop"]}
     assert "checkpoint" not in MAY_IMPORT["observe"] and "training" not in MAY_IMPORT["data"]
 
+
+
+DESIGN = PACKAGE.parent / "docs" / "design.md"
+
+
+def documented_layers() -> dict[str, set[str] | None]:
+    """docs/design.md's layer table, read back into MAY_IMPORT's shape: unit → what it may import (None: anything)."""
+    text = DESIGN.read_text()
+    table = text[text.index("\n## Layers\n"):]
+    table = table[:table.index("\n## ", 1)]
+    found: dict[str, set[str] | None] = {}
+    for row in table.splitlines():
+        cells = [cell.strip() for cell in row.strip().strip("|").split("|")]
+        if len(cells) != 3 or not cells[0].startswith("`"):
+            continue
+        units = [name.strip("`").removesuffix(".py").removesuffix("/") for name in cells[0].split(", ")]
+        units = ["nanoflow" if name == "__init__" else name.split("`")[0].removesuffix("/") for name in units]
+        allowed: set[str] | None = set()
+        for word in cells[2].split(", "):
+            if word.startswith("anything"):
+                allowed = None
+            elif word == "+pure":
+                allowed |= PURE
+            elif word == "the kernel":
+                allowed |= KERNEL
+            elif word != "nothing":
+                allowed.add(word)
+        for name in units:
+            found[name] = allowed
+    return found
+
+
+def test_design_md_draws_the_layer_table():
+    # The page people read and the table the test keeps are one: a rule changed in either fails here.
+    documented = documented_layers()
+    assert set(documented) == set(MAY_IMPORT)
+    assert {name: documented[name] for name in MAY_IMPORT} == {
+        name: (None if allowed is None else set(allowed) - {name}) for name, allowed in MAY_IMPORT.items()}

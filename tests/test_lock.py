@@ -316,7 +316,7 @@ def test_a_run_stopped_by_sigterm_releases_the_lock(tiny_toml, tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------
-# Records and files nanoflow did not write (issue 21, items 7 and 14)
+# Records and files nanoflow did not write: refused or left alone, never trusted or deleted
 
 @pytest.mark.parametrize("field, value", [("lease_seconds", "abc"), ("lease_seconds", None), ("pid", "12"),
                                           ("token", 7), ("host", ["x"])])

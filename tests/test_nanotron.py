@@ -704,7 +704,7 @@ def test_clip_grad_false_round_trips(tmp_path, monkeypatch):
     assert on.optimizer.max_grad_norm == 2.0
 
 
-# nanotron's model configs other than its Llama and Qwen2 (issue 21, item 9): examples/mamba/config_mamba.yaml's
+# nanotron's model configs other than its Llama and Qwen2, which a user may bring: examples/mamba/config_mamba.yaml's
 # model_config keys, a Starcoder2Config and a LlaMoEConfig by their own fields, and an unknown class's flag.
 MAMBA = {"d_model": 64, "fused_add_norm": True, "is_mamba_config": True, "num_hidden_layers": 2, "rms_norm": True,
          "residual_in_fp32": True, "rms_norm_eps": 1.0e-5, "vocab_size": 256, "pad_vocab_size_multiple": 8,
@@ -742,7 +742,7 @@ def test_llama_and_qwen2_model_configs_still_convert():
 
 
 def test_a_list_of_splits_trains_on_train_and_the_other_splits_become_eval_sets_of_the_stage(tmp_path, monkeypatch):
-    # nanotron's run_train.py: get_datasets(..., splits=hf_dataset_splits)["train"] (issue 21, item 2)
+    # nanotron's run_train.py: get_datasets(..., splits=hf_dataset_splits)["train"]: the other splits are not trained on
     import datasets
 
     from nanoflow.data import ByteTokenizer, open_stage

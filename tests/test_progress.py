@@ -17,7 +17,7 @@ from nanoflow.flops import flops_per_token, gpu_peak, matmul_parameters
 from nanoflow.training.loop import train
 from nanoflow.observe.metrics import Throughput, read_metrics
 from nanoflow.model import Llama
-from nanoflow.observe.progress import Costs, Progress, cpu_matmul_peak, peak_memory
+from nanoflow.observe.progress import FlopsAndPeak, Progress, cpu_matmul_peak, peak_memory
 from nanoflow.commands.report import format_summary, stage_summary
 
 
@@ -85,7 +85,7 @@ def test_the_rate_follows_a_change_of_speed_the_mean_since_start_hides():
 
 def test_the_eta_weighs_each_remaining_stage_by_its_own_step_cost(tmp_path):
     state = init_state(tiny(tmp_path / "run"))   # pretrain 1–7: 4 × 32 tokens a step; sft 8–12: 8 × 24
-    costs = Costs.of(state)
+    costs = FlopsAndPeak.of(state)
     pretrain, sft = 4 * 32 * TINY_FLOPS_32, 8 * 24 * TINY_FLOPS_24
     assert costs.stage_flops == (pretrain, sft)
     progress = Progress(12, 0, live=False, interval=1000, costs=costs)
@@ -101,7 +101,8 @@ def test_the_eta_weighs_each_remaining_stage_by_its_own_step_cost(tmp_path):
 
 def test_mfu_is_the_model_flops_a_second_over_the_peak(tmp_path):
     state = init_state(tiny(tmp_path / "run"))
-    costs = Costs(state.schedule, (4 * 32 * TINY_FLOPS_32, 8 * 24 * TINY_FLOPS_24), 1e9, torch.device("cpu"), "test")
+    costs = FlopsAndPeak(state.schedule, (4 * 32 * TINY_FLOPS_32, 8 * 24 * TINY_FLOPS_24), 1e9, torch.device("cpu"),
+                         "test")
     progress = Progress(12, 0, live=False, interval=1000, costs=costs)
     rows = records(1, "pretrain", 128, [0.25, 0.25]) + records(8, "sft", 192, [0.5], elapsed=0.5)
     for m in rows:

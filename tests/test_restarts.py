@@ -157,7 +157,7 @@ def test_a_worker_killed_mid_run_is_restarted_and_resumes_exactly(reference, tmp
 
 
 def test_a_signal_to_torchrun_saves_and_the_same_command_resumes_exactly(reference, tmp_path):
-    """The README's SLURM recipe, short of SLURM: the warning signal goes to the launcher, which forwards it
+    """docs/slurm.md's recipe, short of SLURM: the warning signal goes to the launcher, which forwards it
     (--signals-to-handle); the workers save and stop; the requeued job's same command resumes."""
     run_dir = tmp_path / "run"
     launcher = ["--standalone", "--nproc_per_node=2", "--max-restarts=2",

@@ -14,7 +14,8 @@ from log_helpers import logged
 from helpers import REPO, TINY
 from nanoflow import io, load_config
 from nanoflow.config import ConfigError
-from nanoflow.io.runfolder import RunFolderError, RunFolderWriteError
+from nanoflow.errors import StorageLostError
+from nanoflow.io.runfolder import RunFolderError
 from nanoflow.training.loop import train
 from nanoflow.observe.tensorboard import TensorBoardLog, available
 
@@ -157,13 +158,13 @@ def test_metrics_write_failing_mid_run_is_a_storage_error(tmp_path):
         path = tmp_path / "disk" / "metrics.jsonl"
         with MetricsLog(path, 0) as log:
             fill(tmp_path / "disk")
-            with pytest.raises(RunFolderWriteError, match=f"cannot write {path} after step 3: No space left") as error:
+            with pytest.raises(StorageLostError, match=f"cannot write {path} after step 3: No space left") as error:
                 log.write({"step": 3, "loss": 1.0})
     assert error.value.exit_status == EXIT_STORAGE and "run the same command again" in str(error.value)
 
 
 # ---------------------------------------------------------------------------------------------
-# Nothing outside the run folder, nothing lost without a word (issue 21, items 7 and 8)
+# Nothing outside the run folder, nothing lost without a word
 
 @pytest.mark.parametrize("name", ["../../x", "/tmp/elsewhere", "a/b", "..", ".", ""])
 def test_a_run_name_that_is_no_plain_name_is_refused_by_key(tmp_path, name):

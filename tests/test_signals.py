@@ -70,7 +70,7 @@ def test_a_finished_run_is_stopped_by_no_signal():
     assert _child("finished") == ["went on"]
 
 
-# A second Ctrl-C while a background save is being written (issue 21, item 13): the interrupt's exit must not
+# A second Ctrl-C while a background save is being written: the interrupt's exit must not
 # run the interpreter's teardown under the writing thread, which, caught inside torch's C++ code, aborts the
 # process ("terminate called without an active exception", 134) — about 1 in 20 in a real run, where the thread
 # is in torch only part of the time; here it always is, and each forked try ends at a random moment of it.

@@ -5,6 +5,7 @@ steps, and a rerun of the study trains nothing."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,8 @@ from helpers import REPO
 from run_helpers import assert_same_checkpoint, folder_digest
 
 from nanoflow.errors import EXIT_DONE
-from nanoflow.commands.cli import train_main
+from nanoflow.commands.cli import compare_main, train_main
+from nanoflow.commands.compare import format_table, read_runs
 from nanoflow.commands.sweep import run_study
 
 BASE = REPO / "schedules" / "wsd_vs_cosine" / "base.toml"
@@ -98,3 +100,15 @@ def test_the_reduced_study_end_to_end(tmp_path, monkeypatch, capsys):
     for name in before:
         changed = {f for f in set(before[name]) | set(after[name]) if before[name].get(f) != after[name].get(f)}
         assert not changed, (name, changed)
+
+    # The study moved elsewhere and named by relative paths: bin/compare still finds the trunk of each branch and
+    # of the average (their records name the old folder) and prints the very table the study printed.
+    names = ["trunk", *branches, "cosine", "trunk-avg"]
+    expected = format_table(read_runs([str(runs / name) for name in names]))
+    assert expected in table and "saved" in expected
+    shutil.copytree(runs, tmp_path / "moved")
+    shutil.rmtree(runs)
+    monkeypatch.chdir(tmp_path / "moved")
+    capsys.readouterr()
+    assert compare_main([*names, "--output", "c.png"]) == EXIT_DONE
+    assert expected in capsys.readouterr().out

@@ -15,17 +15,13 @@ import torch
 
 from nanoflow import io
 from nanoflow.config import MODEL_KEYS
-from nanoflow.errors import NanoflowError
+from nanoflow.errors import AverageError
 from nanoflow.io.checkpoint import commit, new_save, write_files
 from nanoflow.io.marker import step_of
 
 # The [model] keys a resume refuses (their MODEL_KEYS role): checkpoints differing in one are not averaged.
 ARCHITECTURE = [key for key, (role, _, _) in MODEL_KEYS.items() if role in ("shape", "numbers")]
 SINGLE_PROCESS = {"dp": 1, "tp": 1, "world_size": 1}
-
-
-class AverageError(NanoflowError):
-    """Checkpoints that cannot be averaged, or a selection of them that names none or too many."""
 
 
 def committed_steps(run_dir: str) -> dict[int, str]:

@@ -32,7 +32,7 @@ from nanoflow.checkpoint.async_save import BackgroundWork, HostCopy
 from nanoflow.build import build_model, build_optimizer, init_state
 from nanoflow.config import Config, model_changes
 from nanoflow.data.fingerprint import DataChangedError
-from nanoflow.errors import EXIT_STORAGE, NanoflowError
+from nanoflow.errors import NanoflowError, StorageLostError
 from nanoflow.io.checkpoint import commit, new_save, no_intact_checkpoint, write_files
 from nanoflow.io.store import StoreError
 from nanoflow.checkpoint.lineage import Lineage, LRChangedError, begun_from_start, flags_note, lr_schedule_change
@@ -44,12 +44,6 @@ from nanoflow.parallel.shards import load_moments, load_weights, state_blocks
 from nanoflow.state import TrainState
 
 log = logging.getLogger(__name__)
-
-class StorageLostError(NanoflowError):
-    """Storage failed once training had begun: not the config's fault, and what was committed stands."""
-
-    exit_status = EXIT_STORAGE
-
 
 @attrs.frozen
 class InFlight:

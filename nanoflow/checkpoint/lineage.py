@@ -21,13 +21,9 @@ from attrs import frozen
 
 from nanoflow import io
 from nanoflow.config import LRSchedulerArgs, StageLRSchedulerArgs, converter
-from nanoflow.errors import NanoflowError
+from nanoflow.errors import LRChangedError  # noqa: F401 - imported from here
 from nanoflow.lr import lr_of, scheduled_lr
 from nanoflow.schedule import Schedule, Stage, active_stage
-
-
-class LRChangedError(NanoflowError):
-    """The config gives the next step of a begun stage another LR than the checkpoint's config did."""
 
 
 @frozen

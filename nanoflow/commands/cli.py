@@ -12,8 +12,8 @@ from typing import Callable
 from nanoflow import console
 from nanoflow.training import signals
 from nanoflow.config import ConfigError, load_config
-from nanoflow.errors import (EXIT_BAD_INPUT, EXIT_BUG, EXIT_DONE, EXIT_INTERRUPTED, EXIT_STOPPED, INTERRUPTED,
-                             NanoflowError)
+from nanoflow.errors import (EXIT_BUG, EXIT_DONE, EXIT_INTERRUPTED, EXIT_STOPPED, INTERRUPTED, MissingExtraError,
+                             NanoflowError, NanotronConfigError, PlotError)
 
 # What a command says as it works (and its closing summary line) is a message, through logging; what a command
 # is asked to produce — the --plan table, bin/report's table, the converted TOML — is printed, for piping.
@@ -47,7 +47,8 @@ def guarded(work: Callable[[], int], where: str | None = None) -> int:
             return work()
     except NanoflowError as e:
         message = str(e)
-        if where and not message.startswith((where, str(Path(where)))):
+        # A missing package is the installation's, not the given file's: no file named before it.
+        if where and not isinstance(e, MissingExtraError) and not message.startswith((where, str(Path(where)))):
             message = f"{where}: {message}"
         print(f"error: {message}", file=sys.stderr)
         return e.exit_status
@@ -114,9 +115,6 @@ def _train(args: argparse.Namespace) -> int:
             from nanoflow.commands.plan_plot import write_plan_plot
             try:
                 print(f"\nwrote {write_plan_plot(run, args.plot)}")
-            except ImportError as e:  # matplotlib, an optional extra
-                print(f"error: {e}", file=sys.stderr)
-                return EXIT_BUG
             except OSError as e:
                 raise PlotError(f"--plot {args.plot}: cannot write it: {e.strerror or e}") from None
         return EXIT_DONE
@@ -133,10 +131,6 @@ def _train(args: argparse.Namespace) -> int:
         signals.ignore_from_now()  # finished, its last checkpoint committed: 0, whatever signal comes now
         return EXIT_DONE
     return EXIT_STOPPED
-
-
-class PlotError(NanoflowError):
-    """The plan picture cannot be written where --plot says."""
 
 
 def verify_resume_main(argv: list[str] | None = None) -> int:
@@ -257,11 +251,7 @@ def report_main(argv: list[str] | None = None) -> int:
 
 def _report(args: argparse.Namespace) -> int:
     from nanoflow.commands.report import format_summary, write_report
-    try:
-        path, rows = write_report(args.run_dir, args.out)
-    except ImportError as e:  # matplotlib, an optional extra
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_BUG
+    path, rows = write_report(args.run_dir, args.out)
     print(format_summary(rows))
     print(f"\nwrote {path}")
     return EXIT_DONE
@@ -357,11 +347,7 @@ def compare_main(argv: list[str] | None = None) -> int:
 def _compare(args: argparse.Namespace) -> int:
     from nanoflow.commands.compare import format_table, plot, read_runs
     runs = read_runs(args.run_dirs)
-    try:
-        path = plot(runs, args.output, args.dataset)
-    except ImportError as e:  # matplotlib, an optional extra
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_BUG
+    path = plot(runs, args.output, args.dataset)
     print(format_table(runs))
     print(f"\nwrote {path}")
     return EXIT_DONE
@@ -400,16 +386,14 @@ def _convert_nanotron_config(args: argparse.Namespace) -> int:
     try:
         import yaml
     except ImportError:
-        print("error: reading YAML needs PyYAML: pip install pyyaml", file=sys.stderr)
-        return EXIT_BUG
+        raise MissingExtraError("reading YAML", "pyyaml") from None
     from nanoflow.interop.nanotron import convert
     try:
         with open(args.config) as f:
             raw = yaml.safe_load(f)
-        text, report = convert(raw)
-    except (OSError, yaml.YAMLError, ValueError) as e:
-        print(f"error: {args.config}: {e}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+    except (OSError, yaml.YAMLError) as e:
+        raise NanotronConfigError(str(e)) from None
+    text, report = convert(raw)
     sys.stdout.write(text)
     for line in report.lines():
         print(f"{args.config}: {line}", file=sys.stderr)

@@ -16,14 +16,10 @@ from pathlib import Path
 
 import attrs
 
-from nanoflow.errors import NanoflowError
+from nanoflow.errors import CompareError
 from nanoflow.flops import flops_per_token
 from nanoflow.observe.metrics import read_eval, read_metrics
 from nanoflow.commands.report import COLORS, _figure, read_run_metadata
-
-
-class CompareError(NanoflowError):
-    """A run folder bin/compare cannot read: no eval.jsonl, no checkpoint."""
 
 
 @attrs.frozen
@@ -43,7 +39,7 @@ class RunResult:
     steps: int                       # the last step evaluated
     own_flops: float                 # the FLOPs of the steps this run trained itself
     flops: float                     # own + the origin's up to where this run began (what it took to get here)
-    origin: tuple[str, int] | None   # (the origin's run folder, the step it began from)
+    origin: tuple[str, int] | None   # (the run folder it began from, as named to read_runs; the step)
     cosine: bool                     # a baseline: one cosine decay over the whole run, no origin
     evals: dict[str, list[tuple[int, float]]]   # eval set: [(step, loss)] in step order
     flops_at: dict[int, float]       # step: FLOPs to get there (for the FLOPs axis)
@@ -62,17 +58,64 @@ def step_flops(metadata: dict, metrics: list[dict]) -> dict[int, float]:
     return {m["step"]: m["tokens"] * flops_per_token(model, lengths.get(m["stage"], default)) for m in metrics}
 
 
-def _origin(metadata: dict) -> tuple[str, int] | None:
+def _origin(metadata: dict) -> tuple[list[str], int] | None:
+    """(the folders the run it began from was recorded at, most telling first; the step it began from), or None.
+
+    A branch records the step folder it began from (lineage `began_from`, else its `resume_checkpoint_path`); an
+    average, each source checkpoint as bin/average was given it (maybe relative to where it ran) and, in the
+    config it copies from its newest source, the folder that source was written to."""
     averaged = metadata.get("averaged_from")
-    source = averaged[-1]["checkpoint"] if averaged else metadata["config"]["checkpoints"].get("resume_checkpoint_path")
+    config = metadata["config"]["checkpoints"]
+    if averaged:
+        folder, _, _ = averaged[-1]["checkpoint"].rstrip("/").rpartition("/")
+        return [folder, config["checkpoints_path"]], int(averaged[-1]["step"])
+    source = (metadata.get("lineage") or {}).get("began_from") or config.get("resume_checkpoint_path")
     if not source:
         return None
     folder, _, step = source.rstrip("/").rpartition("/")
-    return (os.path.normpath(folder), int(step)) if step.isdigit() else None
+    return ([folder], int(step)) if step.isdigit() else None
 
 
-def read_run(path: str | os.PathLike, origins: dict[str, RunResult] | None = None) -> RunResult:
-    """One run folder's result; `origins` ({normalised run folder: result}) are the runs it may have begun from."""
+def _place(path: str) -> str:
+    return path.rstrip("/") if "://" in path else os.path.normpath(os.path.abspath(path))
+
+
+class _Places:
+    """Which of the runs named a recorded folder means: the run now at that path, or the run that was written
+    there (its checkpoints record their checkpoints_path) — a study moved or copied elsewhere, or named by
+    relative paths, still finds the trunk its branches began from."""
+
+    def __init__(self, paths: list[str], metadata: dict[str, dict | None]):
+        self.here = {_place(p): p for p in paths}
+        self.here.update({os.path.realpath(p): p for p in paths if "://" not in p})
+        self.written: dict[str, list[str]] = {}
+        for p in paths:
+            meta = metadata[p] or {}
+            recorded = (meta.get("config") or {}).get("checkpoints", {}).get("checkpoints_path")
+            if recorded and not meta.get("averaged_from"):   # an average's config is its source's: not its own
+                self.written.setdefault(_place(recorded), []).append(p)
+
+    def find(self, run: str, folders: list[str]) -> str | None:
+        """The named run `run` began from, recorded as `folders`; None when it is not among the runs named."""
+        for folder in folders:
+            if "://" not in folder and not os.path.isabs(folder):
+                continue      # relative to a working directory long gone: only the written-at folder tells
+            here = self.here.get(_place(folder))
+            candidates = list(dict.fromkeys([p for p in [here, *self.written.get(_place(folder), [])] if p]))
+            if len(candidates) > 1:   # copies of one study named together: the one beside this run, else the one there
+                beside = [p for p in candidates if os.path.dirname(_place(p)) == os.path.dirname(_place(run))]
+                candidates = beside if len(beside) == 1 else [here] if here else beside or candidates
+            if len(candidates) > 1:
+                raise CompareError(f"{run} began from {folder}, the folder each of {', '.join(candidates)} was written "
+                                   "to: name only one of them")
+            if candidates:
+                return candidates[0]
+        return None
+
+
+def read_run(path: str | os.PathLike, origins: dict[str, RunResult] | None = None,
+             places: _Places | None = None) -> RunResult:
+    """One run folder's result; `origins` ({run folder as named: result}) are the runs it may have begun from."""
     path = os.fspath(path)
     rows = read_eval(path)
     if not rows:
@@ -82,13 +125,19 @@ def read_run(path: str | os.PathLike, origins: dict[str, RunResult] | None = Non
         raise CompareError(f"{path}: no committed checkpoint, so no config to count its FLOPs from")
     metrics = read_metrics(path) if (Path(path) / "metrics.jsonl").exists() else []
     own = step_flops(metadata, metrics)
-    origin = _origin(metadata)
-    base = 0.0
-    if origin is not None:
-        trunk = (origins or {}).get(origin[0])
-        if trunk is None:
-            raise CompareError(f"{path} began from {origin[0]}/{origin[1]}: name that run too, to count its FLOPs")
-        base = trunk.flops_at.get(origin[1], math.nan)
+    recorded = _origin(metadata)
+    origin, base = None, 0.0
+    if recorded is not None:
+        places = places or _Places([*(origins or {}), path], {p: read_run_metadata(p) for p in [*(origins or {}), path]})
+        trunk_path = places.find(path, recorded[0])
+        if trunk_path == path:
+            recorded = None          # a resume of its own older checkpoint: no other run's steps in it
+        elif trunk_path is None or trunk_path not in (origins or {}):
+            raise CompareError(f"{path} began from {recorded[0][0]}/{recorded[1]}: name that run too, to count its "
+                               "FLOPs")
+        else:
+            origin = (trunk_path, recorded[1])
+            base = origins[trunk_path].flops_at.get(recorded[1], math.nan)
     flops_at, total = {}, base
     for step in sorted(own):
         total += own[step]
@@ -102,24 +151,32 @@ def read_run(path: str | os.PathLike, origins: dict[str, RunResult] | None = Non
     reached = metadata["config"]["tokens"]["train_steps"]
     stage_lrs = [s for s in metadata["config"].get("data_stages", [])
                  if s.get("learning_rate_scheduler") and s["start_training_step"] <= reached]
-    cosine = origin is None and schedule.get("lr_decay_style", "cosine") == "cosine" and not stage_lrs
-    return RunResult(name=Path(path).name, path=path, steps=max(r["step"] for r in rows), own_flops=sum(own.values()),
-                     flops=total, origin=origin, cosine=cosine, evals=evals, flops_at=flops_at)
+    cosine = recorded is None and schedule.get("lr_decay_style", "cosine") == "cosine" and not stage_lrs
+    return RunResult(name=Path(path.rstrip("/")).name, path=path, steps=max(r["step"] for r in rows),
+                     own_flops=sum(own.values()), flops=total, origin=origin, cosine=cosine, evals=evals,
+                     flops_at=flops_at)
 
 
 def read_runs(paths: list[str]) -> list[RunResult]:
-    """Every run, in the order given; each origin is read before the runs that began from it."""
-    pending, done = [os.fspath(p) for p in paths], {}
+    """Every run, in the order given; each origin is read before the runs that began from it. A branch's origin
+    is found among the runs named by where it is now or by where it was written (see _Places)."""
+    paths = list(dict.fromkeys(os.fspath(p) for p in paths))
+    metadata = {p: read_run_metadata(p) for p in paths}
+    places = _Places(paths, metadata)
+    after = {}
+    for p in paths:
+        recorded = _origin(metadata[p]) if metadata[p] else None
+        found = places.find(p, recorded[0]) if recorded else None
+        after[p] = found if found != p else None
+    pending, done = list(paths), {}
     while pending:
-        named = {os.path.normpath(p) for p in pending}
-        ready = [p for p in pending if (o := _origin(read_run_metadata(p) or {"config": {"checkpoints": {}}})) is None
-                 or o[0] not in named]
+        ready = [p for p in pending if after[p] is None or after[p] in done]
         if not ready:
             raise CompareError(f"{pending[0]}: the runs named begin from each other in a circle")
         for path in ready:
-            done[os.path.normpath(path)] = read_run(path, done)
+            done[path] = read_run(path, done, places)
             pending.remove(path)
-    return [done[os.path.normpath(os.fspath(p))] for p in paths]
+    return [done[p] for p in paths]
 
 
 def cosine_gap(run: RunResult, runs: list[RunResult], dataset: str) -> float:
@@ -133,7 +190,7 @@ def shared_savings(runs: list[RunResult]) -> tuple[float, float]:
     branched = [r for r in runs if r.origin is not None]
     trunks = {r.origin[0] for r in branched}
     separate = sum(r.flops for r in branched)
-    shared = sum(r.own_flops for r in branched) + sum(r.flops for r in runs if os.path.normpath(r.path) in trunks)
+    shared = sum(r.own_flops for r in branched) + sum(r.flops for r in runs if r.path in trunks)
     return separate, shared
 
 

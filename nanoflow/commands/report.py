@@ -14,6 +14,7 @@ from pathlib import Path
 
 import attrs
 
+from nanoflow.errors import MissingExtraError
 from nanoflow.observe.metrics import read_eval, read_metrics, step_seconds, tokens_per_second
 
 WIDTH, HEIGHT, DPI = 1200, 900, 100   # report.png's size in pixels
@@ -112,8 +113,7 @@ def _figure():
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
     except ImportError:
-        raise ImportError("drawing needs matplotlib, which is not installed: "
-                          "pip install 'nanoflow[report]' (or pip install matplotlib)") from None
+        raise MissingExtraError("drawing", "matplotlib", "report") from None
     figure = Figure(figsize=(WIDTH / DPI, HEIGHT / DPI), dpi=DPI)
     FigureCanvasAgg(figure)
     return figure

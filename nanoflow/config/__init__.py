@@ -1,9 +1,11 @@
 """The run configuration: nanotron's config schema, written in TOML.
 
-`schema` holds the sections as small frozen attrs classes and the one cattrs converter that
-structures TOML into them, rejecting unknown keys; `load` reads a file, applies `--set` overrides
-and resolves paths relative to the TOML file; `checks` finds everything that can be found wrong
-before any expensive work, naming the file, the stage and the key of each problem.
+`schema` (with `stages` for [[data_stages]] and [evaluation]) holds the sections as small frozen
+attrs classes, each key declared with its meaning (`keys`; `reference` renders them as
+docs/config.md); `structure` is the one cattrs converter that structures TOML into them, rejecting
+unknown keys; `load` reads a file, applies `--set` overrides and resolves paths relative to the
+TOML file; `checks` (with `model_checks` and `data_checks`) finds everything that can be found
+wrong before any expensive work, naming the file, the stage and the key of each problem.
 """
 
 from nanoflow.config.checks import (MODEL_KEYS, check_world_size, hf_config_mismatches, locate_source, model_changes,
@@ -32,8 +34,8 @@ from nanoflow.config.schema import (
     StageLRSchedulerArgs,
     TokenizerArgs,
     TokensArgs,
-    converter,
 )
+from nanoflow.config.structure import converter
 
 __all__ = [
     "BUILDERS", "CheckpointsArgs", "Config", "ConfigError", "DataArgs", "DatasetArgs", "DatasetStageArgs",

@@ -21,7 +21,9 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 from nanoflow.config.checks import validate
-from nanoflow.config.schema import BUILDERS, Config, ConfigError, converter
+from nanoflow.config.keys import DATASET_NAME, PATH, TOKENIZER_PATH
+from nanoflow.config.schema import BUILDERS, Config, ConfigError
+from nanoflow.config.structure import converter
 
 # ---------------------------------------------------------------------------------------------
 # Loading
@@ -32,8 +34,7 @@ def load_config(path: str | os.PathLike, overrides: list[str] = ()) -> Config:
     raw = _read_toml(path)
     for override in overrides:
         apply_override(raw, override, path)
-    _resolve_paths(raw, path.parent)
-    return _structure(raw, str(path))
+    return _structure(raw, str(path), base=path.parent)
 
 
 def _read_toml(path: Path) -> dict:
@@ -72,11 +73,15 @@ def config_from_dict(raw: dict, where: str, overrides: list[str] = ()) -> Config
     return _structure(raw, where)
 
 
-def _structure(raw: dict, where: str) -> Config:
+def _structure(raw: dict, where: str, base: Path | None = None) -> Config:
+    """The config `raw` describes, its paths resolved against `base` (a recorded config's are already absolute),
+    validated."""
     try:
         config = converter.structure(raw, Config)
     except Exception as e:  # cattrs gathers every problem into one exception group
         raise ConfigError(f"{where}:\n  " + "\n  ".join(_describe_structure_errors(e, raw))) from None
+    if base is not None:
+        config = resolve_paths(config, base)
     problems = validate(config)
     if problems:
         raise ConfigError(f"{where}:\n  " + "\n  ".join(problems))
@@ -148,50 +153,46 @@ def looks_local(name: str, base: Path) -> bool:
     return "/" in name and (base / name.partition("/")[0]).is_dir()
 
 
-def _resolve_paths(raw: dict, base: Path) -> None:
-    """Make every path in the config relative to the TOML file, not to the working directory."""
-    for section, key in (("checkpoints", "checkpoints_path"), ("checkpoints", "resume_checkpoint_path"),
-                         ("model", "init_from")):
-        table = raw.get(section)
-        if isinstance(table, dict) and isinstance(table.get(key), str):
-            table[key] = _resolve(base, table[key])
-    tokenizer = raw.get("tokenizer")
-    if isinstance(tokenizer, dict) and isinstance(tokenizer.get("tokenizer_name_or_path"), str) \
-            and tokenizer["tokenizer_name_or_path"] != "bytes":
-        tokenizer["tokenizer_name_or_path"] = _resolve(base, tokenizer["tokenizer_name_or_path"])
-    datasets = [stage.get("data", {}).get("dataset") if isinstance(stage.get("data"), dict) else None
-                for stage in raw.get("data_stages", []) if isinstance(stage, dict)] \
-        if isinstance(raw.get("data_stages"), list) else []
-    evaluation = raw.get("evaluation")
-    if isinstance(evaluation, dict) and isinstance(evaluation.get("datasets"), list):  # [[evaluation.datasets]]
-        datasets += [entry.get("dataset") for entry in evaluation["datasets"] if isinstance(entry, dict)]
-    for dataset in datasets:
-        if not isinstance(dataset, dict):
+def resolve_paths(config: Config, base: Path) -> Config:
+    """`config` with every path key (a field marked `path=` in the schema) made relative to `base`, the TOML file's
+    folder, not the working directory: one walk over the sections, the stages and the eval sets."""
+    changes = {}
+    for f in attrs.fields(type(config)):
+        value = getattr(config, f.name)
+        kind = f.metadata.get("path")
+        if kind is not None and value is not None:
+            resolved = _RESOLVERS[kind](base, value)
+        elif attrs.has(type(value)):
+            resolved = resolve_paths(value, base)
+        elif isinstance(value, tuple) and value and attrs.has(type(value[0])):   # [[data_stages]], eval sets
+            resolved = tuple(resolve_paths(entry, base) for entry in value)
+        else:
             continue
-        files = dataset.get("hf_data_files")
-        if isinstance(files, str):
-            dataset["hf_data_files"] = _resolve(base, files)
-        elif isinstance(files, list):
-            dataset["hf_data_files"] = [_resolve(base, f) if isinstance(f, str) else f for f in files]
-        name = dataset.get("hf_dataset_or_datasets")
-        if isinstance(name, str) and name not in BUILDERS and ((base / name).exists() or looks_local(name, base)):
-            dataset["hf_dataset_or_datasets"] = _resolve(base, os.path.expanduser(name))
-        elif isinstance(name, dict):
-            dataset["hf_dataset_or_datasets"] = _resolve_table(base, name)
-            if isinstance(dataset.get("dataset_weights_end"), dict):     # the same names, resolved alike
-                dataset["dataset_weights_end"] = _resolve_table(base, dataset["dataset_weights_end"])
-        folders = dataset.get("dataset_folder")
-        if isinstance(folders, str):
-            dataset["dataset_folder"] = _resolve(base, folders)
-        elif isinstance(folders, list):
-            dataset["dataset_folder"] = [_resolve(base, f) if isinstance(f, str) else f for f in folders]
+        if resolved != value:
+            changes[f.name] = resolved
+    return attrs.evolve(config, **changes) if changes else config
 
 
-def _resolve_table(base, table: dict) -> dict:
-    """A {name = weight} blend: a name that is a local path or glob is relative to the TOML file."""
-    return {(_resolve(base, os.path.expanduser(key)) if key not in BUILDERS and (
-                (base / key).exists() or glob.glob(str(base / key), recursive=True) or looks_local(key, base))
-             else key): weight for key, weight in table.items()}
+def _resolve_path(base: Path, value: str | list[str]) -> str | list[str]:
+    return _resolve(base, value) if isinstance(value, str) else [_resolve(base, v) for v in value]
+
+
+def _resolve_tokenizer(base: Path, value: str) -> str:
+    return value if value == "bytes" else _resolve(base, value)
+
+
+def _resolve_dataset_name(base: Path, value: str | dict[str, float]) -> str | dict[str, float]:
+    """A dataset name that is a local path or glob is relative to the TOML file; a {name = weight} table's names
+    alike. A builder's name and a hub id are left as written."""
+    if isinstance(value, dict):
+        return {_resolve_dataset_name(base, name): weight for name, weight in value.items()}
+    if value not in BUILDERS and ((base / value).exists() or glob.glob(str(base / value), recursive=True)
+                                  or looks_local(value, base)):
+        return _resolve(base, os.path.expanduser(value))
+    return value
+
+
+_RESOLVERS = {PATH: _resolve_path, TOKENIZER_PATH: _resolve_tokenizer, DATASET_NAME: _resolve_dataset_name}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -283,7 +284,7 @@ def _readable_path(where: str, raw: dict) -> str:
         stages = raw.get("data_stages", [])
         try:
             name = stages[int(index_text)].get("name")
-        except (ValueError, IndexError, AttributeError):
+        except (ValueError, IndexError, KeyError, AttributeError):   # KeyError: a [data_stages] table, not an array
             name = None
         label = f'data_stages[{index_text}]' + (f' (stage "{name}")' if name else "")
         return label + rest

@@ -1,5 +1,5 @@
 """Where a data source a config names lies, and whether it is there: the one definition that the check before
-the run (config/checks.py) and the loader (nanoflow.data) both use, so that nothing the check accepts is refused
+the run (config/data_checks.py) and the loader (nanoflow.data) both use, so that nothing the check accepts is refused
 by the loader, and nothing the loader reads is refused by the check.
 
 A source is local files read through a builder, a folder written by `save_to_disk`, a token folder, or a hub

@@ -1,42 +1,37 @@
-"""The schema: nanotron's config sections as small frozen attrs classes, and the one cattrs converter.
+"""The schema: nanotron's config sections as small frozen attrs classes, each key with its meaning.
 
 Field names follow nanotron so a nanotron YAML translates key for key, with HF LlamaConfig names
-in [model]. The converter rejects unknown keys and lossy coercions.
+in [model]. Every key is declared with `key(...)` (nanoflow.config.keys): its one-line meaning
+lives on the field, and docs/config.md is generated from it (nanoflow.config.reference). A key
+holding a path says so (`path=`), and the loader resolves every such key against the TOML file's
+folder in one walk. The run's sections are here, the curriculum's ([[data_stages]], [evaluation])
+in nanoflow.config.stages; how TOML turns into them (exact types, unknown keys refused) is
+nanoflow.config.structure.
 """
 
 from __future__ import annotations
 
-import json
-import math
-import os
 from typing import Literal, Union
 
 import attrs
-import cattrs
-from attrs import Factory, field, frozen
-from attrs.validators import ge, gt, instance_of, le, lt, optional
+from attrs import Factory, frozen
+from attrs.validators import ge, instance_of, le, optional
 
-from nanoflow.config.locations import BUILDERS
-from nanoflow.errors import NanoflowError
-
-
-
-class ConfigError(NanoflowError, ValueError):
-    """A configuration that cannot run. The message names the file, the stage and the key."""
-
-
-positive = [instance_of(int), gt(0)]
-non_negative = [instance_of(int), ge(0)]
-positive_float = [instance_of((int, float)), gt(0)]
-unit_interval = [instance_of((int, float)), ge(0), lt(1)]   # Adam's betas: 1 would never forget, > 1 diverge
-INT_LIMIT = 1 << 63   # every integer must fit torch's and numpy's int64
+from nanoflow.config.keys import PATH, TOKENIZER_PATH, key, non_negative, positive, positive_float, unit_interval
+from nanoflow.config.locations import BUILDERS  # noqa: F401 - nanoflow.config's name for it comes from here
+from nanoflow.config.stages import (  # noqa: F401 - re-exported: the schema is one namespace
+    DataArgs, DatasetArgs, DatasetStageArgs, EvalDatasetArgs, EvaluationArgs, NanosetDatasetsArgs, StageLRSchedulerArgs)
+from nanoflow.errors import ConfigError  # noqa: F401 - imported from here
 
 
 @frozen
 class GeneralArgs:
-    project: str = "nanoflow"
-    run: str = "run"
-    seed: int = 42
+    """[general]: the run's names and its seed."""
+
+    project: str = key("the project's name, shown with the run's in the plan and its picture", "nanoflow")
+    run: str = key("the run's name (not a path: where it writes is checkpoints.checkpoints_path); shown in the "
+                   "plan and recorded in the run folder's lock", "run")
+    seed: int = key("weight init and, unless a stage sets data.seed, the order of its data", 42)
 
 
 @frozen
@@ -45,90 +40,131 @@ class RopeScalingArgs:
 
     "linear" divides every frequency by `factor`; "llama3" (Llama 3.1+) divides the low frequencies by
     `factor`, keeps the high ones and blends in between. The types and the keys each needs are
-    nanoflow.config.checks.ROPE_KEYS.
+    nanoflow.config.model_checks.ROPE_KEYS.
     """
 
-    rope_type: str = "default"
-    factor: Union[float, None] = field(default=None, validator=optional(positive_float))
-    low_freq_factor: Union[float, None] = field(default=None, validator=optional(positive_float))
-    high_freq_factor: Union[float, None] = field(default=None, validator=optional(positive_float))
-    original_max_position_embeddings: Union[int, None] = field(default=None, validator=optional(positive))
+    rope_type: str = key('"default" (plain RoPE), "linear" (needs factor) or "llama3" (needs all four numbers)',
+                         "default")
+    factor: Union[float, None] = key("how much longer the context is made: frequencies are divided by it",
+                                     None, validator=optional(positive_float))
+    low_freq_factor: Union[float, None] = key("llama3: wavelengths beyond original_max_position_embeddings / this "
+                                              "are divided by factor", None, validator=optional(positive_float))
+    high_freq_factor: Union[float, None] = key("llama3: wavelengths below original_max_position_embeddings / this "
+                                               "are kept; in between, blended", None,
+                                               validator=optional(positive_float))
+    original_max_position_embeddings: Union[int, None] = key("llama3: the context length the model was trained "
+                                                             "at before the extension", None,
+                                                             validator=optional(positive))
 
 
 @frozen
 class ModelArgs:
-    """A Llama decoder, in HF LlamaConfig names, plus how to train it."""
+    """[model]: a Llama decoder, in HF LlamaConfig names, plus how to train it."""
 
-    vocab_size: int = field(validator=[*positive, le(1 << 32)])   # token files hold ids as uint32 at most
-    hidden_size: int = field(validator=positive)
-    intermediate_size: int = field(validator=positive)
-    num_hidden_layers: int = field(validator=positive)
-    num_attention_heads: int = field(validator=positive)
-    num_key_value_heads: int = field(
-        default=Factory(lambda self: self.num_attention_heads, takes_self=True), validator=positive)
-    max_position_embeddings: int = field(default=2048, validator=positive)
-    rms_norm_eps: float = field(default=1e-5, validator=positive_float)
-    rope_theta: float = field(default=10000.0, validator=positive_float)
-    rope_scaling: Union[RopeScalingArgs, None] = None   # None: plain RoPE, as {rope_type = "default"}
-    tie_word_embeddings: bool = False
-    initializer_range: float = field(default=0.02, validator=positive_float)
-    dtype: Literal["float32", "bfloat16"] = "float32"   # autocast dtype; master weights stay float32
-    compile: bool = False                              # torch.compile each decoder layer
-    init_from: Union[str, None] = None                 # start from these weights (a checkpoint or HF folder)
+    vocab_size: int = key("the embedding's rows: at least the tokenizer's vocabulary (at most 2³², token files "
+                          "hold ids as uint32)", validator=[*positive, le(1 << 32)])
+    hidden_size: int = key("the width of the residual stream", validator=positive)
+    intermediate_size: int = key("the width of each MLP's hidden layer (SwiGLU)", validator=positive)
+    num_hidden_layers: int = key("the number of decoder layers", validator=positive)
+    num_attention_heads: int = key("query heads per layer; hidden_size must divide by it", validator=positive)
+    num_key_value_heads: int = key(
+        "key/value heads per layer (grouped-query attention); num_attention_heads must divide by it",
+        Factory(lambda self: self.num_attention_heads, takes_self=True), validator=positive,
+        shown="num_attention_heads")
+    max_position_embeddings: int = key("the longest sequence: every stage's and eval set's sequence_length must "
+                                       "fit", 2048, validator=positive)
+    rms_norm_eps: float = key("the epsilon of every RMSNorm", 1e-5, validator=positive_float)
+    rope_theta: float = key("RoPE's base: the frequencies are rope_theta^(-2i/head_dim)", 10000.0,
+                            validator=positive_float)
+    rope_scaling: Union[RopeScalingArgs, None] = key("HF's rope_scaling, computed as transformers does "
+                                                     "(docs/hf.md); unset: plain RoPE", None)
+    tie_word_embeddings: bool = key("lm_head.weight is embed_tokens.weight", False)
+    initializer_range: float = key("the std of the normal distribution a fresh start draws every weight matrix "
+                                   "from (norms start at 1)", 0.02, validator=positive_float)
+    dtype: Literal["float32", "bfloat16"] = key('"bfloat16": bf16 autocast; the master weights and AdamW moments '
+                                                "stay float32", "float32")
+    compile: bool = key("torch.compile each decoder layer (worth it on GPUs; on CPUs the first steps pay for the "
+                        "compilation)", False)
+    init_from: Union[str, None] = key("start a new run from these weights: a checkpoint (run or step folder) or an "
+                                      "HF Llama folder (config.json + safetensors); read at step 0 only", None,
+                                      path=PATH)
 
 
 @frozen
 class TokenizerArgs:
-    # "bytes" (the built-in byte tokenizer), a tokenizer.json, or an HF model / tokenizer folder holding one
-    tokenizer_name_or_path: str = "bytes"
-    # The end-of-text token every document ends with, and the BOS an export declares; unset: the folder's
-    # tokenizer_config.json, else a special token with a common spelling (<|endoftext|>, </s>, ...).
-    eos_token: Union[str, None] = None
-    bos_token: Union[str, None] = None
-    # Tokenizer names recorded in token folders (.ds.metadata) that cannot be resolved here (a hub name, a path
-    # on another machine) and are to be taken as this tokenizer; each acceptance is logged.
-    accept_recorded_names: Union[list[str], None] = None
+    """[tokenizer]: how text becomes token ids (the `tokenizers` extra reads a tokenizer.json)."""
+
+    tokenizer_name_or_path: str = key('"bytes" (the built-in byte tokenizer: 256 bytes + end-of-text), a '
+                                      "tokenizer.json, or an HF model or tokenizer folder holding one", "bytes",
+                                      path=TOKENIZER_PATH)
+    eos_token: Union[str, None] = key("the end-of-text token every document ends with; unset: the folder's "
+                                      "tokenizer_config.json, else a special token such as `<|endoftext|>`, `</s>`, "
+                                      "`<eos>`", None)
+    bos_token: Union[str, None] = key("the BOS an export declares (nanoflow adds none); unset: as eos_token, from "
+                                      "`<|begin_of_text|>`, `<s>`, ...", None)
+    accept_recorded_names: Union[list[str], None] = key(
+        "tokenizer names recorded in token folders that cannot be resolved here (a hub name, a path on another "
+        "machine), to be taken as this tokenizer; each acceptance is logged", None)
 
 
 @frozen
 class ParallelismArgs:
-    dp: int = field(default=1, validator=positive)
-    tp: int = field(default=1, validator=positive)
-    # nanotron's names: REDUCE_SCATTER is sequence parallelism (norms and residual stream split by position over tp)
-    tp_mode: Literal["ALL_REDUCE", "REDUCE_SCATTER"] = "ALL_REDUCE"
-    # nanotron's name: each decoder layer's activations are recomputed in backward instead of kept (parallel/mesh.py)
-    recompute_layer: bool = False
+    """[parallelism]: the process layout; torchrun must start dp × tp processes (docs/parallelism.md)."""
+
+    dp: int = key("data-parallel size: FSDP2 shards parameters, gradients and AdamW moments over it", 1,
+                  validator=positive)
+    tp: int = key("tensor-parallel size: each layer's heads and MLP split over it", 1, validator=positive)
+    tp_mode: Literal["ALL_REDUCE", "REDUCE_SCATTER"] = key(
+        'nanotron\'s names; "REDUCE_SCATTER" is sequence parallelism: norms and the residual stream split by '
+        "position over tp (every sequence_length must divide by tp)", "ALL_REDUCE")
+    recompute_layer: bool = key("nanotron's name: each decoder layer's activations are recomputed in backward "
+                                "instead of kept (any layout, one process too)", False)
 
 
 @frozen
 class TokensArgs:
-    sequence_length: int = field(validator=positive)
-    train_steps: int = field(validator=positive)
-    micro_batch_size: int = field(validator=positive)
-    # Unset: global_batch_size / (micro_batch_size × dp) when global_batch_size is stated, else 1 —
-    # so a run that states its global batch keeps it on any dp.
-    batch_accumulation_per_replica: Union[int, None] = field(default=None, validator=optional(positive))
-    global_batch_size: Union[int, None] = field(default=None, validator=optional(positive))
+    """[tokens]: the run's sizes; a stage may override each but train_steps."""
+
+    sequence_length: int = key("tokens per sample: a window of sequence_length + 1 tokens gives as many "
+                               "predictions", validator=positive)
+    train_steps: int = key("the run's last step (stages starting after it are legal, warned of and not reached)",
+                           validator=positive)
+    micro_batch_size: int = key("samples per forward pass on each data-parallel replica", validator=positive)
+    batch_accumulation_per_replica: Union[int, None] = key(
+        "micro-batches accumulated per step; global batch = micro_batch_size × this × dp", None,
+        validator=optional(positive), shown="global_batch_size / (micro_batch_size × dp), else 1")
+    global_batch_size: Union[int, None] = key(
+        "samples per step; stated alone, the accumulation follows from it (so the run keeps its batch on any dp); "
+        "stated with the accumulation, the two must agree", None, validator=optional(positive))
 
 
 @frozen
 class LRSchedulerArgs:
-    learning_rate: float = field(validator=positive_float)
-    lr_warmup_steps: int = field(default=0, validator=non_negative)
-    lr_warmup_style: Literal["linear", "constant"] = "linear"
-    lr_decay_style: Literal["linear", "cosine", "1-sqrt", "constant"] = "cosine"
-    lr_decay_starting_step: Union[int, None] = field(default=None, validator=optional(positive))
-    lr_decay_steps: Union[int, None] = field(default=None, validator=optional(positive))
-    min_decay_lr: float = field(default=0.0, validator=[instance_of((int, float)), ge(0)])
+    """[optimizer.learning_rate_scheduler]: the run's LR as a function of the step (nanoflow.lr)."""
+
+    learning_rate: float = key("the peak LR", validator=positive_float)
+    lr_warmup_steps: int = key("steps of warmup; step 1 of a linear warmup trains at lr / W, never at 0", 0,
+                               validator=non_negative)
+    lr_warmup_style: Literal["linear", "constant"] = key("the warmup's shape", "linear")
+    lr_decay_style: Literal["linear", "cosine", "1-sqrt", "constant"] = key("the decay's shape", "cosine")
+    lr_decay_starting_step: Union[int, None] = key("the last step at the peak (set it for warmup-stable-decay)",
+                                                   None, validator=optional(positive),
+                                                   shown="the end of the warmup")
+    lr_decay_steps: Union[int, None] = key("the decay's length in steps", None, validator=optional(positive),
+                                           shown="to the last step")
+    min_decay_lr: float = key("the LR the decay ends at (and stays at)", 0.0,
+                              validator=[instance_of((int, float)), ge(0)])
 
 
 @frozen
 class OptimizerFactoryArgs:
-    name: Literal["adamW"] = "adamW"
-    adam_beta1: float = field(default=0.9, validator=unit_interval)
-    adam_beta2: float = field(default=0.95, validator=unit_interval)
-    adam_eps: float = field(default=1e-8, validator=positive_float)
-    torch_adam_is_fused: bool = False
+    """[optimizer.optimizer_factory]: AdamW's settings."""
+
+    name: Literal["adamW"] = key("the optimizer (AdamW is the one nanoflow has)", "adamW")
+    adam_beta1: float = key("the first moment's decay, in [0, 1)", 0.9, validator=unit_interval)
+    adam_beta2: float = key("the second moment's decay, in [0, 1)", 0.95, validator=unit_interval)
+    adam_eps: float = key("added to the second moment's root, > 0", 1e-8, validator=positive_float)
+    torch_adam_is_fused: bool = key("torch's fused AdamW kernel (false: torch's default choice)", False)
 
 
 def _clip_grad_valid(_instance, _attribute, value) -> None:
@@ -141,11 +177,15 @@ CLIP_GRAD_EXPECTED = "expected the max gradient norm (a number > 0) or false for
 
 @frozen
 class OptimizerArgs:
-    learning_rate_scheduler: LRSchedulerArgs
-    optimizer_factory: OptimizerFactoryArgs = Factory(OptimizerFactoryArgs)
-    weight_decay: float = field(default=0.0, validator=[instance_of((int, float)), ge(0)])
-    # The max global gradient norm, or False for no clipping (nanotron's `clip_grad: null`; TOML has no null).
-    clip_grad: Union[float, Literal[False]] = field(default=1.0, validator=_clip_grad_valid)
+    """[optimizer]: AdamW, its LR schedule, weight decay and clipping."""
+
+    learning_rate_scheduler: LRSchedulerArgs = key("the run's LR schedule")
+    optimizer_factory: OptimizerFactoryArgs = key("AdamW's settings", Factory(OptimizerFactoryArgs))
+    weight_decay: float = key("decoupled (AdamW), on weight matrices only: norms are not decayed", 0.0,
+                              validator=[instance_of((int, float)), ge(0)])
+    clip_grad: Union[float, Literal[False]] = key(
+        "the max global gradient norm; false: no clipping (nanotron's `clip_grad: null`; TOML has no null)", 1.0,
+        validator=_clip_grad_valid)
 
     @property
     def max_grad_norm(self) -> Union[float, None]:
@@ -155,182 +195,37 @@ class OptimizerArgs:
 
 @frozen
 class CheckpointsArgs:
-    checkpoints_path: str = "checkpoints"          # a local folder or s3://bucket/prefix; metrics.jsonl goes here too
-    checkpoint_interval: int = field(default=1000, validator=positive)
-    resume_checkpoint_path: Union[str, None] = None
-    load_optimizer: bool = True
-    load_lr_scheduler: bool = True
-    keep: Union[int, None] = field(default=None, validator=optional(positive))
-    # Resume although a begun stage's data, tokenizer or seeds changed (OLMo-core's name); warns, naming the change.
-    ignore_fingerprint_mismatch: bool = False
-    # Resume although the LR schedule of the stage being trained changed under the checkpoint (a stage's length
-    # edited, a stage inserted after the resume step, its LR keys): warns, naming the change and the LR jump.
-    ignore_lr_schedule_change: bool = False
-    # Write checkpoints from a background thread off a host copy of the state; training goes on meanwhile.
-    async_save: bool = False
+    """[checkpoints]: the run folder, saving and resuming (docs/resume.md)."""
+
+    checkpoints_path: str = key("the run folder, a local folder or s3://bucket/prefix: checkpoints, and "
+                                "metrics.jsonl when it is local", "checkpoints", path=PATH)
+    checkpoint_interval: int = key("save every N steps (and at the end, and on a stop signal)", 1000,
+                                   validator=positive)
+    resume_checkpoint_path: Union[str, None] = key(
+        "a run or step folder to start from, once (only read); once checkpoints_path holds checkpoints that began "
+        "there, a rerun continues the newest of them", None, path=PATH)
+    load_optimizer: bool = key("false: fresh AdamW moments where the run starts from resume_checkpoint_path",
+                               True)
+    load_lr_scheduler: bool = key("false: the LR schedule restarts where the run starts from "
+                                  "resume_checkpoint_path", True)
+    keep: Union[int, None] = key("keep only the N most recently committed checkpoints", None,
+                                 validator=optional(positive), shown="all")
+    ignore_fingerprint_mismatch: bool = key(
+        "resume although a begun stage's data, tokenizer or seeds changed (OLMo-core's name); warns, naming each "
+        "change", False)
+    ignore_lr_schedule_change: bool = key(
+        "resume although the config gives a begun stage's next step another LR (a stage's length or LR keys "
+        "edited, a stage inserted after the resume step); warns, naming the change and both LRs", False)
+    async_save: bool = key("write checkpoints from a background thread off a host copy of the state while "
+                           "training goes on; one save in flight, a stop and the end wait for it", False)
 
 
 @frozen
 class LoggingArgs:
-    iteration_step_info_interval: int = field(default=1, validator=positive)
+    """[logging]: the progress lines."""
 
-
-@frozen
-class DatasetArgs:
-    """HF `datasets` sources (nanotron's PretrainDatasetsArgs): a builder ("text", "json", "parquet", "csv",
-    "arrow") over local files, a folder saved with `Dataset.save_to_disk`, or a hub dataset; or a
-    `{name = weight}` table of such names to blend (a name may then also be a local path or glob)."""
-
-    hf_dataset_or_datasets: Union[str, dict[str, float]]
-    hf_data_files: Union[str, list[str], None] = None
-    hf_dataset_config_name: Union[str, None] = None
-    # One split to train on, or nanotron's list: the listed splits are loaded and "train" is trained on
-    # (run_train.py: get_datasets(...)["train"]); the others are there to evaluate on.
-    hf_dataset_splits: Union[str, list[str]] = "train"
-    text_column_name: str = "text"
-    prompt_column_name: Union[str, None] = None       # with completion_column_name: an SFT stage
-    completion_column_name: Union[str, None] = None
-    dataset_processing_num_proc_per_process: int = field(default=1, validator=positive)
-    dataset_overwrite_cache: bool = False
-    # With a {name = weight} table: the same names' weights at the stage's end; shares move linearly in between.
-    dataset_weights_end: Union[dict[str, float], None] = None
-    # Evaluation (issue 14): the last N samples (windows, or SFT rows) of each source are kept out of training,
-    # for an [[evaluation.datasets]] entry with held_out_of = this stage.
-    held_out_samples: Union[int, None] = field(default=None, validator=optional(positive))
-
-    @property
-    def is_sft(self) -> bool:
-        return self.prompt_column_name is not None
-
-    @property
-    def columns(self) -> tuple[str, ...]:
-        return (self.prompt_column_name, self.completion_column_name) if self.is_sft else (self.text_column_name,)
-
-    @property
-    def listed_splits(self) -> tuple[str, ...]:
-        splits = self.hf_dataset_splits
-        return (splits,) if isinstance(splits, str) else tuple(splits)
-
-    @property
-    def train_split(self) -> str:
-        """The split training reads: the one named, or "train" of a list (as in nanotron)."""
-        return self.hf_dataset_splits if isinstance(self.hf_dataset_splits, str) else "train"
-
-    @property
-    def untrained_splits(self) -> tuple[str, ...]:
-        """The listed splits training does not read."""
-        return tuple(split for split in self.listed_splits if split != self.train_split)
-
-    def weighted_names(self) -> tuple[tuple[str, float], ...]:
-        """(name, weight) of each source: a plain name is one source of weight 1."""
-        if isinstance(self.hf_dataset_or_datasets, str):
-            return ((self.hf_dataset_or_datasets, 1.0),)
-        return tuple((name, float(weight)) for name, weight in self.hf_dataset_or_datasets.items())
-
-    def weights_end(self) -> tuple[float, ...] | None:
-        """The end weight of each source of `weighted_names` (0 for a name the end table lacks), or None."""
-        ends = self.dataset_weights_end
-        return None if ends is None else tuple(float(ends.get(name, 0.0)) for name, _ in self.weighted_names())
-
-    def source_key(self, name: str) -> str:
-        """What identifies one source across stages (continue_from): the data and how it is read."""
-        files = self.hf_data_files if isinstance(self.hf_dataset_or_datasets, str) else None
-        return "hf:" + json.dumps([name, files, self.hf_dataset_config_name, self.hf_dataset_splits, self.columns])
-
-    def source_keys(self) -> tuple[str, ...]:
-        return tuple(self.source_key(name) for name, _ in self.weighted_names())
-
-
-@frozen
-class NanosetDatasetsArgs:
-    """Folders of pre-tokenized files (nanotron's NanosetDatasetsArgs; the `*.ds` layout HF datatrove writes and
-    `bin/prepare` writes). Several folders are blended by `dataset_weights`; without weights, in proportion to
-    their sizes (each folder read once per epoch of the whole, as nanotron does)."""
-
-    dataset_folder: Union[str, list[str]]
-    dataset_weights: Union[list[float], None] = None
-    # The folders' weights at the stage's end (needs dataset_weights); shares move linearly in between.
-    dataset_weights_end: Union[list[float], None] = None
-    held_out_samples: Union[int, None] = field(default=None, validator=optional(positive))   # as in DatasetArgs
-
-    is_sft = False
-
-    @property
-    def folders(self) -> tuple[str, ...]:
-        return (self.dataset_folder,) if isinstance(self.dataset_folder, str) else tuple(self.dataset_folder)
-
-    def weights_end(self) -> tuple[float, ...] | None:
-        return None if self.dataset_weights_end is None else tuple(self.dataset_weights_end)
-
-    def source_key(self, folder: str) -> str:
-        return "tokens:" + os.path.abspath(folder)
-
-    def source_keys(self) -> tuple[str, ...]:
-        return tuple(self.source_key(folder) for folder in self.folders)
-
-
-@frozen
-class DataArgs:
-    dataset: Union[DatasetArgs, NanosetDatasetsArgs]
-    seed: Union[int, None] = None             # defaults to general.seed
-    num_loading_workers: int = field(default=0, validator=non_negative)   # background threads building batches
-    # The name of an earlier stage: sources this stage shares with it continue where that stage stopped.
-    continue_from: Union[str, None] = None
-
-
-@frozen
-class StageLRSchedulerArgs:
-    """[data_stages.learning_rate_scheduler]: the stage's own LR schedule, replacing the run's for its steps
-    (nanoflow.lr.resolve_stage_lr). Every key is optional: learning_rate defaults to the run's LR at the
-    stage's first step, the decay (linear) to the stage's last step, min_decay_lr to the run's.
-    lr_decay_starting_step is a global step, as in nanotron."""
-
-    learning_rate: Union[float, None] = field(default=None, validator=optional(positive_float))
-    lr_warmup_steps: int = field(default=0, validator=non_negative)
-    lr_warmup_style: Literal["linear", "constant"] = "linear"
-    # nanotron's default; not the run's style, which for a WSD run is the "constant" a cooldown ends
-    lr_decay_style: Literal["linear", "cosine", "1-sqrt", "constant"] = "linear"
-    lr_decay_starting_step: Union[int, None] = field(default=None, validator=optional(positive))
-    lr_decay_steps: Union[int, None] = field(default=None, validator=optional(positive))
-    min_decay_lr: Union[float, None] = field(default=None, validator=optional([instance_of((int, float)), ge(0)]))
-
-
-@frozen
-class DatasetStageArgs:
-    name: str
-    start_training_step: int
-    data: DataArgs
-    # Per-stage overrides of [tokens]:
-    sequence_length: Union[int, None] = field(default=None, validator=optional(positive))
-    micro_batch_size: Union[int, None] = field(default=None, validator=optional(positive))
-    batch_accumulation_per_replica: Union[int, None] = field(default=None, validator=optional(positive))
-    global_batch_size: Union[int, None] = field(default=None, validator=optional(positive))
-    learning_rate_scheduler: Union[StageLRSchedulerArgs, None] = None   # None: the run's schedule
-
-
-# ---------------------------------------------------------------------------------------------
-# [evaluation] (issue 14): fixed held-out sets, evaluated during training and by bin/eval
-
-@frozen
-class EvalDatasetArgs:
-    """One [[evaluation.datasets]] entry: its own `dataset` table (the keys of data_stages.data.dataset), or
-    `held_out_of` a stage, whose source keeps its last held_out_samples samples out of training for it."""
-
-    name: str
-    dataset: Union[DatasetArgs, NanosetDatasetsArgs, None] = None
-    held_out_of: Union[str, None] = None
-    max_samples: int = field(default=128, validator=positive)   # evenly spaced over the set: a fixed subset
-    metric: Literal["loss", "exact_match"] = "loss"
-    # Unset: the stage's for held_out_of (its windows are cut at that length), else tokens.sequence_length.
-    sequence_length: Union[int, None] = field(default=None, validator=optional(positive))
-    micro_batch_size: Union[int, None] = field(default=None, validator=optional(positive))  # unset: tokens'
-
-
-@frozen
-class EvaluationArgs:
-    # Every `interval` steps; always also at each stage's last step (the run's end is one).
-    interval: Union[int, None] = field(default=None, validator=optional(positive))
-    datasets: tuple[EvalDatasetArgs, ...] = ()
+    iteration_step_info_interval: int = key("a plain log line every N steps when not on a terminal", 1,
+                                            validator=positive)
 
 
 def _by_start_step(stages) -> tuple[DatasetStageArgs, ...]:
@@ -339,17 +234,20 @@ def _by_start_step(stages) -> tuple[DatasetStageArgs, ...]:
 
 @frozen
 class Config:
-    model: ModelArgs
-    tokens: TokensArgs
-    optimizer: OptimizerArgs
+    """A whole run: the sections of one TOML file."""
+
+    model: ModelArgs = key("the model")
+    tokens: TokensArgs = key("the run's sizes")
+    optimizer: OptimizerArgs = key("AdamW and the LR schedule")
     # Sorted by start step, so a stage's index here is its index in the Schedule.
-    data_stages: tuple[DatasetStageArgs, ...] = field(converter=_by_start_step)
-    general: GeneralArgs = Factory(GeneralArgs)
-    tokenizer: TokenizerArgs = Factory(TokenizerArgs)
-    parallelism: ParallelismArgs = Factory(ParallelismArgs)
-    checkpoints: CheckpointsArgs = Factory(CheckpointsArgs)
-    logging: LoggingArgs = Factory(LoggingArgs)
-    evaluation: Union[EvaluationArgs, None] = None   # None: no evaluation (and nothing recorded for it)
+    data_stages: tuple[DatasetStageArgs, ...] = key("the curriculum: one table per stage", converter=_by_start_step)
+    general: GeneralArgs = key("names and the seed", Factory(GeneralArgs))
+    tokenizer: TokenizerArgs = key("the tokenizer", Factory(TokenizerArgs))
+    parallelism: ParallelismArgs = key("the process layout", Factory(ParallelismArgs))
+    checkpoints: CheckpointsArgs = key("saving and resuming", Factory(CheckpointsArgs))
+    logging: LoggingArgs = key("the progress lines", Factory(LoggingArgs))
+    evaluation: Union[EvaluationArgs, None] = key("eval sets; unset: no evaluation (and nothing recorded for it)",
+                                                  None)
 
     def stage_tokens(self, index: int) -> TokensArgs:
         """[tokens] with stage `index`'s overrides applied and the accumulation resolved."""
@@ -381,7 +279,7 @@ class Config:
 
     def to_dict(self) -> dict:
         """The resolved config as plain data (None values dropped, so it round-trips through TOML)."""
-        return _drop_none(converter.unstructure(self))
+        return _drop_none(attrs.asdict(self))
 
 
 def _drop_none(value):
@@ -390,134 +288,3 @@ def _drop_none(value):
     if isinstance(value, (list, tuple)):
         return [_drop_none(v) for v in value]
     return value
-
-
-converter = cattrs.Converter(forbid_extra_keys=True)
-
-
-def _structure_exact(value, cls):
-    """TOML already gives exact types: refuse lossy coercions such as "3" -> 3, 2.5 -> 2 or 1 -> True,
-    non-finite floats (inf, nan: no setting means them) and integers beyond int64."""
-    if cls is float:
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-        if ok and not math.isfinite(value):
-            raise ValueError(f"expected a finite number, got {value!r}")
-    elif cls is bool:
-        ok = isinstance(value, bool)
-    else:
-        ok = isinstance(value, cls) and not isinstance(value, bool)
-    if not ok:
-        raise TypeError(f"expected {cls.__name__}, got {type(value).__name__} {value!r}")
-    if cls is int and not -INT_LIMIT <= value < INT_LIMIT:
-        raise ValueError(f"{value} does not fit in a 64-bit integer (at most {INT_LIMIT - 1})")
-    return cls(value)
-
-
-for _type in (int, float, str, bool):
-    converter.register_structure_hook(_type, _structure_exact)
-
-
-def _structure_paths(value, _cls):
-    if value is None or isinstance(value, str):
-        return value
-    if isinstance(value, list) and all(isinstance(v, str) for v in value):
-        return value
-    raise TypeError(f"expected a path or a list of paths, got {value!r}")
-
-
-converter.register_structure_hook(Union[str, list[str], None], _structure_paths)
-
-
-def _structure_name_list(value, _cls):
-    if value is None or (isinstance(value, list) and all(isinstance(v, str) for v in value)):
-        return value
-    raise TypeError(f"expected a list of names, got {value!r}" + (f' (write ["{value}"])' if isinstance(value, str)
-                                                                    else ""))
-
-
-converter.register_structure_hook(Union[list[str], None], _structure_name_list)
-
-
-def _structure_names(value, _cls):
-    if isinstance(value, str) or (isinstance(value, list) and value and all(isinstance(v, str) for v in value)):
-        return value
-    raise TypeError(f"expected a name or a non-empty list of names, got {value!r}")
-
-
-def _structure_weight(value, where: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"expected a number as the weight of {where}, got {value!r}")
-    return float(value)
-
-
-def _structure_datasets(value, _cls):
-    """hf_dataset_or_datasets: a name, or a table {name = weight}."""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, dict) and value:
-        return {str(name): _structure_weight(weight, repr(name)) for name, weight in value.items()}
-    raise TypeError(f"expected a dataset name or a table {{name = weight}}, got {value!r}")
-
-
-def _structure_weight_table(value, _cls):
-    """dataset_weights_end of HF datasets: a table {name = weight}, the names of hf_dataset_or_datasets."""
-    if value is None:
-        return None
-    if isinstance(value, dict) and value:
-        return {str(name): _structure_weight(weight, repr(name)) for name, weight in value.items()}
-    raise TypeError(f"expected a table {{name = weight}} of the names in hf_dataset_or_datasets, got {value!r}")
-
-
-def _structure_weights(value, _cls):
-    if value is None:
-        return None
-    if isinstance(value, list):
-        return [_structure_weight(w, f"entry {i}") for i, w in enumerate(value)]
-    raise TypeError(f"expected a list of weights, got {value!r}")
-
-
-def _structure_dataset(value, _cls):
-    """[data_stages.data.dataset]: token folders when it names dataset_folder, else HF datasets."""
-    if isinstance(value, dict) and "dataset_folder" in value:
-        return converter.structure(value, NanosetDatasetsArgs)
-    return converter.structure(value, DatasetArgs)
-
-
-def _structure_rope_scaling(value, _cls):
-    """[model.rope_scaling]; HF's legacy key `type` is read as rope_type, as transformers reads it."""
-    if value is None:
-        return None
-    if not isinstance(value, dict):
-        raise TypeError(f"expected a table of rope_type, factor, ..., got {value!r}")
-    value = dict(value)
-    if "type" in value:
-        legacy = value.pop("type")
-        if value.setdefault("rope_type", legacy) != legacy:
-            raise ValueError(f"type = {legacy!r} and rope_type = {value['rope_type']!r} disagree; "
-                             "write rope_type only (type is its legacy name)")
-    return converter.structure(value, RopeScalingArgs)
-
-
-def _structure_clip_grad(value, _cls):
-    if value is True:
-        raise TypeError("true is not a max norm: give the max gradient norm (e.g. 1.0), or false for no clipping")
-    if value is False:
-        return False
-    if isinstance(value, float) and not math.isfinite(value):
-        raise ValueError(f"expected a finite number, got {value!r} (false means no clipping)")
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ValueError(CLIP_GRAD_EXPECTED + f", got {value!r}")
-    return float(value)
-
-
-converter.register_structure_hook(Union[str, list[str]], _structure_names)
-converter.register_structure_hook(Union[RopeScalingArgs, None], _structure_rope_scaling)
-converter.register_structure_hook(Union[float, Literal[False]], _structure_clip_grad)
-converter.register_structure_hook(Union[str, dict[str, float]], _structure_datasets)
-converter.register_structure_hook(Union[list[float], None], _structure_weights)
-converter.register_structure_hook(Union[dict[str, float], None], _structure_weight_table)
-converter.register_structure_hook(Union[DatasetArgs, NanosetDatasetsArgs], _structure_dataset)
-converter.register_structure_hook(Union[DatasetArgs, NanosetDatasetsArgs, None],
-                                  lambda value, cls: None if value is None else _structure_dataset(value, cls))
-
-

@@ -125,9 +125,6 @@ class Blend:
         """A static blend ends at its start weights."""
         return self.weights
 
-    def __len__(self) -> int:
-        return len(self.integer_weights)
-
     def assign(self, gs) -> tuple[np.ndarray, np.ndarray]:
         """(source index, source-local index) of each global sample in `gs`, both int64 arrays."""
         gs = np.asarray(gs, dtype=np.int64).reshape(-1)
@@ -246,9 +243,6 @@ class MovingBlend:
         self.depth = max(0, math.ceil(math.log2(len(leaves))))
         self._root = _MovingNode(leaves, TS, TE, samples)
 
-    def __len__(self) -> int:
-        return len(self.integer_weights)
-
     def assign(self, gs) -> tuple[np.ndarray, np.ndarray]:
         """(source index, source-local index) of each global sample in `gs`, both int64 arrays."""
         gs = np.asarray(gs, dtype=np.int64).reshape(-1)
@@ -272,12 +266,3 @@ def make_blend(weights: Sequence[float], weights_end: Sequence[float] | None, sa
         return Blend(weights)
     return MovingBlend(weights, weights_end, samples) if samples > 0 else Blend(weights_end)
 
-
-def target_shares(weights: Sequence[float], weights_end: Sequence[float] | None, samples: int,
-                  g: float) -> tuple[float, ...]:
-    """Each source's target share at sample g of a stage of `samples` samples (pure; for plots and checks):
-    s + (e − s)·g/N from the rounded, normalised start and end weights, the end weights from sample N on."""
-    start = integer_weights(weights)
-    end = start if weights_end is None else integer_weights(weights_end)
-    x = 1.0 if samples <= 0 else min(max(g, 0), samples) / samples
-    return tuple((1 - x) * s / sum(start) + x * e / sum(end) for s, e in zip(start, end))

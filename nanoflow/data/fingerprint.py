@@ -28,14 +28,10 @@ from nanoflow.data.hf_datasets import hf_specs, load_rows, tokenizer_fingerprint
 from nanoflow.data.loader import orders_by_source_key, stage_samples
 from nanoflow.data.tokenizer import Tokenizer
 from nanoflow.data.tokens import SUFFIX
-from nanoflow.errors import NanoflowError
+from nanoflow.errors import DataChangedError  # noqa: F401 - imported from here
 from nanoflow.schedule import Schedule
 
 HASH_LIMIT = 256 << 20   # a source of up to 256 MiB is identified by its files' content, a larger one by sizes and mtimes
-
-
-class DataChangedError(NanoflowError, ValueError):
-    """A stage that has begun would resume on other data, another tokenizer or another seed (exit status 2)."""
 
 
 def file_identity(path: str, by_content: bool = True) -> dict:

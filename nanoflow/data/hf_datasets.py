@@ -18,7 +18,7 @@ from nanoflow.config import DatasetArgs, locate_source
 from nanoflow.config.locations import builder_for, expand_data_files  # noqa: F401 - also this module's API
 from nanoflow.data.tokenizer import Tokenizer, load_tokenizer
 from nanoflow.data.tokens import (
-    DataInputError,
+    StageDataError,
     token_size_for,
 )
 from nanoflow.io.store import write_atomically
@@ -105,7 +105,7 @@ def _load_rows(spec: HFSpec, stage_name: str, cache_dir: str | None = None):
 
     dataset, where = spec.dataset, describe(stage_name, spec)
     if spec.problems:
-        raise DataInputError(f"{where}: " + "; ".join(spec.problems))
+        raise StageDataError(f"{where}: " + "; ".join(spec.problems))
     options = dict(split=spec.split, cache_dir=cache_dir)
     if dataset.hf_dataset_config_name is not None:
         options["name"] = dataset.hf_dataset_config_name
@@ -124,17 +124,17 @@ def _load_rows(spec: HFSpec, stage_name: str, cache_dir: str | None = None):
             full = None if problem else _disk_error(e)
             if full is not None:   # the files are fine: it is `datasets`' own cache that cannot be written
                 cache = cache_dir or str(datasets.config.HF_DATASETS_CACHE)
-                raise DataInputError(
+                raise StageDataError(
                     f"{where}: `datasets` cannot write its cache under {cache} ({full.strerror or full}"
                     + (f": {full.filename}" if full.filename else "") + "); the data files are fine: free space "
                     "there, or set HF_DATASETS_CACHE to a folder with room") from None
-            raise DataInputError(f"{where}: " + (problem or f"the files cannot be read: {type(e).__name__}: {e}")) \
+            raise StageDataError(f"{where}: " + (problem or f"the files cannot be read: {type(e).__name__}: {e}")) \
                 from None
     if spec.kind == "saved":
         rows = datasets.load_from_disk(spec.name)
         if isinstance(rows, datasets.DatasetDict):
             if spec.split not in rows:
-                raise DataInputError(f'{where}: no split "{spec.split}" in {spec.name} (splits: {", ".join(rows)})')
+                raise StageDataError(f'{where}: no split "{spec.split}" in {spec.name} (splits: {", ".join(rows)})')
             rows = rows[spec.split]
         return rows
     try:   # a hub id (config.locate_source: a local path never gets here, so never minutes of hub retries)
@@ -142,7 +142,7 @@ def _load_rows(spec: HFSpec, stage_name: str, cache_dir: str | None = None):
     except (FileNotFoundError, ConnectionError, OSError, ValueError) as e:
         offline = " (HF_DATASETS_OFFLINE is set: only datasets already in the cache can load)" \
             if os.environ.get("HF_DATASETS_OFFLINE", "0") not in ("", "0") else ""
-        raise DataInputError(f"{where}: cannot load {spec.name!r} from the hub or a local path{offline}: {e}") from None
+        raise StageDataError(f"{where}: cannot load {spec.name!r} from the hub or a local path{offline}: {e}") from None
 
 
 # A write that failed for want of room or permission, not because of what was written.
@@ -200,7 +200,7 @@ def file_problem(path: str, builder: str) -> str | None:
 def _require_columns(rows, columns: list[str], where: str) -> None:
     for column in columns:
         if column not in rows.column_names:
-            raise DataInputError(f'{where}: no column "{column}"; the columns are {", ".join(rows.column_names)}')
+            raise StageDataError(f'{where}: no column "{column}"; the columns are {", ".join(rows.column_names)}')
 
 
 def _texts(rows, column: str, where: str):
@@ -209,7 +209,7 @@ def _texts(rows, column: str, where: str):
         texts = batch[column]
         for text in texts:
             if not isinstance(text, str):
-                raise DataInputError(f'{where}: column "{column}" holds {type(text).__name__} values, expected text')
+                raise StageDataError(f'{where}: column "{column}" holds {type(text).__name__} values, expected text')
         yield texts
 
 
@@ -360,7 +360,7 @@ def tokenized_array(spec: HFSpec, kind: str, tokenizer: Tokenizer, sequence_leng
         os.makedirs(root, exist_ok=True)
         write_atomically(path, encoded.getbuffer())  # concurrent runs and kills never leave a partial cache file
     except OSError as e:   # a full disk, or a file where the cache folder goes: nothing was left behind
-        raise DataInputError(
+        raise StageDataError(
             f"{where}: cannot write the token cache {path}: {e.strerror or e}"
             + (f" ({e.filename})" if e.filename and e.filename != path else "")
             + f"; the tokens need {encoded.getbuffer().nbytes:,} bytes there: free space, remove what is in the "

@@ -36,19 +36,15 @@ from nanoflow.data.blend import Blend, MovingBlend, make_blend
 from nanoflow.data.order import SampleOrder, sample_order
 from nanoflow.data.sources import NamedSource, Source, open_sources, source_inputs
 from nanoflow.data.tokenizer import Tokenizer
-from nanoflow.data.tokens import DataInputError, TokenFolder
-from nanoflow.errors import NanoflowError
+from nanoflow.data.tokens import StageDataError, TokenFolder
+from nanoflow.errors import SampleReadError
 from nanoflow.schedule import Schedule, stage_steps
 
 log = logging.getLogger(__name__)
 
 
-class DataError(NanoflowError, RuntimeError):
-    """A sample that could not be read: the message names the stage, the sample, the source and the file."""
-
-
 @attrs.define
-class Part:
+class OrderedSource:
     """One source of a stage and where its reading order starts."""
 
     named: NamedSource
@@ -131,7 +127,7 @@ class StageLoader:
         self.stage = schedule.stages[index]
         self.steps = stage_steps(schedule, index)
         self.vocab_size = config.model.vocab_size
-        self.parts: list[Part] | None = None
+        self.parts: list[OrderedSource] | None = None
         self._pool: ThreadPoolExecutor | None = None
         self._pending: dict[tuple[int, int, int], Future] = {}
         self._wrapped: set[int] = set()
@@ -146,12 +142,12 @@ class StageLoader:
             self.parts = []
             for n in named:
                 seed, order_name, offset = source_position(config, schedule, index, n.key)
-                self.parts.append(Part(n, sample_order(seed, order_name, len(n.source)), offset))
+                self.parts.append(OrderedSource(n, sample_order(seed, order_name, len(n.source)), offset))
             batch = self.stage.global_batch_size
             for part, start, end in zip(self.parts, self.blend.weights, self.blend.weights_end):
                 need = min(batch, math.ceil(batch * max(start, end)))   # a moving share peaks at an end
                 if len(part.source) < need:
-                    raise DataInputError(
+                    raise StageDataError(
                         f'stage "{self.stage.name}" ({part.named.label}): {len(part.source)} samples of sequence_length '
                         f"{self.stage.sequence_length}, fewer than the {need} that each global batch of {batch} reads "
                         "from it, so one batch would repeat samples; add data, or lower the batch size"
@@ -230,17 +226,17 @@ class StageLoader:
                     try:
                         part.source.sample(i)
                     except Exception as e:
-                        raise DataError(self._where(part, int(gs[row]), i) + f": {type(e).__name__}: {e}") from e
+                        raise SampleReadError(self._where(part, int(gs[row]), i) + f": {type(e).__name__}: {e}") from e
                 raise
             top = max(int(inputs[rows].max()), int(labels[rows].max()))
             if top >= self.vocab_size:
                 row = next(r for r in rows.tolist() if max(inputs[r].max(), labels[r].max()) >= self.vocab_size)
                 i = int(indices[rows.tolist().index(row)])
-                raise DataError(self._where(part, int(gs[row]), i) + f": token id {top} is outside "
+                raise SampleReadError(self._where(part, int(gs[row]), i) + f": token id {top} is outside "
                                 f"model.vocab_size = {self.vocab_size} (was the data tokenized for another model?)")
         return {"input_ids": torch.from_numpy(inputs), "labels": torch.from_numpy(labels)}, epochs
 
-    def _where(self, part: Part, g: int, i: int) -> str:
+    def _where(self, part: OrderedSource, g: int, i: int) -> str:
         return f'stage "{self.stage.name}": sample {g} ({part.named.label}, {part.source.locate(i)})'
 
     def _report_wraps(self, epochs: dict[int, int]) -> None:
@@ -292,15 +288,15 @@ def open_stage(config, index: int, tokenizer: Tokenizer, schedule: Schedule, *,
 def check_stages(config, indices: Iterable[int], tokenizer: Tokenizer, schedule: Schedule, *,
                  cache_dir: str | None = None) -> None:
     """Open, and close again, the data of each of these stages; the problems of all of them (a missing column, a
-    short or truncated file, a folder of another tokenizer) are raised together, as one DataInputError."""
+    short or truncated file, a folder of another tokenizer) are raised together, as one StageDataError."""
     problems = []
     for index in indices:
         try:
             open_stage(config, index, tokenizer, schedule, cache_dir=cache_dir).close()
-        except DataInputError as e:
+        except StageDataError as e:
             problems.append(e)
     if len(problems) == 1:
         raise problems[0]
     if problems:
-        raise DataInputError(f"{len(problems)} stages cannot train on their data:\n  - "
+        raise StageDataError(f"{len(problems)} stages cannot train on their data:\n  - "
                              + "\n  - ".join(str(e) for e in problems))

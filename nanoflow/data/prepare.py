@@ -43,15 +43,11 @@ from nanoflow.data.tokens import (
     token_size_for,
     write_token_file,
 )
-from nanoflow.errors import NanoflowError
+from nanoflow.errors import PrepareError
 from nanoflow.io.store import write_atomically
 
 FORMAT = "nanoflow-prepare-1"
 DOCS_PER_SHARD = 50_000
-
-
-class PrepareError(NanoflowError, ValueError):
-    """Inputs or an output folder that bin/prepare cannot use; the message names the culprit."""
 
 
 def _input_identity(name: str) -> list:

@@ -26,7 +26,7 @@ from nanoflow.data.hf_datasets import (
 )
 from nanoflow.data.tokenizer import Tokenizer
 from nanoflow.data.tokens import (
-    DataInputError,
+    StageDataError,
     TokenFolder,
     TokenFolderError,
     MANIFEST,
@@ -54,7 +54,7 @@ class PackedText:
         if getattr(tokens, "ndim", 1) != 1:
             raise ValueError(f"{where}: expected a flat token array, got shape {tokens.shape}")
         if len(tokens) < sequence_length + 1:
-            raise DataInputError(f"{where}: {len(tokens)} tokens are fewer than one window of sequence_length + 1 = "
+            raise StageDataError(f"{where}: {len(tokens)} tokens are fewer than one window of sequence_length + 1 = "
                              f"{sequence_length + 1}; add text or shorten the sequence")
         self.tokens = tokens
         self.sequence_length = sequence_length
@@ -109,11 +109,11 @@ class SFTExamples:
     def from_table(cls, table: np.ndarray, where: str = "the source") -> SFTExamples:
         """From the [rows, seq + 3] table `tokenize_rows(..., "sft", ...)` makes."""
         if len(table) == 0:
-            raise DataInputError(f"{where}: no rows")
+            raise StageDataError(f"{where}: no rows")
         width = table.shape[1] - 2
         examples = cls(table[:, :width], table[:, width], table[:, width + 1])
         if not (examples.prompt_lengths < examples.lengths).any():
-            raise DataInputError(f"{where}: every prompt fills the whole sequence of {width} tokens, "
+            raise StageDataError(f"{where}: every prompt fills the whole sequence of {width} tokens, "
                              "so no example has a token to learn; raise sequence_length")
         return examples
 
@@ -179,14 +179,14 @@ class SampleRange:
         self.source.close()
 
 
-def reserve(source, held_out: int | None, tail: bool, where: str):
+def split_held_out(source, held_out: int | None, tail: bool, where: str):
     """The part of `source` training reads (the head) or evaluation reads (`tail`: the last `held_out` samples)."""
     if not held_out:
         return source
     samples = len(source)   # before closing: a closed source has no length
     if held_out >= samples:
         source.close()
-        raise DataInputError(f"{where}: held_out_samples = {held_out} leaves nothing to train on: the source has "
+        raise StageDataError(f"{where}: held_out_samples = {held_out} leaves nothing to train on: the source has "
                              f"{samples} samples")
     cut = samples - held_out
     return SampleRange(source, cut, len(source)) if tail else SampleRange(source, 0, cut)
@@ -301,20 +301,20 @@ def open_sources(dataset: DatasetArgs | NanosetDatasetsArgs, stage_name: str, to
     is its samples but the last N, or with `held_out` those N only."""
     inputs, n = source_inputs(dataset), dataset.held_out_samples
 
-    def part(label: str, source):
-        return reserve(source, n, held_out, f'stage "{stage_name}" ({label})')
+    def split(label: str, source):
+        return split_held_out(source, n, held_out, f'stage "{stage_name}" ({label})')
 
     if isinstance(dataset, NanosetDatasetsArgs):
         return [NamedSource(f"dataset_folder {folder}", key, weight,
-                            part(f"dataset_folder {folder}",
+                            split(f"dataset_folder {folder}",
                                  open_token_folder(folder, stage_name, tokenizer, sequence_length, vocab_size,
                                                    accepted_names)), end)
                 for key, weight, end, folder in inputs]
     try:
         specs = {spec.key: spec for spec in hf_specs(dataset)}
     except ValueError as e:
-        raise DataInputError(f'stage "{stage_name}": {e}') from None
+        raise StageDataError(f'stage "{stage_name}": {e}') from None
     return [NamedSource(specs[key].label, key, weight,
-                        part(specs[key].label, open_hf_source(specs[key], stage_name, tokenizer, sequence_length,
+                        split(specs[key].label, open_hf_source(specs[key], stage_name, tokenizer, sequence_length,
                                                               cache_dir)), end)
             for key, weight, end, _ in inputs]

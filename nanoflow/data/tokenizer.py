@@ -22,17 +22,14 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from nanoflow.config import Config, ConfigError, TokenizerArgs
+from nanoflow.config import Config, TokenizerArgs
+from nanoflow.errors import MissingExtraError, TokenizerError
 
 # Spellings of "end of text" and "beginning of text" in common tokenizer.json files, most common first.
 EOS_TOKENS = ("<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>", "<|im_end|>", "<|eot_id|>")
 BOS_TOKENS = ("<|begin_of_text|>", "<s>", "<bos>", "<|startoftext|>")
 TOKENIZER_JSON = "tokenizer.json"
 TOKENIZER_CONFIG = "tokenizer_config.json"
-
-
-class TokenizerError(ConfigError):
-    """A tokenizer that cannot be loaded or lacks a token the run needs; the message names the file and the key."""
 
 
 class ByteTokenizer:
@@ -81,8 +78,7 @@ class HFTokenizer:
         try:
             from tokenizers import Tokenizer
         except ImportError:
-            raise TokenizerError(f"loading the tokenizer {path} needs the `tokenizers` package: "
-                                 "pip install tokenizers") from None
+            raise MissingExtraError(f"loading the tokenizer {path}", "tokenizers", "tokenizers") from None
         self.path = os.fspath(path)
         self.name = name or self.path
         try:

@@ -30,22 +30,13 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from nanoflow.config import ConfigError, token_folder_problem
+from nanoflow.config import token_folder_problem
 from nanoflow.config.locations import TOKEN_SUFFIX
+from nanoflow.errors import StageDataError, TokenFolderError  # noqa: F401 - StageDataError: imported from here
 from nanoflow.io.store import write_atomically
 
 SUFFIX = TOKEN_SUFFIX
 MANIFEST = "prepare.json"   # what bin/prepare records beside the token files it writes (data/prepare.py)
-
-
-class DataInputError(ConfigError):
-    """Data a stage cannot train on (a missing column, too few samples, a folder of another tokenizer, ...),
-    found when the stage's loader opens, before its first step. A ConfigError, so bin/train reports it
-    as one: a message naming the stage and the path, exit status 2."""
-
-
-class TokenFolderError(DataInputError):
-    """A token folder or file that cannot be read: missing, empty, truncated or inconsistent."""
 
 
 def token_size_for(vocab_size: int) -> int:
@@ -159,7 +150,7 @@ def file_digest(path: str) -> str:
     return digest.hexdigest()
 
 
-def read_metadata(path: str) -> tuple[str, int]:
+def read_token_format(path: str) -> tuple[str, int]:
     """(tokenizer name, token size) from PATH.ds.metadata."""
     metadata = path + ".metadata"
     try:
@@ -181,7 +172,7 @@ class TokenFile:
 
     def __init__(self, path: str):
         self.path = path
-        self.tokenizer_name, self.token_size = read_metadata(path)
+        self.tokenizer_name, self.token_size = read_token_format(path)
         size = os.path.getsize(path)
         if size % self.token_size:
             raise TokenFolderError(f"{path}: {size} bytes is not a whole number of {self.token_size}-byte tokens; "

@@ -24,6 +24,7 @@ import attrs
 
 from nanoflow import config as schema
 from nanoflow.config.checks import ROPE_KEYS
+from nanoflow.errors import NanotronConfigError
 from nanoflow.interop.nanotron_keys import (
     LR_SHIFT,
     MODEL_CONFIG_FIELDS,
@@ -76,7 +77,10 @@ def _show(value) -> str:
 _SKIP = object()
 
 
-class _Walk:
+class _Conversion:
+    """A conversion under way: it walks the YAML beside nanoflow's config classes, carrying what fits and
+    recording what it drops (with why) and what it changes, for the Report."""
+
     def __init__(self):
         self.dropped: list[tuple[str, object, str]] = []
         self.notes: list[str] = []
@@ -179,40 +183,40 @@ def convert(nanotron: dict) -> tuple[str, Report]:
     naming what was not carried over, so the file itself keeps the record.
     """
     if not isinstance(nanotron, dict):
-        raise ValueError("a nanotron config is a YAML mapping at the top level")
-    walk = _Walk()
+        raise NanotronConfigError("a nanotron config is a YAML mapping at the top level")
+    record = _Conversion()
     out: dict = {}
     hints = typing.get_type_hints(schema.Config)
     for section in SECTIONS:
         if nanotron.get(section) is None:
             continue
         if section == "model":
-            out["model"] = _model(walk, nanotron["model"])
+            out["model"] = _model(record, nanotron["model"])
         elif section == "optimizer":
-            out["optimizer"] = _optimizer(walk, nanotron["optimizer"], nanotron.get("tokens"))
+            out["optimizer"] = _optimizer(record, nanotron["optimizer"], nanotron.get("tokens"))
         elif section == "parallelism":
-            out["parallelism"] = walk.table(_upper_tp_mode(nanotron["parallelism"]), hints[section], section)
+            out["parallelism"] = record.table(_upper_tp_mode(nanotron["parallelism"]), hints[section], section)
         else:
-            out[section] = walk.table(nanotron[section], hints[section], section)
+            out[section] = record.table(nanotron[section], hints[section], section)
     stages = nanotron.get("data_stages")
     if stages is None and nanotron.get("data") is not None:   # nanotron before data_stages: one stage
         stages = [{"name": "stable", "start_training_step": 1, "data": nanotron["data"]}]
-        walk.notes.append('data (no data_stages): converted to one stage named "stable" from step 1')
+        record.notes.append('data (no data_stages): converted to one stage named "stable" from step 1')
     elif nanotron.get("data") is not None:
-        walk.drop("data", nanotron["data"], "data_stages is set, and nanotron uses it instead")
+        record.drop("data", nanotron["data"], "data_stages is set, and nanotron uses it instead")
     if isinstance(stages, list):
-        out["data_stages"] = [_stage(walk, stage, i) for i, stage in enumerate(stages)]
+        out["data_stages"] = [_stage(record, stage, i) for i, stage in enumerate(stages)]
     elif stages is not None:
-        walk.drop("data_stages", stages, "expected a list of stages")
+        record.drop("data_stages", stages, "expected a list of stages")
     for key, value in nanotron.items():
         if key not in (*SECTIONS, "data_stages", "data"):
-            walk.drop(str(key), value)
-    evaluation = _split_eval_sets(walk, out.get("data_stages", []))
+            record.drop(str(key), value)
+    evaluation = _split_eval_sets(record, out.get("data_stages", []))
     if evaluation:
         out["evaluation"] = {"datasets": evaluation}
-    _fit_positions(walk, out)
-    _path_notes(walk, out)
-    report = Report(tuple(walk.dropped), tuple(walk.notes))
+    _fit_positions(record, out)
+    _path_notes(record, out)
+    report = Report(tuple(record.dropped), tuple(record.notes))
     header = "".join(f"# {line}\n" for line in report.lines() if not line.startswith("ignored:"))
     return ("# Converted from a nanotron config by bin/convert-nanotron-config.\n" + LR_SHIFT + header + "\n"
             + to_toml(out)), report
@@ -225,30 +229,30 @@ def _unset(raw, key: str) -> bool:
     return not isinstance(raw, dict) or raw.get(key) is None
 
 
-def _fill(walk: _Walk, out: dict, where: str, key: str, value, why: str) -> None:
+def _fill(record: _Conversion, out: dict, where: str, key: str, value, why: str) -> None:
     out[key] = value
-    walk.notes.append(f"{where}.{key} unset: written as {_show(value)} ({why})")
+    record.notes.append(f"{where}.{key} unset: written as {_show(value)} ({why})")
 
 
-def _model(walk: _Walk, model) -> dict:
+def _model(record: _Conversion, model) -> dict:
     if not isinstance(model, dict):
-        walk.drop("model", model, "expected a mapping")
+        record.drop("model", model, "expected a mapping")
         return {}
     model_config = dict(model.get("model_config") or {})
     _refuse_other_models(model_config)
     for key in ("dtype", "init_from", "compile"):   # nanoflow [model] keys that are not LlamaConfig fields
         if model_config.get(key) is not None:
-            walk.drop(f"model.model_config.{key}", model_config.pop(key), "not a LlamaConfig field")
+            record.drop(f"model.model_config.{key}", model_config.pop(key), "not a LlamaConfig field")
     if model_config.get("hidden_act") == "silu":   # what nanoflow does: nothing to report
         del model_config["hidden_act"]
     if model_config.get("rope_interleaved") is False:
         del model_config["rope_interleaved"]
-    rope = _rope_scaling(walk, model_config.pop("rope_scaling", None),
+    rope = _rope_scaling(record, model_config.pop("rope_scaling", None),
                          model_config.pop("rope_seq_len_interpolation_factor", None))
-    out = walk.table(model_config, schema.ModelArgs, "model.model_config")
+    out = record.table(model_config, schema.ModelArgs, "model.model_config")
     for key, default in MODEL_DEFAULTS.items():
         if _unset(model_config, key):
-            _fill(walk, out, "model.model_config", key, default, "nanotron's LlamaConfig default")
+            _fill(record, out, "model.model_config", key, default, "nanotron's LlamaConfig default")
     if _unset(model_config, "num_key_value_heads") and "num_attention_heads" in out:
         out["num_key_value_heads"] = out["num_attention_heads"]   # nanotron's default and nanoflow's: no note
     for key, value in model.items():
@@ -258,20 +262,20 @@ def _model(walk: _Walk, model) -> dict:
             dtype = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float32": "float32", "fp32": "float32"}.get(
                 str(value).removeprefix("torch."))
             if dtype is None:
-                walk.drop("model.dtype", value, "nanoflow trains in float32 or with bfloat16 autocast")
+                record.drop("model.dtype", value, "nanoflow trains in float32 or with bfloat16 autocast")
             else:
                 out["dtype"] = dtype
         elif key == "init_method" and isinstance(value, dict) and "std" in value and _fits(value["std"], float) \
                 and set(value) <= {"std", "scaling_method"}:
             out["initializer_range"] = float(value["std"])
-            walk.notes.append(f"model.init_method.std = {value['std']} → model.initializer_range "
-                              "(the std nanotron draws the weights with)")
+            record.notes.append(f"model.init_method.std = {value['std']} → model.initializer_range "
+                                "(the std nanotron draws the weights with)")
             # nanotron's default scaling is NUM_LAYERS: the row-parallel projections get a smaller std.
-            walk.drop("model.init_method.scaling_method", str(value.get("scaling_method") or "NUM_LAYERS").upper())
+            record.drop("model.init_method.scaling_method", str(value.get("scaling_method") or "NUM_LAYERS").upper())
         else:
-            walk.drop(f"model.{key}", value)
+            record.drop(f"model.{key}", value)
     if _unset(model, "dtype"):
-        _fill(walk, out, "model", "dtype", NANOTRON_DTYPE, "nanotron's ModelArgs default; nanoflow's is float32")
+        _fill(record, out, "model", "dtype", NANOTRON_DTYPE, "nanotron's ModelArgs default; nanoflow's is float32")
     out = _in_order(out, schema.ModelArgs)
     if rope is not None:
         out["rope_scaling"] = rope
@@ -286,15 +290,17 @@ def _refuse_other_models(model_config: dict) -> None:
              if isinstance(key, str) and re.fullmatch(r"is_\w+_config", key) and value is True]
     for flag in flags:
         if flag not in MODEL_CONFIG_FLAGS:
-            raise ValueError(f"model.model_config.{flag} = true: a model config the converter does not know "
-                             f"(nanotron's are {', '.join(name for name, _ in MODEL_CONFIG_FLAGS.values())}); "
-                             "nanoflow trains Llama models only (nanotron's LlamaConfig or Qwen2Config)")
+            known = ", ".join(name for name, _ in MODEL_CONFIG_FLAGS.values())
+            raise NanotronConfigError(f"model.model_config.{flag} = true: a model config the converter does not know "
+                                      f"(nanotron's are {known}); nanoflow trains Llama models only (nanotron's "
+                                      "LlamaConfig or Qwen2Config)")
     for flag, (name, why) in MODEL_CONFIG_FLAGS.items():
         own = [key for key in MODEL_CONFIG_FIELDS.get(flag, ()) if key in model_config]
         if why is not None and (flag in flags or own):
             how = f"{flag} = true" if flag in flags else f"its key{'s' if len(own) > 1 else ''} {', '.join(own)}"
-            raise ValueError(f"model.model_config is nanotron's {name} ({how}): {why}; nanoflow trains Llama "
-                             "models only (nanotron's LlamaConfig or Qwen2Config), so it cannot be converted")
+            raise NanotronConfigError(f"model.model_config is nanotron's {name} ({how}): {why}; nanoflow trains "
+                                      "Llama models only (nanotron's LlamaConfig or Qwen2Config), so it cannot be "
+                                      "converted")
 
 
 def _in_order(table: dict, cls) -> dict:
@@ -303,47 +309,47 @@ def _in_order(table: dict, cls) -> dict:
     return {**{name: table[name] for name in names if name in table}, **table}
 
 
-def _rope_scaling(walk: _Walk, rope, interpolation) -> dict | None:
+def _rope_scaling(record: _Conversion, rope, interpolation) -> dict | None:
     """nanotron's rope_scaling (HF's dict) or Qwen2's rope_seq_len_interpolation_factor as [model.rope_scaling]."""
     where = "model.model_config.rope_scaling"
     if rope is None and interpolation is not None:
         if not _fits(interpolation, float):
-            walk.drop("model.model_config.rope_seq_len_interpolation_factor", interpolation, "expected a number")
+            record.drop("model.model_config.rope_seq_len_interpolation_factor", interpolation, "expected a number")
             return None
-        walk.notes.append(f"model.model_config.rope_seq_len_interpolation_factor = {interpolation} → "
-                          "[model.rope_scaling] rope_type = \"linear\" (nanotron divides the positions by it, as "
-                          "HF's linear RoPE scaling does)")
+        record.notes.append(f"model.model_config.rope_seq_len_interpolation_factor = {interpolation} → "
+                            "[model.rope_scaling] rope_type = \"linear\" (nanotron divides the positions by it, as "
+                            "HF's linear RoPE scaling does)")
         return {"rope_type": "linear", "factor": float(interpolation)}
     if interpolation is not None:
-        walk.drop("model.model_config.rope_seq_len_interpolation_factor", interpolation,
-                  "rope_scaling is set too; nanoflow applies one RoPE scaling")
+        record.drop("model.model_config.rope_seq_len_interpolation_factor", interpolation,
+                    "rope_scaling is set too; nanoflow applies one RoPE scaling")
     if rope is None:
         return None
     if not isinstance(rope, dict):
-        walk.drop(where, rope, "expected a mapping with HF's rope_scaling keys")
+        record.drop(where, rope, "expected a mapping with HF's rope_scaling keys")
         return None
     rope = dict(rope)
     if "type" in rope and "rope_type" not in rope:   # HF's older name
         rope["rope_type"] = rope.pop("type")
     kind = rope.get("rope_type")
     if kind not in ROPE_KEYS:
-        walk.drop(where, rope, f"nanoflow implements rope_type {', '.join(map(repr, ROPE_KEYS))}")
+        record.drop(where, rope, f"nanoflow implements rope_type {', '.join(map(repr, ROPE_KEYS))}")
         return None
     out = {"rope_type": kind}
     for key, value in rope.items():
         if key == "rope_type":
             continue
         if key not in ROPE_KEYS[kind]:
-            walk.drop(f"{where}.{key}", value, f'not a key rope_type = "{kind}" takes in nanoflow')
+            record.drop(f"{where}.{key}", value, f'not a key rope_type = "{kind}" takes in nanoflow')
         elif key == "original_max_position_embeddings" and _fits(value, int):
             out[key] = value
         elif key != "original_max_position_embeddings" and _fits(value, float):
             out[key] = float(value)
         else:
-            walk.drop(f"{where}.{key}", value, "expected a number")
-    walk.notes.append(f"{where} → [model.rope_scaling]: nanotron's training code does not read rope_scaling (it "
-                      "trains with plain RoPE); nanoflow applies it, as transformers does for the exported model. "
-                      "Delete [model.rope_scaling] to reproduce nanotron's numbers")
+            record.drop(f"{where}.{key}", value, "expected a number")
+    record.notes.append(f"{where} → [model.rope_scaling]: nanotron's training code does not read rope_scaling (it "
+                        "trains with plain RoPE); nanoflow applies it, as transformers does for the exported model. "
+                        "Delete [model.rope_scaling] to reproduce nanotron's numbers")
     return {key: out[key] for key in ("rope_type", *ROPE_KEYS[kind]) if key in out}
 
 
@@ -354,9 +360,9 @@ def _upper_tp_mode(parallelism):
     return parallelism
 
 
-def _optimizer(walk: _Walk, optimizer, tokens) -> dict:
+def _optimizer(record: _Conversion, optimizer, tokens) -> dict:
     if not isinstance(optimizer, dict):
-        walk.drop("optimizer", optimizer, "expected a mapping")
+        record.drop("optimizer", optimizer, "expected a mapping")
         return {}
     optimizer = dict(optimizer)
     # Older nanotron: adam_* at the top of optimizer, no optimizer_factory.
@@ -368,71 +374,72 @@ def _optimizer(walk: _Walk, optimizer, tokens) -> dict:
         for key, value in legacy.items():
             factory.setdefault(key, value)
         optimizer["optimizer_factory"] = factory
-        walk.notes.append(f"optimizer.{{{', '.join(legacy)}}} → optimizer.optimizer_factory")
-    out = walk.table(optimizer, schema.OptimizerArgs, "optimizer")
+        record.notes.append(f"optimizer.{{{', '.join(legacy)}}} → optimizer.optimizer_factory")
+    out = record.table(optimizer, schema.OptimizerArgs, "optimizer")
     if _unset(optimizer, "clip_grad"):   # the trainer clips only `if clip_grad is not None`
         out["clip_grad"] = False
-        walk.notes.append("optimizer.clip_grad unset (null): nanotron does not clip; written as clip_grad = false "
-                          "(nanoflow's default is 1.0)")
+        record.notes.append("optimizer.clip_grad unset (null): nanotron does not clip; written as clip_grad = false "
+                            "(nanoflow's default is 1.0)")
     decay = optimizer.get("weight_decay")
     if _fits(decay, float) and decay > 0 and not optimizer.get("weight_decay_exclude_named_params"):
-        walk.notes.append(f"optimizer.weight_decay = {decay}: nanotron decays every parameter, the norms' weights "
-                          "too; nanoflow never decays 1-D parameters (the norms)")
+        record.notes.append(f"optimizer.weight_decay = {decay}: nanotron decays every parameter, the norms' weights "
+                            "too; nanoflow never decays 1-D parameters (the norms)")
     schedule = optimizer.get("learning_rate_scheduler")
     if isinstance(schedule, dict) and isinstance(out.get("learning_rate_scheduler"), dict):
         train_steps = tokens.get("train_steps") if isinstance(tokens, dict) else None
-        _schedule_defaults(walk, schedule, out["learning_rate_scheduler"], train_steps)
+        _schedule_defaults(record, schedule, out["learning_rate_scheduler"], train_steps)
         out["learning_rate_scheduler"] = _in_order(out["learning_rate_scheduler"], schema.LRSchedulerArgs)
     return out
 
 
-def _schedule_defaults(walk: _Walk, raw: dict, out: dict, train_steps) -> None:
+def _schedule_defaults(record: _Conversion, raw: dict, out: dict, train_steps) -> None:
     """LRSchedulerArgs.__post_init__ and Config.__post_init__ (config.py), as nanotron resolves them."""
     where = "optimizer.learning_rate_scheduler"
     if _unset(raw, "lr_warmup_steps"):
         out["lr_warmup_steps"] = 0
     if _unset(raw, "lr_warmup_style"):
-        _fill(walk, out, where, "lr_warmup_style", "linear", "nanotron refuses an unset lr_warmup_style: its check "
+        _fill(record, out, where, "lr_warmup_style", "linear", "nanotron refuses an unset lr_warmup_style: its check "
               "runs before its default, which is linear")
     if _unset(raw, "lr_decay_style"):
-        _fill(walk, out, where, "lr_decay_style", "linear", "nanotron's default; nanoflow's is cosine")
+        _fill(record, out, where, "lr_decay_style", "linear", "nanotron's default; nanoflow's is cosine")
     if _unset(raw, "min_decay_lr") and "learning_rate" in out:
-        _fill(walk, out, where, "min_decay_lr", out["learning_rate"], "nanotron's default: = learning_rate, no decay")
+        _fill(record, out, where, "min_decay_lr", out["learning_rate"], "nanotron's default: = learning_rate, no decay")
     if raw.get("lr_decay_steps") == 0 and "lr_decay_steps" in out:
         del out["lr_decay_steps"]
-        walk.drop(f"{where}.lr_decay_steps", 0, "nanoflow's lr_decay_steps is positive; nanotron jumps to min_decay_lr "
-                  "at lr_decay_starting_step (and with lr_warmup_steps = 0 trains at learning_rate²)")
+        record.drop(f"{where}.lr_decay_steps", 0, "nanoflow's lr_decay_steps is positive; nanotron jumps to "
+                    "min_decay_lr at lr_decay_starting_step (and with lr_warmup_steps = 0 trains at learning_rate²)")
     warmup = out.get("lr_warmup_steps")
     if _unset(raw, "lr_decay_steps") and isinstance(train_steps, int) and isinstance(warmup, int):
         length = train_steps - warmup   # nanotron's Config sets this whatever lr_decay_starting_step is
         if length > 0:
             wsd = " even with lr_decay_starting_step set, so the decay need not end by the last step" \
                 if raw.get("lr_decay_starting_step") is not None else ""
-            _fill(walk, out, where, "lr_decay_steps", length, f"nanotron's default: train_steps - lr_warmup_steps{wsd}")
+            _fill(record, out, where, "lr_decay_steps", length,
+                  f"nanotron's default: train_steps - lr_warmup_steps{wsd}")
 
 
-def _stage(walk: _Walk, stage, index: int) -> dict:
+def _stage(record: _Conversion, stage, index: int) -> dict:
     where = f"data_stages[{index}]"
     label = where + (f' (stage "{stage["name"]}")' if isinstance(stage, dict) and stage.get("name") else "")
     data = stage.get("data") if isinstance(stage, dict) else None
     if isinstance(data, dict):
         dataset = data.get("dataset")
         if isinstance(dataset, dict) and isinstance(dataset.get("dataset_folder"), dict):
-            dataset = _folder_weights(walk, dataset, f"{where}.data.dataset")
+            dataset = _folder_weights(record, dataset, f"{where}.data.dataset")
         stage = {**stage, "data": {**data, "dataset": dataset}}
-    out = walk.table(stage, schema.DatasetStageArgs, where)
+    out = record.table(stage, schema.DatasetStageArgs, where)
     if isinstance(data, dict):
         out_data = out.setdefault("data", {})
         if data.get("dataset") is None:
-            walk.notes.append(f"{label}.data.dataset is null: nanotron trains this stage on random tokens (its dummy "
-                              "data generator); nanoflow has no dummy data: give the stage a dataset")
+            record.notes.append(f"{label}.data.dataset is null: nanotron trains this stage on random tokens (its dummy "
+                                "data generator); nanoflow has no dummy data: give the stage a dataset")
         if data.get("seed") is None:
             out_data["seed"] = NANOTRON_DATA_SEED
             out["data"] = _in_order(out_data, schema.DataArgs)
     return out
 
 
-def _split_eval_sets(walk: _Walk, stages: list) -> list[dict]:
+def _split_eval_sets(record: _Conversion, stages: list) -> list[dict]:
     """nanotron loads every split of a hf_dataset_splits list and trains on "train" (run_train.py:
     get_datasets(...)["train"]); nanoflow trains on "train" too, and scores each other listed split as an eval
     set of the stage (named after the split), at the stage's last step."""
@@ -454,23 +461,24 @@ def _split_eval_sets(walk: _Walk, stages: list) -> list[dict]:
         entry = {"name": name, **({"sequence_length": stage["sequence_length"]} if "sequence_length" in stage else {}),
                  "dataset": {**own, "hf_dataset_splits": split}}
         entries.append(entry)
-        walk.notes.append(f"data_stages[{i}].data.dataset.hf_dataset_splits = {_show(dataset['hf_dataset_splits'])}: "
-                          f'nanotron trains on "train" only, and so does nanoflow; split "{split}" → '
-                          f'[[evaluation.datasets]] "{name}" (scored at the end of each stage)')
+        record.notes.append(f"data_stages[{i}].data.dataset.hf_dataset_splits = {_show(dataset['hf_dataset_splits'])}: "
+                            f'nanotron trains on "train" only, and so does nanoflow; split "{split}" → '
+                            f'[[evaluation.datasets]] "{name}" (scored at the end of each stage)')
     return entries
 
 
-def _folder_weights(walk: _Walk, dataset: dict, where: str) -> dict:
+def _folder_weights(record: _Conversion, dataset: dict, where: str) -> dict:
     """Older nanotron's `dataset_folder: {folder: weight}` is dataset_folder + dataset_weights."""
     folders = dataset["dataset_folder"]
     if dataset.get("dataset_weights") is not None:
-        walk.drop(f"{where}.dataset_weights", dataset["dataset_weights"], "dataset_folder's mapping gives the weights")
-    walk.notes.append(f"{where}.dataset_folder: the {{folder: weight}} mapping → dataset_folder + dataset_weights")
+        record.drop(f"{where}.dataset_weights", dataset["dataset_weights"],
+                    "dataset_folder's mapping gives the weights")
+    record.notes.append(f"{where}.dataset_folder: the {{folder: weight}} mapping → dataset_folder + dataset_weights")
     return {**{k: v for k, v in dataset.items() if k != "dataset_weights"},
             "dataset_folder": [str(k) for k in folders], "dataset_weights": list(folders.values())}
 
 
-def _fit_positions(walk: _Walk, out: dict) -> None:
+def _fit_positions(record: _Conversion, out: dict) -> None:
     """nanotron's RoPE grows past max_position_embeddings; nanoflow refuses a longer sequence: raise it."""
     model, tokens = out.get("model"), out.get("tokens", {})
     if not isinstance(model, dict) or not isinstance(model.get("max_position_embeddings"), int):
@@ -482,13 +490,13 @@ def _fit_positions(walk: _Walk, out: dict) -> None:
     if not lengths or max(lengths.values()) <= model["max_position_embeddings"]:
         return
     where, longest = max(lengths.items(), key=lambda kv: kv[1])
-    walk.notes.append(f"model.max_position_embeddings raised from {model['max_position_embeddings']} to {longest} "
-                      f"for {where}: nanotron trains past max_position_embeddings (its RoPE table grows), nanoflow "
-                      "refuses to; plain, linear and llama3 RoPE do not depend on it")
+    record.notes.append(f"model.max_position_embeddings raised from {model['max_position_embeddings']} to {longest} "
+                        f"for {where}: nanotron trains past max_position_embeddings (its RoPE table grows), nanoflow "
+                        "refuses to; plain, linear and llama3 RoPE do not depend on it")
     model["max_position_embeddings"] = longest
 
 
-def _path_notes(walk: _Walk, out: dict) -> None:
+def _path_notes(record: _Conversion, out: dict) -> None:
     checkpoints, tokenizer = out.get("checkpoints", {}), out.get("tokenizer", {})
     paths = [checkpoints.get("checkpoints_path"), checkpoints.get("resume_checkpoint_path")]
     for i, stage in enumerate(out.get("data_stages", [])):
@@ -498,13 +506,13 @@ def _path_notes(walk: _Walk, out: dict) -> None:
             paths += value if isinstance(value, list) else [value]
         blend = dataset.get("hf_dataset_or_datasets")
         if isinstance(blend, dict) and ("hf_data_files" in dataset or set(blend) & set(schema.BUILDERS)):
-            walk.notes.append(f"data_stages[{i}].data.dataset: a {{name = weight}} table names each part's files in "
-                              'its key (e.g. "sft/*.jsonl" = 1.0), without hf_data_files or a bare builder name '
-                              "such as json: rewrite it so, or the config will not load")
+            record.notes.append(f"data_stages[{i}].data.dataset: a {{name = weight}} table names each part's files in "
+                                'its key (e.g. "sft/*.jsonl" = 1.0), without hf_data_files or a bare builder name '
+                                "such as json: rewrite it so, or the config will not load")
     if any(isinstance(p, str) and "://" not in p and not p.startswith("/") for p in paths):
-        walk.notes.append("relative paths are carried verbatim: nanoflow reads them relative to the TOML file, "
-                          "nanotron relative to the working directory")
+        record.notes.append("relative paths are carried verbatim: nanoflow reads them relative to the TOML file, "
+                            "nanotron relative to the working directory")
     name = tokenizer.get("tokenizer_name_or_path")
     if isinstance(name, str) and name != "bytes" and not name.endswith(".json"):
-        walk.notes.append(f"tokenizer.tokenizer_name_or_path = {name!r}: nanoflow loads a local tokenizer.json "
-                          '(or a folder holding one), not a Hub name; download it and point there, or use "bytes"')
+        record.notes.append(f"tokenizer.tokenizer_name_or_path = {name!r}: nanoflow loads a local tokenizer.json "
+                            '(or a folder holding one), not a Hub name; download it and point there, or use "bytes"')

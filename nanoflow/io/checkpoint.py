@@ -35,7 +35,7 @@ import attrs
 import torch
 
 from nanoflow.io.marker import (CHECKSUM, FORMAT, METADATA, CheckpointError, DamagedCheckpointError, _digest,
-                                check_metadata, committed_at, read_metadata as _read_metadata, sealed, step_of)
+                                check_metadata, committed_at, read_marker, sealed, step_of)
 from nanoflow.io.store import Store, StoreError
 from nanoflow.io.tensorfile import tensor_chunks
 from nanoflow.version import __version__
@@ -82,7 +82,7 @@ def checkpoints_to_try(path: str) -> list[str]:
 
 def _checkpoints_to_try(store: Store) -> list[str]:
     if store.exists(METADATA):  # a step folder
-        _check_files(store, _read_metadata(store, "", store.root), "")
+        _check_files(store, read_marker(store, "", store.root), "")
         return [store.root]
     objects = store.objects()
     pointer = _latest_pointer(store, objects)
@@ -94,7 +94,7 @@ def _checkpoints_to_try(store: Store) -> list[str]:
                 skipped.append(f"{store.url(folder)} is incomplete (no {METADATA})")
             continue  # (not nanoflow's: none of its business)
         try:
-            meta = _read_metadata(store, folder)
+            meta = read_marker(store, folder)
             _check_files(store, meta, folder, objects)
             found[step] = committed_at(meta)
             _remember(store, folder, objects[f"{folder}/{METADATA}"][1], found[step])
@@ -177,7 +177,7 @@ def read_metadata(path: str) -> dict:
     folder = latest(path)
     if folder is None:
         raise CheckpointError(f"{path} holds no committed checkpoint")
-    return _read_metadata(Store(folder), "", folder)
+    return read_marker(Store(folder), "", folder)
 
 
 # When each marker seen in this process was committed, by (its url, its store stamp): a save reads only the
@@ -344,7 +344,7 @@ def _commit_times(store: Store, objects: dict, steps: list[int]) -> dict[int, da
         key = (store.url(f"{step}/{METADATA}"), objects[f"{step}/{METADATA}"][1])
         if key not in _COMMITTED:
             try:
-                _COMMITTED[key] = committed_at(_read_metadata(store, str(step)))
+                _COMMITTED[key] = committed_at(read_marker(store, str(step)))
             except DamagedCheckpointError as e:
                 if isinstance(e.__cause__, StoreError):
                     log.warning(f"{e}; deleting no old checkpoint this time")

@@ -24,7 +24,8 @@ import json
 import torch
 from safetensors.torch import save as save_safetensors  # for the {"format": "pt"} header transformers wants
 
-from nanoflow.io.checkpoint import LATEST, METADATA, CheckpointError
+from nanoflow.errors import HFFormatError
+from nanoflow.io.checkpoint import LATEST, METADATA
 from nanoflow.io.reader import CheckpointReader, open_checkpoint
 from nanoflow.io.store import Store, StoreError
 from nanoflow.io.tensorfile import TensorFileError, parse, parse_header, read_head, tensor_at
@@ -35,10 +36,6 @@ INDEX = "model.safetensors.index.json"
 GENERATION_CONFIG = "generation_config.json"
 DEFAULT_MAX_SHARD_SIZE = 5_000_000_000   # bytes; transformers' own default for save_pretrained was 5 GB
 DTYPES = ("float32", "bfloat16", "float16")
-
-class HFFormatError(CheckpointError):
-    """A folder that is not a readable HF Llama folder."""
-
 
 # ---------------------------------------------------------------------------------------------
 # Export (the folder's files; nanoflow.interop.export.export_hf writes them for a checkpoint)

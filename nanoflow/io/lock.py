@@ -34,6 +34,7 @@ import socket
 import logging
 import threading
 
+from nanoflow.errors import LockLostError, RunLockedError
 from nanoflow.io.checkpoint import CheckpointError
 from nanoflow.io.store import Store, StoreError
 
@@ -43,14 +44,6 @@ LOCK = "nanoflow.lock"
 FORMAT = "nanoflow-lock/1"
 LEASE_ENV = "NANOFLOW_LOCK_LEASE_SECONDS"
 DEFAULT_LEASE_SECONDS = 120.0  # renewed every quarter of it: a holder may miss three renewals before it is stale
-
-
-class RunLockedError(CheckpointError):
-    """The run folder is held by another live run."""
-
-
-class LockLostError(CheckpointError):
-    """The lock this run held was taken over (its lease had lapsed): this run must not write again."""
 
 
 def lease_seconds() -> float:
@@ -288,7 +281,8 @@ def _take_over_if_stale(path: str, holder: dict | None, age: float, announce: bo
         log.warning(f"taking over {path} from {_describe(holder)}: {why}")
 
 
-# The type each field of a record must have: anything else is no record nanoflow wrote (issue 21).
+# The type each field of a record must have: anything else is no record nanoflow wrote,
+# and is refused rather than trusted (a lock file of someone else's, or one damaged on disk).
 _FIELDS = {"run": (str,), "host": (str, type(None)), "pid": (int,), "process_start": (int, type(None)),
            "boot_id": (str, type(None)), "pid_namespace": (str, type(None)), "started": (str,), "renewed": (str,),
            "lease_seconds": (int, float), "token": (str,)}

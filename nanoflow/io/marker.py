@@ -16,7 +16,7 @@ import re
 
 import torch
 
-from nanoflow.errors import NanoflowError
+from nanoflow.errors import CheckpointError, DamagedCheckpointError
 from nanoflow.io.store import Store, StoreError
 from nanoflow.io.tensorfile import new_checksum
 
@@ -24,15 +24,6 @@ METADATA = "checkpoint_metadata.json"
 CHECKSUM = "xxh3_128"  # recorded for each file's header and each shard's bytes: together, every byte of a file
 SEAL = "metadata_" + CHECKSUM
 FORMAT = "nanoflow-checkpoint/3"   # 3: the marker seals itself; 2: checksums per header and shard; 1: per file
-
-
-class CheckpointError(NanoflowError, RuntimeError):
-    """A checkpoint that cannot be used: missing, incomplete, damaged, or not what was asked for."""
-
-
-class DamagedCheckpointError(CheckpointError):
-    """A committed checkpoint whose bytes cannot be read back as recorded: a file missing, short,
-    unreadable, or not matching its checksum. An older intact checkpoint may be used instead."""
 
 
 _STEP = re.compile(r"0|[1-9][0-9]{0,17}")   # a step number as nanoflow writes it: ASCII digits, below 10**18
@@ -49,7 +40,7 @@ def sealed(meta: dict) -> bytes:
     return json.dumps({**meta, SEAL: _digest(_canonical(meta))}, indent=1).encode()
 
 
-def read_metadata(store: Store, folder: str, name: str | None = None) -> dict:
+def read_marker(store: Store, folder: str, name: str | None = None) -> dict:
     """The checked marker of step folder `folder` of `store` ("" for the store's root). `name` is the
     folder's own name when it is not `folder` (a step folder opened on its own)."""
     relative = f"{folder}/{METADATA}" if folder else METADATA

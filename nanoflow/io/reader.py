@@ -14,7 +14,7 @@ import math
 import attrs
 import torch
 from nanoflow.io.checkpoint import (CHECKSUM, METADATA, CheckpointError, DamagedCheckpointError, _digest,
-                                    _read_metadata, first_readable)
+                                    read_marker, first_readable)
 from nanoflow.io.store import Store, StoreError
 from nanoflow.io.tensorfile import TensorFileError, parse_header, read_head, tensor_at
 
@@ -28,7 +28,7 @@ class CheckpointReader:
     def __init__(self, folder: str):
         self.store = Store(folder)
         self.path = self.store.root
-        self.metadata = _read_metadata(self.store, "", folder)
+        self.metadata = read_marker(self.store, "", folder)
         self._headers: dict[str, tuple[int, dict]] = {}   # file: (where its data starts, its tensor entries)
         self._fetched: dict[tuple[str, str], list] = {}   # (file, key): [tensor, reads still to serve]
         self._small: dict[str, object] = {}                # files no bigger than the first read of their header

@@ -8,17 +8,7 @@ import os
 import shutil
 import tempfile
 
-from nanoflow.errors import EXIT_STORAGE, NanoflowError
-
-
-class RunFolderError(NanoflowError, OSError):
-    """A run folder that is not a folder, cannot be created or written, or has no room for a checkpoint."""
-
-
-class RunFolderWriteError(NanoflowError, OSError):
-    """A write into the run folder failed mid-run (a full disk): what was committed before stands."""
-
-    exit_status = EXIT_STORAGE
+from nanoflow.errors import RunFolderError
 
 
 def _reason(e: OSError) -> str:

@@ -12,8 +12,9 @@ endpoint unreachable …). A smart_open read or write is retried whole: a write 
 again (its multipart upload aborted first), a read asks again. smart_open's own write retries are
 switched off (`_smart_open`); its read retry is not configurable and stays inside one try: a
 download that breaks off is asked again from where it stopped, after waits of 1, 2, 4, 8, 16 s
-(back to 1 s after a GET that brought bytes); `_GetBudget` ends the read at its fifth GET. So one
-read is at most 8 × 5 GETs and 7 × 15 + 31 + 23.75 = 159.75 s of waiting (docs/s3.md).
+(back to 1 s after a GET that brought bytes); `_GetBudget` ends the read at its GETS_PER_READth GET. So
+one read makes at most Retries.attempts × GETS_PER_READ GETs; the longest it can wait follows from these
+constants, and tests/test_store_bounds.py derives it and checks the figure docs/s3.md gives.
 """
 
 from __future__ import annotations
@@ -30,18 +31,15 @@ import attrs
 import numpy
 import torch
 
-from nanoflow.errors import NanoflowError
-
-
-class StoreError(NanoflowError, OSError):
-    """Storage that cannot be reached, read or written; the message names the path and the cause."""
+from nanoflow.errors import StoreError
 
 
 @attrs.frozen
 class Retries:
     """How each S3 request is retried on a transient error: at most `attempts` tries, the waits between them
     starting at `first_wait` seconds and doubling up to `max_wait` (each drawn between half and all of
-    that, so that many ranks do not retry in step). The defaults wait at most 23.75 s in all."""
+    that, so that many ranks do not retry in step): at most the sum of `wait(a)` over the attempts a that are
+    followed by another."""
 
     attempts: int = 8
     first_wait: float = 0.25

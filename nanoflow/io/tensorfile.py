@@ -20,7 +20,7 @@ import numpy
 import torch
 import xxhash
 
-from nanoflow.errors import NanoflowError
+from nanoflow.errors import TensorFileError
 
 DTYPES = {
     torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
@@ -28,10 +28,6 @@ DTYPES = {
     torch.bool: "BOOL",
 }
 TORCH_DTYPES = {name: dtype for dtype, name in DTYPES.items()}
-
-
-class TensorFileError(NanoflowError, ValueError):
-    """Bytes that are not a well-formed safetensors file."""
 
 
 def new_checksum():

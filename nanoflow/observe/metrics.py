@@ -13,17 +13,13 @@ import math
 import os
 from pathlib import Path
 
-from nanoflow.errors import NanoflowError
-from nanoflow.io.runfolder import RunFolderError, RunFolderWriteError, open_for_append
+from nanoflow.errors import MetricsError, StorageLostError
+from nanoflow.io.runfolder import RunFolderError, open_for_append
 
 FILE = "metrics.jsonl"
 # The keys of a record that measure the machine, not the training: two runs of the same steps differ in these alone
 MEASURED = ("elapsed", "tokens_per_s", "mfu", "peak_memory_bytes")
 EVAL_FILE = "eval.jsonl"   # nanoflow.evaluation's rows, one per (step, eval set), written like metrics.jsonl
-
-
-class MetricsError(NanoflowError, ValueError):
-    """A run folder without usable metrics."""
 
 
 class MetricsLog:
@@ -61,7 +57,7 @@ class MetricsLog:
                 with contextlib.suppress(OSError):   # closing flushes the unwritten line again, into the same error
                     self.file.close()
                 self.file = None
-                raise RunFolderWriteError(
+                raise StorageLostError(
                     f"cannot write {self.path} after step {metrics['step']}: {e.strerror or e}; the checkpoints "
                     "committed before stand: make room and run the same command again to resume") from None
 

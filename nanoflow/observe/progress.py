@@ -1,11 +1,12 @@
 """What the user watches during training: a start-up header, then a tqdm bar on a terminal, plain lines every
 logging interval elsewhere (CI logs, files). Its lines are messages of the one channel (nanoflow/console.py).
 
-Each step's record gets what the line shows (`Progress.step_done`): tokens/s over the last 30 s (metrics.Window), the
-model FLOPs utilisation over the same steps where the devices' peak is known (nanoflow/flops.py's count against
-its GPU table, or a matmul peak measured once at start on the CPU), and the process's peak memory. The ETA
-weighs every remaining step by its stage's model FLOPs a step, at the seconds per FLOP measured over the current
-stage's recent steps: an SFT stage of short sequences ahead of a pretrain stage costs what its own steps cost.
+Each step's record gets what the line shows (`Progress.step_done`): tokens/s over the last WINDOW_SECONDS
+(metrics.Window), the model FLOPs utilisation over the same steps where the devices' peak is known
+(nanoflow/flops.py's count against its GPU table, or a matmul peak measured once at start on the CPU), and the
+process's peak memory. The ETA weighs every remaining step by its stage's model FLOPs a step, at the seconds per
+FLOP measured over the current stage's recent steps: an SFT stage of short sequences ahead of a pretrain stage
+costs what its own steps cost.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ PEAK_SECONDS = 0.1      # the CPU matmul peak's measuring budget, once at start
 
 
 @frozen
-class Costs:
+class FlopsAndPeak:
     """What a step of each stage asks of the devices, and what they can do."""
 
     schedule: Schedule
@@ -41,7 +42,7 @@ class Costs:
     peak_source: str                  # how the peak was found, for the header
 
     @classmethod
-    def of(cls, state) -> Costs:
+    def of(cls, state) -> FlopsAndPeak:
         config, schedule = state.config, state.schedule
         flops = tuple(s.tokens_per_step * flops_per_token(config.model, s.sequence_length) for s in schedule.stages)
         device = next(state.model.parameters()).device
@@ -117,7 +118,7 @@ class Progress:
     every step weighs the same and there is no MFU."""
 
     def __init__(self, train_steps: int, start_step: int, live: bool | None = None, interval: int = 10,
-                 costs: Costs | None = None, window: float = WINDOW_SECONDS):
+                 costs: FlopsAndPeak | None = None, window: float = WINDOW_SECONDS):
         self.interval, self.train_steps, self.start_step, self.costs = interval, train_steps, start_step, costs
         self.window = Window(window)
         self.device = torch.device("cpu") if costs is None else costs.device
@@ -134,7 +135,7 @@ class Progress:
     @classmethod
     def start(cls, state, live: bool | None = None, interval: int = 10) -> Progress:
         """The display of a run about to train from `state`, after logging its header."""
-        costs = Costs.of(state)
+        costs = FlopsAndPeak.of(state)
         for line in header(state, costs):
             log.info(line)
         return cls(state.schedule.train_steps, state.step, live, interval, costs)
@@ -180,7 +181,7 @@ class Progress:
             self.bar.close()
 
 
-def header(state, costs: Costs) -> list[str]:
+def header(state, costs: FlopsAndPeak) -> list[str]:
     """The start-up lines: the model, the device and its peak, the layout, and whether the run starts or resumes."""
     config, schedule = state.config, state.schedule
     model, parallelism = config.model, config.parallelism

@@ -25,7 +25,7 @@ SCALARS = ("loss", "lr", "grad_norm", *(key for key in MEASURED if key != "elaps
 
 
 def available() -> bool:
-    """Whether the tensorboard package is installed (`pip install 'nanoflow[tensorboard]'`)."""
+    """Whether the tensorboard package is installed (`pip install '.[tensorboard]'`)."""
     try:
         import tensorboard  # noqa: F401
     except ImportError:

@@ -1,0 +1,206 @@
+"""The curriculum's sections: [[data_stages]] (each stage's data, sizes and LR schedule) and [evaluation].
+
+Part of the schema (nanoflow.config.schema re-exports every class); each key declared with `key(...)`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Literal, Union
+
+from attrs import frozen
+from attrs.validators import ge, instance_of, optional
+
+from nanoflow.config.keys import DATASET_NAME, PATH, key, non_negative, positive, positive_float
+
+@frozen
+class DatasetArgs:
+    """HF `datasets` sources (nanotron's PretrainDatasetsArgs): a builder ("text", "json", "parquet", "csv",
+    "arrow") over local files, a folder saved with `Dataset.save_to_disk`, or a hub dataset; or a
+    `{name = weight}` table of such names to blend (a name may then also be a local path or glob)."""
+
+    hf_dataset_or_datasets: Union[str, dict[str, float]] = key(
+        'a builder ("text", "json", "csv", "parquet", "arrow") over hf_data_files, a folder saved with '
+        "Dataset.save_to_disk, a hub dataset, or a {name = weight} table of them (or of paths and globs) to blend",
+        path=DATASET_NAME)
+    hf_data_files: Union[str, list[str], None] = key("the builder's files: a path or glob (`**` allowed), or a list "
+                                                     "of them", None, path=PATH)
+    hf_dataset_config_name: Union[str, None] = key("the hub dataset's configuration (load_dataset's name)", None)
+    hf_dataset_splits: Union[str, list[str]] = key(
+        'the split to train on, or nanotron\'s list: the listed splits are loaded (each must exist) and "train" '
+        "is trained on", "train")
+    text_column_name: str = key("pretraining text, tokenized and packed into windows of sequence_length + 1",
+                                "text")
+    prompt_column_name: Union[str, None] = key("with completion_column_name, an SFT stage: prompt tokens and "
+                                               "padding are masked out of the loss", None)
+    completion_column_name: Union[str, None] = key("the completion of an SFT row, which the loss is taken on",
+                                                   None)
+    dataset_processing_num_proc_per_process: int = key("processes each rank loads and tokenizes with", 1,
+                                                       validator=positive)
+    dataset_overwrite_cache: bool = key("download again and tokenize again instead of reading the caches", False)
+    dataset_weights_end: Union[dict[str, float], None] = key(
+        "with a {name = weight} table: the same names' weights at the stage's end; each share moves linearly "
+        "from the stage's first sample to its last", None, path=DATASET_NAME)
+    held_out_samples: Union[int, None] = key(
+        "keep the last N samples (windows, or SFT rows) of each source out of training, for an eval set with "
+        "held_out_of this stage; stages sharing a source must reserve the same N", None,
+        validator=optional(positive))
+
+    @property
+    def is_sft(self) -> bool:
+        return self.prompt_column_name is not None
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        return (self.prompt_column_name, self.completion_column_name) if self.is_sft else (self.text_column_name,)
+
+    @property
+    def listed_splits(self) -> tuple[str, ...]:
+        splits = self.hf_dataset_splits
+        return (splits,) if isinstance(splits, str) else tuple(splits)
+
+    @property
+    def train_split(self) -> str:
+        """The split training reads: the one named, or "train" of a list (as in nanotron)."""
+        return self.hf_dataset_splits if isinstance(self.hf_dataset_splits, str) else "train"
+
+    @property
+    def untrained_splits(self) -> tuple[str, ...]:
+        """The listed splits training does not read."""
+        return tuple(split for split in self.listed_splits if split != self.train_split)
+
+    def weighted_names(self) -> tuple[tuple[str, float], ...]:
+        """(name, weight) of each source: a plain name is one source of weight 1."""
+        if isinstance(self.hf_dataset_or_datasets, str):
+            return ((self.hf_dataset_or_datasets, 1.0),)
+        return tuple((name, float(weight)) for name, weight in self.hf_dataset_or_datasets.items())
+
+    def weights_end(self) -> tuple[float, ...] | None:
+        """The end weight of each source of `weighted_names` (0 for a name the end table lacks), or None."""
+        ends = self.dataset_weights_end
+        return None if ends is None else tuple(float(ends.get(name, 0.0)) for name, _ in self.weighted_names())
+
+    def source_key(self, name: str) -> str:
+        """What identifies one source across stages (continue_from): the data and how it is read."""
+        files = self.hf_data_files if isinstance(self.hf_dataset_or_datasets, str) else None
+        return "hf:" + json.dumps([name, files, self.hf_dataset_config_name, self.hf_dataset_splits, self.columns])
+
+    def source_keys(self) -> tuple[str, ...]:
+        return tuple(self.source_key(name) for name, _ in self.weighted_names())
+
+
+@frozen
+class NanosetDatasetsArgs:
+    """Folders of pre-tokenized files (nanotron's NanosetDatasetsArgs; the `*.ds` layout HF datatrove writes and
+    `bin/prepare` writes). Several folders are blended by `dataset_weights`; without weights, in proportion to
+    their sizes (each folder read once per epoch of the whole, as nanotron does)."""
+
+    dataset_folder: Union[str, list[str]] = key("a token folder (written by bin/prepare or datatrove), or a list "
+                                                "of them to blend", path=PATH)
+    dataset_weights: Union[list[float], None] = key("the folders' blend weights", None,
+                                                    shown="by size")
+    dataset_weights_end: Union[list[float], None] = key(
+        "the folders' weights at the stage's end (needs dataset_weights); shares move linearly in between", None)
+    held_out_samples: Union[int, None] = key(
+        "keep the last N windows of each folder out of training, for an eval set with held_out_of this stage",
+        None, validator=optional(positive))
+
+    is_sft = False
+
+    @property
+    def folders(self) -> tuple[str, ...]:
+        return (self.dataset_folder,) if isinstance(self.dataset_folder, str) else tuple(self.dataset_folder)
+
+    def weights_end(self) -> tuple[float, ...] | None:
+        return None if self.dataset_weights_end is None else tuple(self.dataset_weights_end)
+
+    def source_key(self, folder: str) -> str:
+        return "tokens:" + os.path.abspath(folder)
+
+    def source_keys(self) -> tuple[str, ...]:
+        return tuple(self.source_key(folder) for folder in self.folders)
+
+
+@frozen
+class DataArgs:
+    """[data_stages.data]: what a stage reads, and in which order."""
+
+    dataset: Union[DatasetArgs, NanosetDatasetsArgs] = key(
+        "the stage's data: token folders when the table names dataset_folder, else HF datasets")
+    seed: Union[int, None] = key("the stage's data order", None, shown="general.seed")
+    num_loading_workers: int = key("background threads building the next batches", 0, validator=non_negative)
+    continue_from: Union[str, None] = key("the name of an earlier stage: the sources this stage shares with it "
+                                          "continue where that stage stopped", None)
+
+
+@frozen
+class StageLRSchedulerArgs:
+    """[data_stages.learning_rate_scheduler]: the stage's own LR schedule, replacing the run's for its steps
+    (nanoflow.lr.resolve_stage_lr). Every key is optional: learning_rate defaults to the run's LR at the
+    stage's first step, the decay (linear) to the stage's last step, min_decay_lr to the run's.
+    lr_decay_starting_step is a global step, as in nanotron."""
+
+    learning_rate: Union[float, None] = key("the LR of the stage's first step: \"decay from here\"", None,
+                                            validator=optional(positive_float),
+                                            shown="the run's LR at the stage's first step")
+    lr_warmup_steps: int = key("a warmup over the stage's first steps", 0, validator=non_negative)
+    lr_warmup_style: Literal["linear", "constant"] = key("the warmup's shape", "linear")
+    lr_decay_style: Literal["linear", "cosine", "1-sqrt", "constant"] = key(
+        "nanotron's default; not the run's style, which for a WSD run is the \"constant\" a cooldown ends",
+        "linear")
+    lr_decay_starting_step: Union[int, None] = key("the last step before the decay: a global step within the "
+                                                   "stage", None, validator=optional(positive),
+                                                   shown="the stage's first step (after its warmup)")
+    lr_decay_steps: Union[int, None] = key("the decay's length; it must end within the stage", None,
+                                           validator=optional(positive), shown="to the stage's last step")
+    min_decay_lr: Union[float, None] = key("the LR reached at the stage's last step", None,
+                                           validator=optional([instance_of((int, float)), ge(0)]),
+                                           shown="the run's")
+
+
+@frozen
+class DatasetStageArgs:
+    """[[data_stages]]: one stage of the curriculum, from its start step to the next stage's (docs/stages.md)."""
+
+    name: str = key("the stage's name, unique: in the plan, the logs, --set and continue_from")
+    start_training_step: int = key("the stage's first step; stages sort by it, the first starts at step 1")
+    data: DataArgs = key("what the stage reads")
+    sequence_length: Union[int, None] = key("the stage's own tokens.sequence_length", None,
+                                            validator=optional(positive), shown="tokens'")
+    micro_batch_size: Union[int, None] = key("the stage's own tokens.micro_batch_size", None,
+                                             validator=optional(positive), shown="tokens'")
+    batch_accumulation_per_replica: Union[int, None] = key("the stage's own tokens.batch_accumulation_per_replica",
+                                                           None, validator=optional(positive), shown="tokens'")
+    global_batch_size: Union[int, None] = key("the stage's own tokens.global_batch_size", None,
+                                              validator=optional(positive), shown="tokens'")
+    learning_rate_scheduler: Union[StageLRSchedulerArgs, None] = key(
+        "the stage's own LR schedule (a cooldown, an annealing phase); unset: the run's", None)
+
+
+@frozen
+class EvalDatasetArgs:
+    """[[evaluation.datasets]]: one fixed held-out set, evaluated during training and by bin/eval."""
+
+    name: str = key("unique: the name in eval.jsonl, TensorBoard and the report")
+    dataset: Union[DatasetArgs, NanosetDatasetsArgs, None] = key(
+        "the set's own data (the keys of data_stages[].data.dataset); or instead held_out_of", None)
+    held_out_of: Union[str, None] = key("a stage's name: the samples its sources keep out of training "
+                                        "(their held_out_samples)", None)
+    max_samples: int = key("a fixed subset: this many samples evenly spaced over the set", 128, validator=positive)
+    metric: Literal["loss", "exact_match"] = key(
+        '"exact_match" (prompt/completion sets): greedy answers compared token for token, as accuracy', "loss")
+    sequence_length: Union[int, None] = key("the length its samples are cut at", None,
+                                            validator=optional(positive),
+                                            shown="the stage's for held_out_of, else tokens.sequence_length")
+    micro_batch_size: Union[int, None] = key("samples per forward pass", None, validator=optional(positive),
+                                             shown="tokens.micro_batch_size")
+
+
+@frozen
+class EvaluationArgs:
+    """[evaluation]: fixed held-out sets, evaluated during training (docs/evaluation.md)."""
+
+    interval: Union[int, None] = key("evaluate every N steps; always also at each stage's last step (the run's "
+                                     "end among them)", None, validator=optional(positive), shown="stage ends only")
+    datasets: tuple[EvalDatasetArgs, ...] = key("the eval sets", ())
