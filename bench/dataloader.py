@@ -204,7 +204,7 @@ def training_loop(root: Path, workers: int, steps: int) -> tuple[float, float]:
     config = curriculum_at_2048([f'data_stages.0.data.dataset={{dataset_folder = "{root / "web"}"}}',
                                  f"data_stages.0.data.num_loading_workers={workers}", "tokens.train_steps=200"])
     state = init_state(config)
-    loader = open_stage(config, 0, BYTES)
+    loader = open_stage(config, 0, BYTES, state.schedule)
     waits, started = [], None
     for step in range(1, steps + 2):
         t = time.perf_counter()

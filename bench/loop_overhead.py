@@ -50,6 +50,7 @@ import torch  # noqa: E402
 import nanoflow  # noqa: E402
 import nanoflow.training.loop as loop  # noqa: E402
 import nanoflow.observe.progress as progress  # noqa: E402
+import nanoflow.run  # noqa: E402
 from nanoflow.data import load_tokenizer, open_stage  # noqa: E402
 from nanoflow.schedule import Schedule, active_stage  # noqa: E402
 
@@ -151,7 +152,7 @@ def run_loop(config, timers: Timers, plain: bool, alone: Alone) -> tuple[float, 
     timers.wrap(loop, "open_stage", "data: stage switch (open, close)", result_hook=timers.wrap_loader)
     timers.wrap(loop.Checkpointer, "save", "checkpoint saves")
     timers.wrap(loop.Checkpointer, "restore", "start: fresh state")
-    timers.wrap(loop, "preflight", "start: tokenizer (preflight)")
+    timers.wrap(nanoflow.run, "open_run", "start: tokenizer (preflight)")   # the run's checks, opened once
     timers.wrap(loop.MetricsLog, "write", "metrics.jsonl")
     timers.wrap(loop.MetricsLog, "__init__", "metrics.jsonl")
     timers.wrap(loop.TensorBoardLog, "write", "TensorBoard events")

@@ -5,16 +5,16 @@ from __future__ import annotations
 import torch
 
 from nanoflow.config import Config, OptimizerArgs
-from nanoflow.data import load_run_tokenizer, open_stage
+from nanoflow.data import open_stage
 from nanoflow.data.loader import StageLoader
-from nanoflow.data.tokenizer import Tokenizer
 from nanoflow.io import read_init_weights
-from nanoflow.preflight import check_init_from
 from nanoflow.model import Llama
-from nanoflow.parallel.mesh import SINGLE, Topology, device, init_topology, parallelize
-from nanoflow.schedule import Schedule, active_stage
-from nanoflow.parallel.shards import load_weights, read_on_every_rank
-from nanoflow.state import Run, TrainState
+from nanoflow.parallel.agree import on_every_rank
+from nanoflow.parallel.mesh import SINGLE, Topology, device, parallelize
+from nanoflow.parallel.shards import load_weights
+from nanoflow.run import Run, as_run
+from nanoflow.schedule import active_stage
+from nanoflow.state import TrainState
 
 
 def build_optimizer(model: torch.nn.Module, args: OptimizerArgs) -> torch.optim.AdamW:
@@ -55,24 +55,24 @@ def build_model(config: Config, topology: Topology = SINGLE, *, init: bool = Tru
     return parallelize(model, topology, config)
 
 
-def init_state(config: Config, topology: Topology | None = None) -> TrainState:
+def init_state(run: Run | Config, topology: Topology | None = None) -> TrainState:
     """A fresh run at step 0 with empty optimizer moments: weights drawn from general.seed, or
     read from `[model] init_from` (a checkpoint's run or step folder, or an HF model folder).
 
-    `topology` defaults to the one torchrun's environment describes (a single process without it).
+    Given a Config, its run is opened here (nanoflow.run.open_run: its checks, the tokenizer, and
+    `topology`, by default the one torchrun's environment describes: a single process without it).
     """
-    topology = init_topology(config) if topology is None else topology
-    model = build_model(config, topology)
-    if config.model.init_from is not None:
-        source = config.model.init_from
-        check_init_from(config)  # an HF folder's config.json against [model], before a weight is read
-        read_on_every_rank(lambda: load_weights(model, read_init_weights(source), source), topology)
-    return TrainState.create(step=0, model=model, optimizer=build_optimizer(model, config.optimizer), lr_origin=0,
-                             run=Run(config, Schedule.from_config(config), topology))
+    run = as_run(run, topology)
+    model = build_model(run.config, run.topology)
+    source = run.config.model.init_from
+    if source is not None:  # open_run checked an HF folder's config.json against [model]: read its weights
+        on_every_rank(lambda: load_weights(model, read_init_weights(source), source), run.topology)
+    return TrainState.create(step=0, model=model, optimizer=build_optimizer(model, run.config.optimizer), lr_origin=0,
+                             run=run)
 
 
-def stage_data(state: TrainState, tokenizer: Tokenizer | None = None) -> StageLoader:
+def stage_data(state: TrainState) -> StageLoader:
     """The loader of the stage that trains step state.step + 1, the next one (close it, or use it in `with`):
     `loader.batch_at(step, state.topology.dp_rank, state.topology.dp)` is the batch of any step of that stage."""
-    tokenizer = load_run_tokenizer(state.config) if tokenizer is None else tokenizer
-    return open_stage(state.config, active_stage(state.schedule, state.step + 1), tokenizer, state.schedule)
+    run = state.run
+    return open_stage(run.config, active_stage(run.schedule, state.step + 1), run.tokenizer, run.schedule)

@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-from pathlib import Path
 
 import attrs
 import numpy as np
@@ -36,9 +35,11 @@ from nanoflow.data.sources import IGNORE_INDEX, open_sources
 from nanoflow.data.tokens import StageDataError
 from nanoflow.io import read_init_weights
 from nanoflow.observe.metrics import EVAL_FILE, MetricsLog
+from nanoflow.parallel.agree import on_every_rank
 from nanoflow.parallel.mesh import Topology, all_reduce_sum
+from nanoflow.run import Run, open_run
 from nanoflow.schedule import Schedule, active_stage, stage_steps
-from nanoflow.parallel.shards import load_weights, read_on_every_rank
+from nanoflow.parallel.shards import load_weights
 
 log = logging.getLogger(__name__)
 
@@ -163,12 +164,11 @@ class Evaluator:
     """The loop's evaluation: `maybe_run(state)` after each step evaluates when it is due, writes the rows to
     <run>/eval.jsonl (rank 0) and TensorBoard, and says them. Does nothing without [evaluation]."""
 
-    def __init__(self, config: Config, topology: Topology, tokenizer, run_directory: Path, start_step: int,
-                 tensorboard=None):
-        self.config, self.topology, self.tensorboard = config, topology, tensorboard
-        self.sets = load_eval_sets(config, tokenizer)
+    def __init__(self, run: Run, start_step: int, tensorboard=None):
+        self.config, self.topology, self.tensorboard = run.config, run.topology, tensorboard
+        self.sets = load_eval_sets(run.config, run.tokenizer)
         # eval.jsonl: metrics.jsonl's own writer, with its truncation of the rows after the resumed step
-        self.rows = MetricsLog(Path(run_directory) / EVAL_FILE, start_step, topology.is_main and bool(self.sets))
+        self.rows = MetricsLog(run.folder / EVAL_FILE, start_step, run.topology.is_main and bool(self.sets))
 
     def __enter__(self) -> Evaluator:
         self.rows.__enter__()
@@ -195,17 +195,16 @@ class Evaluator:
 def load_checkpoint_weights(config: Config, topology: Topology, reader, path: str) -> torch.nn.Module:
     """The model of `config` on `topology`, its weights read from `reader` (each rank reads only its own boxes)."""
     model = build_model(config, topology, init=False)
-    read_on_every_rank(lambda: load_weights(model, reader, path), topology)
+    on_every_rank(lambda: load_weights(model, reader, path), topology)
     return model
 
 
-def evaluate_checkpoint(path: str, config: Config | None = None, overrides=(), topology: Topology | None = None,
-                        tokenizer=None) -> list[dict]:
+def evaluate_checkpoint(path: str, config: Config | None = None, overrides=(), topology: Topology | None = None
+                        ) -> list[dict]:
     """Evaluate the checkpoint at `path` on `config`'s eval sets (default: the config the checkpoint recorded,
-    with `overrides` applied as --set does). The rows are those training writes to eval.jsonl at that step."""
+    with `overrides` applied as --set does), its run opened on `topology` (nanoflow.run.open_run). The rows are
+    those training writes to eval.jsonl at that step."""
     from nanoflow.config import ConfigError, config_from_dict
-    from nanoflow.data import load_run_tokenizer
-    from nanoflow.parallel.mesh import init_topology
 
     reader = read_init_weights(path)  # a run folder's latest intact checkpoint, or a step folder; local or s3://
     metadata = getattr(reader, "metadata", None)
@@ -217,12 +216,12 @@ def evaluate_checkpoint(path: str, config: Config | None = None, overrides=(), t
         raise ConfigError(f"{path}: the config has no [evaluation] datasets to evaluate on; pass a CONFIG that has "
                           "[[evaluation.datasets]], or add them with --set")
     step = int(metadata["step"])
-    topology = init_topology(config) if topology is None else topology
-    sets = load_eval_sets(config, tokenizer or load_run_tokenizer(config))
-    model = load_checkpoint_weights(config, topology, reader, path)
-    schedule = Schedule.from_config(config)
+    run = open_run(config, topology=topology)
+    sets = load_eval_sets(config, run.tokenizer)
+    model = load_checkpoint_weights(config, run.topology, reader, path)
+    schedule = run.schedule
     stage = schedule.stages[active_stage(schedule, min(step, schedule.train_steps))].name
-    return evaluate(model, sets, topology, step, stage, config.model.dtype)
+    return evaluate(model, sets, run.topology, step, stage, config.model.dtype)
 
 
 def format_rows(rows: list[dict]) -> str:

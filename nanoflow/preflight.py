@@ -1,41 +1,21 @@
-"""The checks a run passes before any work starts: what `bin/train` and `bin/train --plan` both go through.
-
-`load_config` has already applied every rule a config file can break on its own (config/checks.py,
-one pass). What remains needs more than the file: the run's tokenizer, loaded and measured against
-model.vocab_size, and, when `[model] init_from` is an HF model folder (local or s3://), its
-config.json compared with `[model]` and its safetensors headers with the weights that model has —
-before the run folder is locked, data is tokenized or a weight is read. (The process count is checked where the processes join: nanoflow.parallel.mesh.init_topology.)
+"""The checks that need more than the config file, which nanoflow.run.open_run makes before any work starts
+(what `bin/train` and `bin/train --plan` both go through): the model's size against this machine's memory
+and, when `[model] init_from` is an HF model folder (local or s3://), its config.json compared with
+`[model]` and its safetensors headers with the weights that model has (the tokenizer is loaded and
+measured against model.vocab_size by nanoflow.data.load_run_tokenizer, between the two). The process count
+is checked where the processes join: nanoflow.parallel.mesh.init_topology.
 """
 
 from __future__ import annotations
 
 import os
 
-import attrs
-
 from nanoflow.config import Config, ConfigError, hf_config_mismatches
-from nanoflow.data.tokenizer import Tokenizer, load_run_tokenizer
 from nanoflow.flops import matmul_parameters
 from nanoflow.io.hf import CONFIG, HFFormatError, HFWeights, is_hf_folder, read_hf_config
 
 # float32 weights, their gradients and AdamW's two moments: the least a training rank holds per parameter
 BYTES_PER_PARAMETER = 16
-
-
-@attrs.frozen
-class Checked:
-    """A config that passed every check, and what the checks loaded on the way (so it is loaded once)."""
-
-    config: Config
-    tokenizer: Tokenizer
-
-
-def preflight(config: Config) -> Checked:
-    """Every check that needs more than the config file; raises the NanoflowError of the first that fails."""
-    check_model_size(config)  # first: the typo of a size is what to fix, whatever else is wrong
-    tokenizer = load_run_tokenizer(config)
-    check_init_from(config)
-    return Checked(config, tokenizer)
 
 
 def check_init_from(config: Config) -> None:

@@ -227,3 +227,9 @@ def resume_point(schedule: Schedule, meta: TrainingMetadata) -> ResumePoint:
     completed = meta.completed
     stage = active_stage(schedule, min(completed + 1, schedule.train_steps))
     return ResumePoint(stage, completed + 1, consumed_samples(schedule, completed)[stage])
+
+
+def is_save_step(step: int, interval: int, train_steps: int) -> bool:
+    """Whether a run saves after `step` on its own: every `interval` steps, and after the last one (a stop
+    saves too, whatever the step). The one save rule, for the checkpointer and for bin/verify-resume."""
+    return step % interval == 0 or step == train_steps

@@ -1,11 +1,11 @@
 """TrainState: what changes from one step to the next, in one immutable record.
 
-What never changes during a run — the config, the stage schedule and this process's place in the
-mesh — is one frozen `Run`, shared by every state of the run. The record is frozen, but the model
-and optimizer it holds are torch objects updated in place (copying them each step would double the
-memory). So a state is *consumed* by `train_step`, like a donated buffer in JAX: the returned state
-is the live one, and handing the old one to `train_step` again raises `StaleStateError` instead of
-silently training from stale values.
+What never changes during a run — the config, the stage schedule, the tokenizer and this process's
+place in the mesh — is one frozen nanoflow.run.Run, shared by every state of the run. The record is
+frozen, but the model and optimizer it holds are torch objects updated in place (copying them each
+step would double the memory). So a state is *consumed* by `train_step`, like a donated buffer in
+JAX: the returned state is the live one, and handing the old one to `train_step` again raises
+`StaleStateError` instead of silently training from stale values.
 
 There is no RNG state: nothing in training draws randomness (the data order is a pure function of
 the seed and the sample index; the model has no dropout), so there is nothing to save or restore.
@@ -19,21 +19,12 @@ from attrs import define, field, frozen
 
 from nanoflow.config import Config
 from nanoflow.model import Llama
-from nanoflow.parallel.mesh import SINGLE, Topology
+from nanoflow.parallel.mesh import Topology
 from nanoflow.schedule import Schedule, consumed_samples
 
 
 class StaleStateError(RuntimeError):
     """A TrainState that `train_step` has already consumed was used again."""
-
-
-@frozen(eq=False)
-class Run:
-    """What stays the same for every state of a run."""
-
-    config: Config = field(repr=False)
-    schedule: Schedule = field(repr=False)
-    topology: Topology = field(default=SINGLE, repr=False)   # this process's place in the (dp, tp) mesh
 
 
 @define
@@ -49,7 +40,7 @@ class TrainState:
     model: Llama
     optimizer: torch.optim.Optimizer
     lr_origin: int                         # the step the LR schedule counts from (0, or a resume that restarts it)
-    run: Run = field(repr=False)
+    run: Run = field(repr=False)           # a nanoflow.run.Run (not imported here: the run sits above the state)
     _lineage: _Lineage = field(repr=False)
 
     @property

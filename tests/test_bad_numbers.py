@@ -11,6 +11,7 @@ from data_helpers import stage, write_config
 from helpers import REPO, TINY
 from nanoflow import ConfigError, load_config
 from nanoflow.data import ByteTokenizer, StageDataError, open_stage
+from nanoflow.schedule import Schedule
 
 
 @pytest.mark.parametrize("override, message", [
@@ -59,7 +60,7 @@ def row(i: int) -> bytes:
 def test_unreadable_jsonl_is_named_with_its_line(tmp_path, content, message):
     config, path = sft_stage(tmp_path, "rows.jsonl", content)
     with pytest.raises(StageDataError, match=message.format(path=path.replace(".", r"\."))):
-        open_stage(config, 0, ByteTokenizer()).close()
+        open_stage(config, 0, ByteTokenizer(), Schedule.from_config(config)).close()
 
 
 def test_binary_garbage_as_a_text_file_is_named(tmp_path):
@@ -67,7 +68,7 @@ def test_binary_garbage_as_a_text_file_is_named(tmp_path):
     config = load_config(write_config(tmp_path, [
         stage("pretrain", 1, {"hf_dataset_or_datasets": "text", "hf_data_files": "corpus.txt"})]))
     with pytest.raises(StageDataError, match=rf"{tmp_path}/corpus\.txt, line 3: not UTF-8 text"):
-        open_stage(config, 0, ByteTokenizer()).close()
+        open_stage(config, 0, ByteTokenizer(), Schedule.from_config(config)).close()
     result = subprocess.run([sys.executable, "bin/train", str(tmp_path / "run.toml")], cwd=REPO, capture_output=True,
                             text=True, timeout=120)
     assert result.returncode == 2, result.stderr

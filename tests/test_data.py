@@ -263,7 +263,7 @@ def test_too_little_text_names_the_stage_and_files(tmp_path, hf_cache):
     overrides = ["model.max_position_embeddings=512", "data_stages.pretrain.sequence_length=500"]
     config = load_config(write_curriculum(tmp_path), overrides)
     with pytest.raises(ValueError, match=r'stage "pretrain" \(text files .*a\.txt.*fewer than one window'):
-        open_stage(config, 0, BYTES, cache_dir=hf_cache)
+        open_stage(config, 0, BYTES, Schedule.from_config(config), cache_dir=hf_cache)
 
 
 def test_sft_labels_by_hand(curriculum, hf_cache):

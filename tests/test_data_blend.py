@@ -97,6 +97,11 @@ def folders(tmp_path_factory):
     return root, streams
 
 
+def stage_of(config):
+    """The loader of the config's first stage."""
+    return open_stage(config, 0, BYTES, Schedule.from_config(config))
+
+
 def blend_config(tmp_path, folders, weights=(0.6, 0.3, 0.1), workers=0, **kwargs):
     root, _ = folders
     dataset = {"dataset_folder": [str(root / n) for n in "abc"], "dataset_weights": list(weights)}
@@ -108,7 +113,7 @@ def blend_config(tmp_path, folders, weights=(0.6, 0.3, 0.1), workers=0, **kwargs
 def test_blended_batches_follow_the_weights_and_come_from_the_folders(tmp_path, folders):
     config = blend_config(tmp_path, folders)
     _, streams = folders
-    with open_stage(config, 0, BYTES) as loader:
+    with open_stage(config, 0, BYTES, Schedule.from_config(config)) as loader:
         assert [len(p.source) for p in loader.parts] == [(len(streams[n]) - 1) // 16 for n in "abc"]
         seen = np.zeros(3, int)
         for step in loader.steps:
@@ -125,7 +130,7 @@ def test_blended_batches_follow_the_weights_and_come_from_the_folders(tmp_path, 
 def test_folders_without_weights_blend_in_proportion_to_their_size(tmp_path, folders):
     root, streams = folders
     config = load(tmp_path, [stage("pretrain", 1, {"dataset_folder": [str(root / "a"), str(root / "c")]})])
-    with open_stage(config, 0, BYTES) as loader:
+    with open_stage(config, 0, BYTES, Schedule.from_config(config)) as loader:
         sizes = [len(p.source) for p in loader.parts]
         assert np.allclose(loader.blend.weights, np.array(sizes) / sum(sizes), atol=1e-5)
 
@@ -133,7 +138,7 @@ def test_folders_without_weights_blend_in_proportion_to_their_size(tmp_path, fol
 @pytest.mark.parametrize("k", [1, 5, 17])
 def test_a_fresh_blended_loader_seeks_to_any_step_and_sample(tmp_path, folders, k):
     config = blend_config(tmp_path, folders)
-    with open_stage(config, 0, BYTES) as walker, open_stage(config, 0, BYTES) as fresh:
+    with open_stage(config, 0, BYTES, Schedule.from_config(config)) as walker, open_stage(config, 0, BYTES, Schedule.from_config(config)) as fresh:
         walked = [walker.batch_at(step) for step in range(1, k + 3)]
         for step in range(k, k + 3):
             assert torch.equal(fresh.batch_at(step)["input_ids"], walked[step - 1]["input_ids"])
@@ -145,7 +150,7 @@ def test_a_fresh_blended_loader_seeks_to_any_step_and_sample(tmp_path, folders, 
 @pytest.mark.parametrize("world", [2, 4])
 def test_dp_slices_of_a_blended_batch_concatenate_to_the_global_batch(tmp_path, folders, world):
     config = blend_config(tmp_path, folders)
-    with open_stage(config, 0, BYTES) as loader:
+    with open_stage(config, 0, BYTES, Schedule.from_config(config)) as loader:
         for step in (1, 2, 33):
             whole = loader.batch_at(step)
             parts = [loader.batch_at(step, rank, world) for rank in range(world)]
@@ -154,8 +159,8 @@ def test_dp_slices_of_a_blended_batch_concatenate_to_the_global_batch(tmp_path, 
 
 
 def test_background_workers_change_nothing_but_when_and_are_joined_at_close(tmp_path, folders):
-    plain = open_stage(blend_config(tmp_path, folders), 0, BYTES)
-    loader = open_stage(blend_config(tmp_path, folders, workers=3), 0, BYTES)
+    plain = stage_of(blend_config(tmp_path, folders))
+    loader = stage_of(blend_config(tmp_path, folders, workers=3))
     order = [1, 2, 3, 10, 11, 4, 39, 5, 5, 6]           # in order, jumps forward and back, a repeat
     for step in order:
         for rank, world in ((0, 1), (1, 2)):
@@ -170,7 +175,7 @@ def test_background_workers_change_nothing_but_when_and_are_joined_at_close(tmp_
 
 
 def test_a_worker_error_reaches_the_caller_with_the_file_and_sample(tmp_path, folders):
-    loader = open_stage(blend_config(tmp_path, folders, workers=2), 0, BYTES)
+    loader = stage_of(blend_config(tmp_path, folders, workers=2))
     part = loader.parts[1]
     bad = int(part.order.take([5])[0])
     one, many = part.source.sample, part.source.samples
@@ -197,7 +202,7 @@ def test_epochs_wrap_in_a_fresh_deterministic_order_and_say_so_once(tmp_path, fo
     root, _ = folders
     config = load(tmp_path, [stage("pretrain", 1, {"dataset_folder": [str(root / "a"), str(root / "c")],
                                                    "dataset_weights": [0.5, 0.5]})], train_steps=700)
-    with open_stage(config, 0, BYTES) as loader, open_stage(config, 0, BYTES) as again:
+    with open_stage(config, 0, BYTES, Schedule.from_config(config)) as loader, open_stage(config, 0, BYTES, Schedule.from_config(config)) as again:
         c = loader.parts[1]
         n = len(c.source)
         with logged(logging.INFO) as logs:
@@ -262,6 +267,7 @@ MEMORY_SCRIPT = textwrap.dedent("""
     import numpy as np
     from nanoflow.config import load_config
     from nanoflow.data import ByteTokenizer, open_stage
+    from nanoflow.schedule import Schedule
 
     def rss():
         with open("/proc/self/statm") as f:
@@ -271,7 +277,7 @@ MEMORY_SCRIPT = textwrap.dedent("""
     after = []
     peak = 0
     for index in range(len(config.data_stages)):
-        loader = open_stage(config, index, ByteTokenizer(), cache_dir=sys.argv[2])
+        loader = open_stage(config, index, ByteTokenizer(), Schedule.from_config(config), cache_dir=sys.argv[2])
         n = sum(len(p.source) for p in loader.parts)
         for start in range(0, n, 256):
             loader.samples(start, 256)

@@ -18,6 +18,7 @@ from nanoflow.data import open_stage
 from nanoflow.data.hf_datasets import load_rows
 from nanoflow.data.sources import PackedText
 from nanoflow.data.hf_datasets import hf_specs
+from nanoflow.schedule import Schedule
 
 
 @pytest.fixture
@@ -48,12 +49,12 @@ def test_a_table_of_datasets_blends_local_globs_and_files(corpus):
     assert list(names) == [str(corpus / "prose/*.txt"), str(corpus / "rows.jsonl")]   # resolved next to the TOML
     specs = hf_specs(config.data_stages[0].data.dataset)
     assert [s.builder for s in specs] == ["text", "json"] and len(specs[0].files) == 4
-    with open_stage(config, 0, BYTES, cache_dir=str(corpus / "cache")) as loader:
+    with open_stage(config, 0, BYTES, Schedule.from_config(config), cache_dir=str(corpus / "cache")) as loader:
         assert [type(p.source) for p in loader.parts] == [PackedText, PackedText]
         rows = loader.samples(0, 400)["input_ids"]
         share = sum(is_jsonl_row(r) for r in rows) / len(rows)
         assert abs(share - 0.75) < 0.05
-        fresh = open_stage(config, 0, BYTES, cache_dir=str(corpus / "cache"))
+        fresh = open_stage(config, 0, BYTES, Schedule.from_config(config), cache_dir=str(corpus / "cache"))
         assert torch.equal(fresh.samples(123, 50)["input_ids"], rows[123:173])      # seek, HF blend
         for step in (1, 2, 7):
             whole = loader.batch_at(step)["input_ids"]
@@ -66,7 +67,7 @@ def test_a_missing_column_in_a_table_names_the_stage_and_files(corpus):
     config = load(corpus, stages)
     with pytest.raises(ValueError, match=r'stage "pretrain" \(json files .*rows.jsonl\): no column "nope"; '
                                          r"the columns are text, other"):
-        open_stage(config, 0, BYTES, cache_dir=str(corpus / "cache"))
+        open_stage(config, 0, BYTES, Schedule.from_config(config), cache_dir=str(corpus / "cache"))
 
 
 def test_a_table_rejects_hf_data_files_and_builder_keys(corpus):
@@ -86,7 +87,7 @@ def test_a_list_of_splits_trains_on_train_only_and_every_listed_split_must_exist
     config = load(tmp_path, [stage("p", 1, {"hf_dataset_or_datasets": "saved",
                                             "hf_dataset_splits": ["validation", "train"]})])
     assert load_rows(config.data_stages[0].data.dataset, "p")["text"] == parts["train"]
-    with open_stage(config, 0, BYTES, cache_dir=str(tmp_path / "cache")) as loader:
+    with open_stage(config, 0, BYTES, Schedule.from_config(config), cache_dir=str(tmp_path / "cache")) as loader:
         text = "".join(BYTES.decode(row.tolist()) for row in loader.samples(0, 40)["input_ids"])
     assert "train" in text and "valid" not in text
     assert untrained_splits(config) == [
@@ -107,7 +108,7 @@ def test_a_list_of_splits_trains_on_train_only_and_every_listed_split_must_exist
 def test_tokenized_sources_are_cached_so_a_resume_does_not_tokenize_again(corpus, monkeypatch):
     cache = str(corpus / "cache")
     config = load(corpus, [table_stage(corpus)])
-    with open_stage(config, 0, BYTES, cache_dir=cache) as loader:
+    with open_stage(config, 0, BYTES, Schedule.from_config(config), cache_dir=cache) as loader:
         reference = loader.samples(0, 64)["input_ids"]
     cached = sorted(os.listdir(os.path.join(cache, "nanoflow-tokens")))
     assert len(cached) == 2 and all(name.endswith(".npy") for name in cached)
@@ -118,7 +119,7 @@ def test_tokenized_sources_are_cached_so_a_resume_does_not_tokenize_again(corpus
     with monkeypatch.context() as m:              # a hit neither tokenizes nor even loads the rows
         m.setattr(hf_datasets, "tokenize_rows", refuse)
         m.setattr(hf_datasets, "load_rows", refuse)
-        with open_stage(config, 0, BYTES, cache_dir=cache) as loader:
+        with open_stage(config, 0, BYTES, Schedule.from_config(config), cache_dir=cache) as loader:
             assert torch.equal(loader.samples(0, 64)["input_ids"], reference)
             assert isinstance(loader.parts[0].source.tokens, np.memmap)
 
@@ -126,25 +127,27 @@ def test_tokenized_sources_are_cached_so_a_resume_does_not_tokenize_again(corpus
     real = hf_datasets.tokenize_rows
     monkeypatch.setattr(hf_datasets, "tokenize_rows", lambda *a, **k: calls.append(a[2]) or real(*a, **k))
     (corpus / "rows.jsonl").write_text((corpus / "rows.jsonl").read_text() + json.dumps({"text": "new", "other": 0}) + "\n")
-    open_stage(config, 0, BYTES, cache_dir=cache).close()          # an edited file is tokenized again
+    open_stage(config, 0, BYTES, Schedule.from_config(config), cache_dir=cache).close()          # an edited file is tokenized again
     assert calls == [("text",)]
     overwrite = load(corpus, [table_stage(corpus)],
                      ["data_stages.pretrain.data.dataset.dataset_overwrite_cache=true"])
-    open_stage(overwrite, 0, BYTES, cache_dir=cache).close()
+    open_stage(overwrite, 0, BYTES, Schedule.from_config(overwrite), cache_dir=cache).close()
     assert len(calls) == 3                                           # dataset_overwrite_cache: both again
 
     # A damaged cache file (not a .npy) is replaced, and stray temporaries of a killed writer are ignored.
     for name in os.listdir(os.path.join(cache, "nanoflow-tokens")):
         (Path(cache) / "nanoflow-tokens" / name).write_bytes(b"garbage")
     (Path(cache) / "nanoflow-tokens" / ".x.npy.tmp-1-abc").write_bytes(b"half")
-    with open_stage(config, 0, BYTES, cache_dir=cache) as loader:
+    with open_stage(config, 0, BYTES, Schedule.from_config(config), cache_dir=cache) as loader:
         assert loader.samples(0, 64)["input_ids"].shape == (64, 16)
 
 
 def test_a_hub_name_that_cannot_load_offline_names_the_stage(tmp_path):
     path = write_config(tmp_path, [stage("web", 1, {"hf_dataset_or_datasets": "someorg/no-such-dataset"})])
     code = ("import sys; from nanoflow.config import load_config; from nanoflow.data import ByteTokenizer, open_stage\n"
-            f"open_stage(load_config({str(path)!r}), 0, ByteTokenizer(), cache_dir={str(tmp_path / 'c')!r})")
+            "from nanoflow.schedule import Schedule\n"
+            f"config = load_config({str(path)!r})\n"
+            f"open_stage(config, 0, ByteTokenizer(), Schedule.from_config(config), cache_dir={str(tmp_path / 'c')!r})")
     env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
     assert out.returncode != 0
@@ -157,7 +160,7 @@ def test_tokenizing_in_several_processes_gives_the_same_tokens(corpus):
     one = load(corpus, [table_stage(corpus)])
     two = load(corpus, [table_stage(corpus)],
                ["data_stages.pretrain.data.dataset.dataset_processing_num_proc_per_process=2"])
-    with open_stage(one, 0, BYTES, cache_dir=str(corpus / "c1")) as a, \
-            open_stage(two, 0, BYTES, cache_dir=str(corpus / "c2")) as b:
+    with open_stage(one, 0, BYTES, Schedule.from_config(one), cache_dir=str(corpus / "c1")) as a, \
+            open_stage(two, 0, BYTES, Schedule.from_config(two), cache_dir=str(corpus / "c2")) as b:
         for pa, pb in zip(a.parts, b.parts):
             assert np.array_equal(np.asarray(pa.source.tokens), np.asarray(pb.source.tokens))

@@ -278,7 +278,7 @@ def test_an_hf_end_table_names_the_sources_as_the_start_table_does(tmp_path):
                "dataset_weights_end": {"b.txt": 0.8, "docs/*.txt": 0.2}}     # relative names, another order
     config = load(tmp_path, [stage("pretrain", 1, dataset)], train_steps=40)   # global batch 4, 160 samples
     assert config.data_stages[0].data.dataset.weights_end() == (0.2, 0.8)
-    with open_stage(config, 0, BYTES, cache_dir=str(tmp_path / "cache")) as loader:
+    with open_stage(config, 0, BYTES, Schedule.from_config(config), cache_dir=str(tmp_path / "cache")) as loader:
         assert isinstance(loader.blend, MovingBlend) and loader.blend.samples == 160
         rows = torch.cat([loader.batch_at(s)["input_ids"] for s in loader.steps])
     from_docs = [int(ord("a") in r.tolist()) for r in rows]        # source 0: docs/*.txt, all a's
@@ -381,7 +381,7 @@ def test_the_fingerprint_of_a_moving_stage_holds_its_end_weights_and_length(tmp_
 
     def fingerprint(stages=None, **kwargs):
         config = load(tmp_path, stages or moving_stages(folders), **kwargs)
-        return {"pretrain": stage_fingerprint(config, 0, BYTES)}
+        return {"pretrain": stage_fingerprint(config, 0, BYTES, Schedule.from_config(config))}
 
     saved = fingerprint(train_steps=12)
     assert fingerprint_changes(saved, fingerprint(train_steps=12)) == []

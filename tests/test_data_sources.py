@@ -15,6 +15,7 @@ from data_helpers import BYTES, documents, load, stage, write_folder
 from nanoflow.config import ConfigError
 from nanoflow.data import open_stage
 from nanoflow.data.tokens import StageDataError
+from nanoflow.schedule import Schedule
 
 
 # ---------------------------------------------------------------------------------------------
@@ -26,13 +27,13 @@ def test_held_out_samples_of_the_whole_source_names_the_stage_the_source_and_bot
                                                    "held_out_samples": 12})])
     with pytest.raises(StageDataError, match=r'stage "pretrain" \(text files .*corpus.txt\): held_out_samples = 12 '
                                              r"leaves nothing to train on: the source has 12 samples"):
-        open_stage(config, 0, BYTES, cache_dir=str(tmp_path / "cache"))
+        open_stage(config, 0, BYTES, Schedule.from_config(config), cache_dir=str(tmp_path / "cache"))
     write_folder(tmp_path / "tokens", documents(np.random.default_rng(0), 4, 0, 200, (20, 21)))   # 84 tokens: 5
     config = load(tmp_path, [stage("pretrain", 1, {"dataset_folder": str(tmp_path / "tokens"),
                                                    "held_out_samples": 9})])
     with pytest.raises(StageDataError, match=r'stage "pretrain" \(dataset_folder .*tokens\): held_out_samples = 9 '
                                              r"leaves nothing to train on: the source has 5 samples"):
-        open_stage(config, 0, BYTES)
+        open_stage(config, 0, BYTES, Schedule.from_config(config))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -74,7 +75,7 @@ def test_each_kind_of_source_the_check_accepts_trains_and_one_that_is_gone_is_re
     if "dataset_folder" in dataset:
         dataset = {"dataset_folder": str(every_kind / dataset["dataset_folder"])}
     config = load(every_kind, [stage("pretrain", 1, dataset)])      # the check before the run accepts it ...
-    with open_stage(config, 0, BYTES, cache_dir=str(every_kind / "cache")) as loader:   # ... and the loader reads it
+    with open_stage(config, 0, BYTES, Schedule.from_config(config), cache_dir=str(every_kind / "cache")) as loader:   # ... and the loader reads it
         assert loader.samples(0, 8)["input_ids"].shape == (8, 16)
     target = every_kind / path
     shutil.rmtree(target) if target.is_dir() else target.unlink()
@@ -82,14 +83,14 @@ def test_each_kind_of_source_the_check_accepts_trains_and_one_that_is_gone_is_re
         load(every_kind, [stage("pretrain", 1, dataset)])
     problem = str(refused.value).split(".data.dataset: ")[-1]
     with pytest.raises(StageDataError) as gone:                     # gone between the check and the load
-        open_stage(config, 0, BYTES, cache_dir=str(every_kind / "no-cache"))
+        open_stage(config, 0, BYTES, Schedule.from_config(config), cache_dir=str(every_kind / "no-cache"))
     assert problem.split(": ", 1)[-1].split(" (")[0] in str(gone.value)
 
 
 def test_a_table_key_that_is_a_saved_folder_is_not_refused_as_matching_only_folders(every_kind):
     # nanotron's hf_dataset_or_datasets: {name: weight} with a local copy saved by save_to_disk (3835de9 refused it)
     config = load(every_kind, [stage("pretrain", 1, {"hf_dataset_or_datasets": {"saved": 0.5, "rows.jsonl": 0.5}})])
-    with open_stage(config, 0, BYTES, cache_dir=str(every_kind / "cache")) as loader:
+    with open_stage(config, 0, BYTES, Schedule.from_config(config), cache_dir=str(every_kind / "cache")) as loader:
         text = "".join(BYTES.decode(row.tolist()) for row in loader.samples(0, 40)["input_ids"])
     assert "saved row" in text and "jsonl row" in text
 
@@ -140,7 +141,7 @@ def test_a_file_in_the_way_of_the_token_cache_names_the_cache_and_what_to_do(tmp
     (tmp_path / "cache" / "nanoflow-tokens").write_text("not a folder")
     with pytest.raises(StageDataError, match=r'stage "pretrain" \(json files .*rows.jsonl\): cannot write the token '
                                              r"cache .*cache/nanoflow-tokens/\w+\.npy: .*remove what is in the way"):
-        open_stage(rows, 0, BYTES, cache_dir=str(tmp_path / "cache"))
+        open_stage(rows, 0, BYTES, Schedule.from_config(rows), cache_dir=str(tmp_path / "cache"))
     assert (tmp_path / "cache" / "nanoflow-tokens").read_text() == "not a folder"
 
 
@@ -149,14 +150,14 @@ def test_a_full_disk_under_the_token_cache_names_the_cache_and_leaves_nothing_be
     with small_disk(tokens, "16k"):
         with pytest.raises(StageDataError, match=r"cannot write the token cache .*nanoflow-tokens/\w+\.npy: No space "
                                                  r"left on device; the tokens need [\d,]+ bytes there: free space"):
-            open_stage(rows, 0, BYTES, cache_dir=str(tmp_path / "cache"))
+            open_stage(rows, 0, BYTES, Schedule.from_config(rows), cache_dir=str(tmp_path / "cache"))
         assert os.listdir(tokens) == []
 
 
 def test_a_full_datasets_cache_is_said_and_the_data_files_are_not_blamed(tmp_path, rows):
     with small_disk(tmp_path / "cache", "64k"):
         with pytest.raises(StageDataError) as caught:
-            open_stage(rows, 0, BYTES, cache_dir=str(tmp_path / "cache"))
+            open_stage(rows, 0, BYTES, Schedule.from_config(rows), cache_dir=str(tmp_path / "cache"))
     message = str(caught.value)
     assert f"`datasets` cannot write its cache under {tmp_path / 'cache'} (No space left on device" in message
     assert "the data files are fine" in message and "cannot be read" not in message

@@ -11,6 +11,7 @@ from data_helpers import BYTES, EOS, documents, load, stage, write_folder
 from nanoflow.config import ConfigError
 from nanoflow.data import SampleReadError, TokenFolder, TokenFolderError, open_stage, write_token_file
 from nanoflow.data.sources import PackedText
+from nanoflow.schedule import Schedule
 
 
 def test_writer_follows_the_documented_layout(tmp_path):
@@ -79,7 +80,7 @@ def test_a_folder_of_another_tokenizer_is_refused_before_step_1(tmp_path):
     config = load(tmp_path, [folder_stage(tmp_path / "gpt2")])
     with pytest.raises(TokenFolderError, match=r'stage "pretrain" \(dataset_folder .*gpt2\): tokenized with "gpt2", '
                                                r'.*this run\'s tokenizer \(?bytes'):
-        open_stage(config, 0, BYTES)
+        open_stage(config, 0, BYTES, Schedule.from_config(config))
 
 
 def test_a_folder_of_another_token_size_is_refused(tmp_path):
@@ -87,7 +88,7 @@ def test_a_folder_of_another_token_size_is_refused(tmp_path):
     config = load(tmp_path, [folder_stage(tmp_path / "wide")])
     with pytest.raises(TokenFolderError, match="stores 4-byte tokens, but the tokenizer's vocabulary of 257 ids is "
                                                "stored in 2-byte tokens"):
-        open_stage(config, 0, BYTES)
+        open_stage(config, 0, BYTES, Schedule.from_config(config))
 
 
 def test_token_ids_beyond_the_model_vocabulary(tmp_path):
@@ -98,13 +99,13 @@ def test_token_ids_beyond_the_model_vocabulary(tmp_path):
     write_folder(tmp_path / "early", early)
     with pytest.raises(TokenFolderError, match=r"early.*00000_unshuffled\.ds holds token id 300, outside "
                                                r"model.vocab_size = 288"):
-        open_stage(load(tmp_path, [folder_stage(tmp_path / "early")]), 0, BYTES)
+        open_stage(config := load(tmp_path, [folder_stage(tmp_path / "early")]), 0, BYTES, Schedule.from_config(config))
 
     late = [np.full(70_000, 7)] + [np.array([9, 290, EOS])] + [np.full(100, 8)]
     write_folder(tmp_path / "late", late)
     config = load(tmp_path, [folder_stage(tmp_path / "late", data={"num_loading_workers": 2})],
                   sequence_length=64, micro_batch_size=8, accumulation=16)    # 128 samples a step: ~all of them
-    with open_stage(config, 0, BYTES) as loader:
+    with open_stage(config, 0, BYTES, Schedule.from_config(config)) as loader:
         with pytest.raises(SampleReadError, match=r'stage "pretrain": sample \d+ \(dataset_folder .*late, window \d+: '
                                             r'.*00000_unshuffled\.ds at token 6\d{4}\): token id 290 is outside '
                                             r'model.vocab_size = 288'):
@@ -114,27 +115,27 @@ def test_token_ids_beyond_the_model_vocabulary(tmp_path):
 
 def test_truncated_and_inconsistent_files_are_refused(tmp_path, folder):
     config = load(tmp_path, [folder_stage(folder)])
-    open_stage(config, 0, BYTES).close()
+    open_stage(config, 0, BYTES, Schedule.from_config(config)).close()
     ds = folder / "00001_unshuffled.ds"
     good = ds.read_bytes()
 
     ds.write_bytes(good + b"\x01")                  # half a token
     with pytest.raises(TokenFolderError, match=r'stage "pretrain" \(dataset_folder .*tokens\): .*00001_unshuffled.ds: '
                                                r'\d+ bytes is not a whole number of 2-byte tokens; the file is truncated'):
-        open_stage(config, 0, BYTES)
+        open_stage(config, 0, BYTES, Schedule.from_config(config))
 
     ds.write_bytes(good[:-2])                        # one token short of what the index says
     with pytest.raises(TokenFolderError, match=r'stage "pretrain".*00001_unshuffled.ds: its index does not match it'):
-        open_stage(config, 0, BYTES)
+        open_stage(config, 0, BYTES, Schedule.from_config(config))
 
     ds.write_bytes(good)
     (folder / "00001_unshuffled.ds.metadata").unlink()
     with pytest.raises(TokenFolderError, match=r"00001_unshuffled.ds: no 00001_unshuffled.ds.metadata beside it"):
-        open_stage(config, 0, BYTES)
+        open_stage(config, 0, BYTES, Schedule.from_config(config))
 
     (folder / "00001_unshuffled.ds.metadata").write_text("gpt2|2\n1\n")
     with pytest.raises(TokenFolderError, match="mixes tokenizers or token sizes"):
-        open_stage(config, 0, BYTES)
+        open_stage(config, 0, BYTES, Schedule.from_config(config))
 
 
 def test_missing_and_empty_folders_are_config_errors(tmp_path):
@@ -176,7 +177,7 @@ def test_a_folder_smaller_than_one_batch_is_refused(tmp_path):
     config = load(tmp_path, [folder_stage(tmp_path / "small")])                  # global batch 4
     with pytest.raises(ValueError, match=r'stage "pretrain" \(dataset_folder .*small\): 2 samples of sequence_length '
                                          r"16, fewer than the 4 that each global batch of 4 reads from it"):
-        open_stage(config, 0, BYTES)
+        open_stage(config, 0, BYTES, Schedule.from_config(config))
 
 
 def test_continue_from_mistakes_are_config_errors(tmp_path, folder):

@@ -24,6 +24,7 @@ from nanoflow import errors, load_config
 from nanoflow.commands import cli
 from nanoflow.config import ConfigError
 from nanoflow.config.load import looks_local
+from nanoflow.schedule import Schedule
 from process_helpers import signal_when_ready, with_dispositions
 
 TINY = str(TINY_FILE.relative_to(REPO))   # as typed at the repository root, where bin/* run here
@@ -172,7 +173,7 @@ def test_a_token_file_cut_short_under_the_loader_is_a_data_error_not_a_crash(tmp
     write_folder(tmp_path / "tokens", documents(np.random.default_rng(0), 3000, 0, 200), files=2)
     config = load(tmp_path, [stage("pretrain", 1, {"dataset_folder": str(tmp_path / "tokens")})], sequence_length=64,
                   micro_batch_size=8, accumulation=1)
-    with open_stage(config, 0, BYTES) as loader:
+    with open_stage(config, 0, BYTES, Schedule.from_config(config)) as loader:
         loader.batch_at(1)
         for path in (tmp_path / "tokens").glob("*.ds"):   # a mapped file read past its new end would be SIGBUS
             os.truncate(path, path.stat().st_size // 3)

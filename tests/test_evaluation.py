@@ -26,6 +26,7 @@ from nanoflow.data.sources import IGNORE_INDEX
 from nanoflow.evaluation import EvalSet, load_eval_set, pick, score
 from nanoflow.observe.metrics import MEASURED
 from nanoflow.parallel.mesh import SINGLE
+from nanoflow.schedule import Schedule
 from process_helpers import signal_when_ready
 
 PYTHON = sys.executable
@@ -132,7 +133,7 @@ def test_held_out_windows_are_never_in_a_training_batch(tmp_path):
     config = load_config(path, ["tokens.train_steps=40", "data_stages.sft.start_training_step=40"])
     windows = (len(stream) + 1 - 1) // 8                       # 31 windows of 8 targets; the last 5 held out
     trained = set()
-    with StageLoader(config, 0, BYTES) as loader:             # every sample of the stage: 39 steps × 4, 6 epochs
+    with StageLoader(config, 0, BYTES, Schedule.from_config(config)) as loader:             # every sample of the stage: 39 steps × 4, 6 epochs
         for step in loader.steps:
             for rank in range(2):
                 trained.update(loader.batch_at(step, rank, 2)["labels"].flatten().tolist())
@@ -153,7 +154,7 @@ def test_held_out_sft_rows_are_the_last_rows_and_never_trained(tmp_path):
     held = load_eval_set(config, config.evaluation.datasets[2], BYTES)
     prompts = {bytes(row[:4].tolist()).decode() for row in held.input_ids}
     assert prompts == {row["prompt"] for row in SUMS[-3:]}
-    with StageLoader(config, 1, BYTES) as loader:
+    with StageLoader(config, 1, BYTES, Schedule.from_config(config)) as loader:
         seen = {bytes(row[:4].tolist()).decode() for step in loader.steps for row in loader.batch_at(step)["input_ids"]}
     assert seen == {row["prompt"] for row in SUMS[:-3]}
 
@@ -162,8 +163,9 @@ def test_held_out_samples_enters_the_data_fingerprint(tmp_path):
     from nanoflow.data.fingerprint import fingerprint_changes, stage_fingerprint
 
     path = write_run(tmp_path)
-    with_held = stage_fingerprint(load_config(path), 0, BYTES)
-    without = stage_fingerprint(load_config(path, ["data_stages.pretrain.data.dataset.held_out_samples=20"]), 0, BYTES)
+    config, other = load_config(path), load_config(path, ["data_stages.pretrain.data.dataset.held_out_samples=20"])
+    with_held = stage_fingerprint(config, 0, BYTES, Schedule.from_config(config))
+    without = stage_fingerprint(other, 0, BYTES, Schedule.from_config(other))
     assert fingerprint_changes({"pretrain": with_held}, {"pretrain": without}) == [
         'stage "pretrain": held_out_samples: was 10, now 20']
 

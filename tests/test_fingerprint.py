@@ -19,6 +19,7 @@ from nanoflow.data import fingerprint as fp
 from nanoflow.data.fingerprint import DataChangedError, fingerprint_changes, stage_fingerprint
 from nanoflow.checkpoint.checkpointer import Checkpointer
 from nanoflow.training.loop import train
+from nanoflow.schedule import Schedule
 
 
 @pytest.fixture
@@ -124,12 +125,12 @@ def test_the_accept_key_resumes_with_a_loud_warning_and_records_the_new_data(run
 def test_large_sources_are_identified_by_size_and_modification_time(run, monkeypatch):
     monkeypatch.setattr(fp, "HASH_LIMIT", 4000)   # the two corpus files total 4400 bytes
     config = load_config(run)
-    before = stage_fingerprint(config, 0, ByteTokenizer())
+    before = stage_fingerprint(config, 0, ByteTokenizer(), Schedule.from_config(config))
     assert all(set(identity) == {"bytes", "mtime_ns"} for identity in before["sources"]["text"]["files"].values())
     path = run.parent / "corpus" / "a.txt"
     stat = path.stat()
     os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))   # touched, same content: counts as changed
-    changes = fingerprint_changes({"pretrain": before}, {"pretrain": stage_fingerprint(config, 0, ByteTokenizer())})
+    changes = fingerprint_changes({"pretrain": before}, {"pretrain": stage_fingerprint(config, 0, ByteTokenizer(), Schedule.from_config(config))})
     assert len(changes) == 1 and "a.txt: was 2200 bytes, modified at" in changes[0]
 
 
@@ -139,14 +140,14 @@ def test_token_folder_fingerprint_covers_tokens_index_and_metadata(tmp_path):
     docs = [np.append(rng.integers(0, 250, 20), 256) for _ in range(10)]
     write_folder(folder, docs, files=2)
     config = load_config(write_config(tmp_path, [stage("pretrain", 1, {"dataset_folder": str(folder)})]))
-    before = stage_fingerprint(config, 0, ByteTokenizer())
+    before = stage_fingerprint(config, 0, ByteTokenizer(), Schedule.from_config(config))
     files = before["sources"][str(folder)]["files"]
     assert {Path(p).name for p in files} == {f"0000{k}_unshuffled.ds{s}" for k in (0, 1) for s in ("", ".index", ".metadata")}
     index = folder / "00001_unshuffled.ds.index"
     ends = np.fromfile(index, dtype="<u8")
     ends[0] += 1
     ends.tofile(index)   # same size, another document boundary
-    changes = fingerprint_changes({"pretrain": before}, {"pretrain": stage_fingerprint(config, 0, ByteTokenizer())})
+    changes = fingerprint_changes({"pretrain": before}, {"pretrain": stage_fingerprint(config, 0, ByteTokenizer(), Schedule.from_config(config))})
     assert len(changes) == 1 and "00001_unshuffled.ds.index: was" in changes[0]
 
 
@@ -157,11 +158,11 @@ def test_a_saved_dataset_folder_is_fingerprinted_by_its_files(tmp_path):
     folder = tmp_path / "saved"
     datasets.Dataset.from_dict({"text": ["one document", "another"]}).save_to_disk(str(folder))
     config = load_config(write_config(tmp_path, [stage("pretrain", 1, {"hf_dataset_or_datasets": str(folder)})]))
-    before = stage_fingerprint(config, 0, ByteTokenizer())
+    before = stage_fingerprint(config, 0, ByteTokenizer(), Schedule.from_config(config))
     assert any(p.endswith(".arrow") for p in before["sources"][str(folder)]["files"])
-    assert fingerprint_changes({"pretrain": before}, {"pretrain": stage_fingerprint(config, 0, ByteTokenizer())}) == []
+    assert fingerprint_changes({"pretrain": before}, {"pretrain": stage_fingerprint(config, 0, ByteTokenizer(), Schedule.from_config(config))}) == []
     datasets.Dataset.from_dict({"text": ["one document", "changed"]}).save_to_disk(str(folder))
-    changes = fingerprint_changes({"pretrain": before}, {"pretrain": stage_fingerprint(config, 0, ByteTokenizer())})
+    changes = fingerprint_changes({"pretrain": before}, {"pretrain": stage_fingerprint(config, 0, ByteTokenizer(), Schedule.from_config(config))})
     assert changes and all(c.startswith(f'stage "pretrain": source {folder} file {folder}/') for c in changes)
 
 
@@ -223,7 +224,7 @@ def test_a_large_source_moved_with_its_times_is_the_same_and_one_copied_without_
 
     def fingerprint(folder: Path) -> dict:
         config = load_config(run, [f'data_stages.pretrain.data.dataset.hf_data_files="{folder}/*.txt"'])
-        return {"pretrain": stage_fingerprint(config, 0, ByteTokenizer())}
+        return {"pretrain": stage_fingerprint(config, 0, ByteTokenizer(), Schedule.from_config(config))}
 
     before = fingerprint(run.parent / "corpus")
     shutil.move(run.parent / "corpus", tmp_path / "disk2")                     # a move keeps the times

@@ -22,7 +22,7 @@ from nanoflow.interop.export import export_hf
 from nanoflow.io import read_hf, read_model
 from nanoflow.io.hf import HFFormatError, HFWeights, is_hf_folder, read_init_weights
 from nanoflow.checkpoint.checkpointer import Checkpointer
-from nanoflow.preflight import preflight
+from nanoflow.run import open_run
 from nanoflow.training.loop import train
 
 MODEL_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
@@ -35,7 +35,7 @@ def tiny(tmp_path: Path, *overrides: str, run: str = "run"):
 
 def checked(tmp_path: Path, *overrides: str):
     """tiny(), through the checks bin/train and --plan run first (an HF init_from folder's config.json among them)."""
-    return preflight(tiny(tmp_path, *overrides)).config
+    return open_run(tiny(tmp_path, *overrides), join=False).config
 
 
 def hf_logits(folder: Path, ids: torch.Tensor) -> torch.Tensor:

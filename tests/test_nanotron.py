@@ -19,6 +19,7 @@ from nanoflow import load_config
 from nanoflow.config import ConfigError
 from nanoflow.lr import lr_at
 from nanoflow.interop.nanotron import convert, to_toml
+from nanoflow.schedule import Schedule
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -747,6 +748,7 @@ def test_a_list_of_splits_trains_on_train_and_the_other_splits_become_eval_sets_
     from nanoflow.data import ByteTokenizer, open_stage
     from nanoflow.evaluation import load_eval_set
     from nanoflow.commands.plan import render_plan
+    from nanoflow.run import open_run
 
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     rows = {"train": [f"train row {i} " * 20 for i in range(20)],
@@ -764,9 +766,9 @@ def test_a_list_of_splits_trains_on_train_and_the_other_splits_become_eval_sets_
     config = load_config(tmp_path / "schedule.toml")
     [entry] = config.evaluation.datasets
     assert (entry.name, entry.dataset.hf_dataset_splits) == ("validation", "validation")
-    assert 'not trained on: "validation" (eval set validation)' in render_plan(config)
+    assert 'not trained on: "validation" (eval set validation)' in render_plan(open_run(config, join=False))
     tokenizer = ByteTokenizer()
-    with open_stage(config, 0, tokenizer, cache_dir=str(tmp_path / "cache")) as loader:
+    with open_stage(config, 0, tokenizer, Schedule.from_config(config), cache_dir=str(tmp_path / "cache")) as loader:
         trained = "".join(tokenizer.decode(row.tolist()) for row in loader.samples(0, 30)["input_ids"])
     evaluated = "".join(tokenizer.decode(row.tolist()) for row in load_eval_set(config, entry, tokenizer).input_ids)
     assert "train row" in trained and "valid" not in trained

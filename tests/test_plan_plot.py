@@ -13,6 +13,7 @@ from nanoflow.commands import cli
 from nanoflow.lr import scheduled_lr
 from nanoflow.commands.plan import source_shares
 from nanoflow.commands.plan_plot import PANELS, plan_figure, plan_steps
+from nanoflow.run import open_run
 from nanoflow.schedule import Schedule
 
 COOLDOWNS = REPO / "schedules" / "cooldowns.toml"
@@ -22,7 +23,7 @@ PNG = b"\x89PNG\r\n\x1a\n"
 
 def test_the_figure_has_a_panel_each_for_lr_batch_length_and_shares_with_the_plans_values():
     config = load_config(COOLDOWNS, BRANCH)
-    figure = plan_figure(config)
+    figure = plan_figure(open_run(config, join=False))
     axes = figure.axes
     assert [ax.get_ylabel() for ax in axes] == list(PANELS)
     assert {t.get_text() for t in axes[0].texts} == {"stable", "cooldown"}
@@ -43,10 +44,11 @@ def test_source_shares_are_the_normalised_weights_of_the_stage_training_the_step
                                               '"data/words/anneal.txt" = 1.0 }')
     (tmp_path / "blend.toml").write_text(text.replace('"data/', f'"{REPO}/schedules/data/'))
     config = load_config(tmp_path / "blend.toml")
-    shares = source_shares(config, 7)
+    run = open_run(config, join=False)
+    shares = source_shares(run, 7)
     assert [Path(name).name for name in shares] == ["pretrain.txt", "anneal.txt"]
     assert list(shares.values()) == [0.75, 0.25]
-    assert list(source_shares(config, 8).values()) == [1.0]
+    assert list(source_shares(run, 8).values()) == [1.0]
 
 
 def test_a_long_run_is_sampled_but_every_stage_switch_is_drawn():
@@ -96,5 +98,5 @@ def test_the_plan_counts_its_stages_in_words_that_agree(tmp_path):
         stage["data"]["dataset"]["hf_data_files"] = str(TINY.parent / stage["data"]["dataset"]["hf_data_files"])
     one = tmp_path / "one.toml"
     one.write_text(to_toml(raw))
-    assert ", 1 stage, dp=" in render_plan(load_config(one)).splitlines()[0]
-    assert ", 2 stages, dp=" in render_plan(load_config(TINY)).splitlines()[0]
+    assert ", 1 stage, dp=" in render_plan(open_run(load_config(one), join=False)).splitlines()[0]
+    assert ", 2 stages, dp=" in render_plan(open_run(load_config(TINY), join=False)).splitlines()[0]

@@ -21,6 +21,7 @@ from nanoflow.config import load_config
 from nanoflow.data import TokenFolder, TokenizerError, load_run_tokenizer, load_tokenizer, open_stage
 from nanoflow.interop.export import export_hf
 from nanoflow.training.loop import train
+from nanoflow.schedule import Schedule
 
 TEXTS = EOT_TEXTS
 
@@ -126,7 +127,7 @@ def test_a_training_stage_ends_documents_with_the_named_eos(tmp_path, eot_json):
     assert tokenizer.eos_id == 1
     # README.md is one document: the stage's token stream is its text, then <EOT>.
     stream = raw(eot_json).encode(Path(REPO / "README.md").read_text(), add_special_tokens=False).ids + [1]
-    with open_stage(config, 0, tokenizer, cache_dir=str(tmp_path / "cache")) as loader:
+    with open_stage(config, 0, tokenizer, Schedule.from_config(config), cache_dir=str(tmp_path / "cache")) as loader:
         assert np.asarray(loader.parts[0].source.tokens).tolist() == stream
     out = io.StringIO()
     state = train(config, out=out, progress=False)

@@ -1,17 +1,16 @@
 """The checkpoint lifecycle of a run: find, restore (falling back over damage), save, keep, lock.
 
-    checkpointer = Checkpointer(config, topology)
+    checkpointer = Checkpointer(run)             # a nanoflow.run.Run (or a Config: its run is opened)
     with checkpointer.locked():                  # the run folder's lock, from before anything is read
         state = checkpointer.restore()           # a fresh state, or the one the checkpoint to resume from holds
         ...
-        if checkpointer.should_save(step, stopping):
-            checkpointer.save(state)             # the step folder, committed (async_save: written in the
-        checkpointer.poll()                      # background, and committed here once written)
+        checkpointer.after_step(state, stopping=why)   # after each step: commits a save in flight once
+                                                       # written, saves when due (save(state) saves now)
 
 Under torchrun every rank makes the same calls. Rank 0 lists the checkpoints, takes the lock and
-commits; every rank reads and writes only the boxes it holds (nanoflow.parallel.shards); the agreements
-between ranks are made here, so that an error on one rank stops them all instead of leaving the
-others waiting. The bytes, the layout and the commit protocol are nanoflow.io's.
+commits; every rank reads and writes only the boxes it holds (nanoflow.parallel.shards); every rank
+agrees on each outcome (nanoflow.parallel.agree), so that an error on one rank stops them all instead
+of leaving the others waiting. The bytes, the layout and the commit protocol are nanoflow.io's.
 
 With [checkpoints] async_save, a save copies this rank's boxes to host memory and a background thread
 (nanoflow/checkpoint/async_save.py) writes them while training goes on; the commit, by the same protocol, follows
@@ -32,15 +31,17 @@ from nanoflow import console, io
 from nanoflow.checkpoint.async_save import BackgroundWork, HostCopy
 from nanoflow.build import build_model, build_optimizer, init_state
 from nanoflow.config import Config, model_changes
-from nanoflow.data import load_run_tokenizer
-from nanoflow.data.fingerprint import DataChangedError, Fingerprints
+from nanoflow.data.fingerprint import DataChangedError
 from nanoflow.errors import NanoflowError, StorageLostError
-from nanoflow.io.checkpoint import commit, first_readable, new_save, write_files
+from nanoflow.io.checkpoint import commit, new_save, no_intact_checkpoint, write_files
+from nanoflow.io.store import StoreError
 from nanoflow.checkpoint.lineage import Lineage, LRChangedError, begun_from_start, flags_note, lr_schedule_change
-from nanoflow.parallel.mesh import Topology, broadcast_object, gather_objects, init_topology
-from nanoflow.schedule import ResumePoint, Schedule, TrainingMetadata, begun_stages, resume_point, training_metadata
-from nanoflow.parallel.shards import load_moments, load_weights, read_on_every_rank, state_blocks
-from nanoflow.state import Run, TrainState
+from nanoflow.parallel.agree import any_failed, every_rank, on_every_rank, on_main
+from nanoflow.parallel.mesh import Topology, gather_objects
+from nanoflow.run import Run, as_run
+from nanoflow.schedule import ResumePoint, TrainingMetadata, begun_stages, is_save_step, resume_point, training_metadata
+from nanoflow.parallel.shards import load_moments, load_weights, state_blocks
+from nanoflow.state import TrainState
 
 log = logging.getLogger(__name__)
 
@@ -69,39 +70,21 @@ def checkpoint_info(state: TrainState, data_fingerprint: dict | None = None, lin
 
 
 class Checkpointer:
-    """The checkpoints of `config`'s run (checkpoints_path, resume_checkpoint_path) on this `topology`.
+    """The checkpoints of a run (checkpoints_path, resume_checkpoint_path) on its topology.
 
-    `fingerprints` (the data fingerprints of the stages, nanoflow.data.fingerprint) may be shared with
-    the caller; it is built from the run's tokenizer when first needed otherwise. Messages go through
-    logging (nanoflow/console.py), to `out` alone when given.
+    `run` is a nanoflow.run.Run, or a Config whose run is opened here (on `topology`, by default the one
+    torchrun's environment describes). The data fingerprints its checkpoints record are the run's. Messages
+    go through logging (nanoflow/console.py), to `out` alone when given.
     """
 
-    def __init__(self, config: Config, topology: Topology | None = None, *, fingerprints: Fingerprints | None = None,
-                 out: TextIO | None = None):
-        self.config = config
-        self.topology = init_topology(config) if topology is None else topology
-        self.fingerprints = fingerprints
+    def __init__(self, run: Run | Config, topology: Topology | None = None, *, out: TextIO | None = None):
+        self.run = as_run(run, topology)
+        self.config, self.topology = self.run.config, self.run.topology
         self.out = out
-        self.run = Run(config, Schedule.from_config(config), self.topology)
         self._host_copy = HostCopy()          # async_save: the host buffers, reused by every save
         self._in_flight: InFlight | None = None
+        self._lock: io.RunLock | None = None  # rank 0's hold on the run folder, inside locked()
         self.lineage = Lineage()              # where the run restored began (nanoflow/checkpoint/lineage.py): its saves record it
-
-    # -- agreement across ranks ------------------------------------------------------------------
-
-    def on_main(self, action):
-        """action() on rank 0, its result on every rank; a NanoflowError it raises is raised on every rank
-        (never a rank left waiting)."""
-        result, failure = None, None
-        if self.topology.is_main:
-            try:
-                result = action()
-            except NanoflowError as e:
-                failure = e
-        failure, result = broadcast_object((failure, result), self.topology)
-        if failure is not None:
-            raise failure
-        return result
 
     def _say(self, text: str) -> None:
         if self.topology.is_main:
@@ -115,11 +98,6 @@ class Checkpointer:
         """Where this call's messages go: to `out` when given, else wherever logging sends them."""
         return console.routed(self.out, enabled=self.topology.is_main) if self.out is not None else contextlib.nullcontext()
 
-    def _fingerprints(self) -> Fingerprints:
-        if self.fingerprints is None:
-            self.fingerprints = Fingerprints(self.config, load_run_tokenizer(self.config))
-        return self.fingerprints
-
     # -- the run lock ----------------------------------------------------------------------------
 
     @contextlib.contextmanager
@@ -128,8 +106,9 @@ class Checkpointer:
         if it cannot be taken. A save still in flight when the block ends is committed before the lock goes
         (when the block raised, only where that needs no other rank: see _settle_after_error)."""
         path, held = self.config.checkpoints.checkpoints_path, []
-        with self._messages():
-            self.on_main(lambda: held.append(io.RunLock.acquire(path, run=self.config.general.run)))
+        with self._messages():  # held on rank 0 alone (a lock is no object to send to the other ranks)
+            on_main(lambda: held.append(io.RunLock.acquire(path, run=self.config.general.run)), self.topology)
+        self._lock = held[0] if held else None
         try:
             yield self
             self.finish()  # a save left in flight is committed while the lock is still held
@@ -137,11 +116,17 @@ class Checkpointer:
             self._settle_after_error(e)
             raise
         finally:
-            with self._messages():
-                for lock in held:
-                    problem = lock.release()
-                    if problem:
-                        self._warn(problem)
+            lock, self._lock = self._lock, None
+            problem = lock.release() if lock is not None else None
+            if problem:
+                with self._messages():
+                    self._warn(problem)
+
+    def _confirm_lock(self) -> None:
+        """Rank 0: renew the run lock now and raise LockLostError if another run has taken it (nothing outside
+        locked(), where this checkpointer holds no lock)."""
+        if self._lock is not None:
+            self._lock.confirm()
 
     # -- restoring -------------------------------------------------------------------------------
 
@@ -159,13 +144,11 @@ class Checkpointer:
             return self._restore(fresh)
 
     def _restore(self, fresh: bool) -> TrainState:
-        root, folders, start = self.on_main(lambda: self._checkpoints_to_try(fresh))
+        root, folders, start = on_main(lambda: self._checkpoints_to_try(fresh), self.topology)
         self.lineage = Lineage()
         if not folders:
-            return init_state(self.config, self.topology)
-        state, reader, point, self.lineage = first_readable(
-            root, lambda folder: self._restore_from(folder, start), folders=folders,
-            announce=lambda folder, e: self._warn(f"{folder} is damaged, trying an older checkpoint: {e}"))
+            return init_state(self.run)
+        state, reader, point, self.lineage = self._first_intact(root, folders, start)
         checkpoints, schedule = self.config.checkpoints, self.run.schedule
         if state.step >= schedule.train_steps:
             self._say(f"nothing to do: {reader.path} has all {schedule.train_steps} steps done")
@@ -181,6 +164,21 @@ class Checkpointer:
         if note:
             self._say(note)
         return state
+
+    def _first_intact(self, root: str, folders: list[str], start: str | None):
+        """_restore_from the first of `folders` (of `root`) that every rank reads back intact: one found damaged
+        gives way, on every rank, to the next older one; a step folder named on its own has none (its damage is
+        the error)."""
+        damaged = []
+        for folder in folders:
+            try:
+                return self._restore_from(folder, start)
+            except io.DamagedCheckpointError as e:
+                if len(folders) == 1:
+                    raise
+                damaged.append(str(e))
+                self._warn(f"{folder} is damaged, trying an older checkpoint: {e}")
+        raise no_intact_checkpoint(root, damaged)
 
     def _checkpoints_to_try(self, fresh: bool) -> tuple[str, list[str], str | None]:
         """(the folder listed, the step folders to resume from in the order to try them, resume_checkpoint_path
@@ -250,7 +248,7 @@ class Checkpointer:
         resume_checkpoint_path), load_optimizer / load_lr_scheduler = false act: fresh AdamW state, the LR
         schedule restarted (warmup included) at the resume step; a resume of the run's own checkpoint continues
         what it holds."""
-        reader = read_on_every_rank(lambda: io.CheckpointReader(folder), self.topology)
+        reader = on_every_rank(lambda: io.CheckpointReader(folder), self.topology)
         trained = TrainingMetadata.from_dict(reader.metadata["training"])
         point = resume_point(self.run.schedule, trained)  # raises ScheduleDriftError if the config rewrites history
         self._check_architecture(reader)
@@ -266,7 +264,7 @@ class Checkpointer:
             moments = checkpoints.load_optimizer
         if lr_origin == saved_origin:  # (a restarted schedule was asked for: its LR is new by design)
             self._check_lr(reader, trained, lr_origin)
-        state = read_on_every_rank(lambda: self._read_state(reader, trained, lr_origin, moments), self.topology)
+        state = on_every_rank(lambda: self._read_state(reader, trained, lr_origin, moments), self.topology)
         return state, reader, point, lineage
 
     def _read_state(self, reader: io.CheckpointReader, trained: TrainingMetadata, lr_origin: int,
@@ -318,7 +316,7 @@ class Checkpointer:
         saved = reader.metadata.get("data_fingerprint")
         if not isinstance(saved, dict):
             return
-        changes, moves = self._fingerprints().compare(saved)
+        changes, moves = self.run.fingerprints.compare(saved)
         for line in moves:
             self._say(f"data moved: {line}")
         if not changes:
@@ -334,10 +332,23 @@ class Checkpointer:
     # -- saving ----------------------------------------------------------------------------------
 
     def should_save(self, step: int, stopping=None) -> bool:
-        """Whether the loop saves after `step`: every checkpoint_interval steps, after the last one, and
-        when stopping (a signal, or a planned stop: `stopping` says why)."""
-        return (step % self.config.checkpoints.checkpoint_interval == 0 or step == self.run.schedule.train_steps
-                or bool(stopping))
+        """Whether the loop saves after `step`: every checkpoint_interval steps, after the last one
+        (nanoflow.schedule.is_save_step), and when stopping (a signal, or a planned stop: `stopping` says why)."""
+        return is_save_step(step, self.config.checkpoints.checkpoint_interval, self.run.schedule.train_steps) \
+            or bool(stopping)
+
+    def after_step(self, state: TrainState, *, stopping=None) -> str | None:
+        """What the loop calls after every step: commit the save in flight once every rank has written it,
+        then save `state` when should_save says so (waiting for the commit at the run's last step or a stop:
+        `stopping` says why the run stops after it). The folder committed by this call, if any.
+
+        Storage lost on the way (S3 unreachable, a write refused) is a StorageLostError: what was committed
+        before stands."""
+        with _storage_lost():
+            committed = self.poll()
+            if not self.should_save(state.step, stopping):
+                return committed
+            return self.save(state, last=bool(stopping) or state.step == self.run.schedule.train_steps)
 
     def save(self, state: TrainState, *, last: bool = False) -> str | None:
         """Commit `state` as a checkpoint of step state.step under checkpoints_path; the step folder.
@@ -358,12 +369,12 @@ class Checkpointer:
         topology, checkpoints = self.topology, self.config.checkpoints
         fingerprint = None
         if topology.is_main:  # only rank 0 writes the metadata
-            fingerprint = self._fingerprints().of([s.name for s in begun_stages(state.schedule, state.step)])
+            fingerprint = self.run.fingerprints.of([s.name for s in begun_stages(state.schedule, state.step)])
         info = checkpoint_info(state, fingerprint, self.lineage)
         groups = state_blocks(state.model, state.optimizer, topology)
         root, step = checkpoints.checkpoints_path, state.step
-        self.on_main(lambda: io.confirm_held(root))  # still ours: renewed now
-        suffix = self.on_main(lambda: new_save(root, step))
+        on_main(self._confirm_lock, self.topology)  # still ours: renewed now
+        suffix = on_main(lambda: new_save(root, step), self.topology)
         if not checkpoints.async_save:
             gathered = gather_objects(write_files(root, step, groups, suffix, topology.rank), topology)
             return self._commit(step, gathered, info)
@@ -382,7 +393,7 @@ class Checkpointer:
         nothing while no save is in flight, one small collective under torchrun while one is."""
         if self._in_flight is None:
             return None
-        if not all(gather_objects(self._in_flight.work.done, self.topology)):
+        if not every_rank(self._in_flight.work.done, self.topology):
             return None
         return self.finish()
 
@@ -399,11 +410,9 @@ class Checkpointer:
             written = in_flight.work.wait()
         except Exception as e:  # noqa: BLE001 - every rank learns of it below, then raises
             written, failure = None, e
-        gathered = gather_objects(written if failure is None else f"{type(failure).__name__}: {failure}",
-                                  self.topology)
-        failed = [(rank, report) for rank, report in enumerate(gathered) if isinstance(report, str)]
-        if failed:
-            rank, report = failed[0]
+        gathered, failed = any_failed(written, failure, self.topology)
+        if failed is not None:
+            rank, report = failed
             where = f" (on rank {rank})" if self.topology.world_size > 1 else ""
             raise StorageLostError(f"the checkpoint of step {in_flight.step} could not be written{where}: {report}\n"
                                    "nothing of it was committed; the last committed checkpoint stands: run the "
@@ -415,11 +424,11 @@ class Checkpointer:
 
         def commit_on_main() -> str:
             if checkpoints.async_save:  # the write took a while, in the background: still ours?
-                io.confirm_held(root)
+                self._confirm_lock()
             return commit(root, step, gathered, info, keep=checkpoints.keep)
 
         with self._messages():
-            folder = self.on_main(commit_on_main)
+            folder = on_main(commit_on_main, self.topology)
             self._say(f"saved step {step}: {folder}")
         return folder
 
@@ -441,3 +450,16 @@ class Checkpointer:
             problem = "the run stopped before every rank had written it"
         with self._messages():
             self._warn(f"the checkpoint of step {step} was not committed: {problem}")
+
+
+@contextlib.contextmanager
+def _storage_lost():
+    """Storage failing once training has begun (a StoreError, or a checkpoint error it caused) as a
+    StorageLostError: not the config's fault, and what was committed stands."""
+    try:
+        yield
+    except (StoreError, io.CheckpointError) as e:
+        if isinstance(e, io.CheckpointError) and not isinstance(e.__cause__, StoreError):
+            raise
+        raise StorageLostError(f"{e}\nthe last committed checkpoint stands: run the same command again to resume "
+                               "from it") from None

@@ -106,14 +106,15 @@ def _train(args: argparse.Namespace) -> int:
                           "where the run ends anyway (drop it, or raise train_steps: that changes the LR schedule)")
     if args.plan:
         from nanoflow.commands.plan import render_plan
-        from nanoflow.preflight import preflight
-        print(render_plan(config, preflight(config).tokenizer))   # the checks a training run would pass first
+        from nanoflow.run import open_run
+        run = open_run(config, join=False)   # the checks a training run would pass first, in this process alone
+        print(render_plan(run))
         if args.until_step is not None:
             print(f"stops after step {args.until_step} (--until-step)")
         if args.plot is not None:
             from nanoflow.commands.plan_plot import write_plan_plot
             try:
-                print(f"\nwrote {write_plan_plot(config, args.plot)}")
+                print(f"\nwrote {write_plan_plot(run, args.plot)}")
             except OSError as e:
                 raise PlotError(f"--plot {args.plot}: cannot write it: {e.strerror or e}") from None
         return EXIT_DONE

@@ -18,6 +18,7 @@ import attrs
 
 from nanoflow.errors import CompareError
 from nanoflow.flops import flops_per_token
+from nanoflow.io.store import is_remote
 from nanoflow.observe.metrics import read_eval, read_metrics
 from nanoflow.commands.report import COLORS, _figure, read_run_metadata
 
@@ -77,7 +78,7 @@ def _origin(metadata: dict) -> tuple[list[str], int] | None:
 
 
 def _place(path: str) -> str:
-    return path.rstrip("/") if "://" in path else os.path.normpath(os.path.abspath(path))
+    return path.rstrip("/") if is_remote(path) else os.path.normpath(os.path.abspath(path))
 
 
 class _Places:
@@ -87,7 +88,7 @@ class _Places:
 
     def __init__(self, paths: list[str], metadata: dict[str, dict | None]):
         self.here = {_place(p): p for p in paths}
-        self.here.update({os.path.realpath(p): p for p in paths if "://" not in p})
+        self.here.update({os.path.realpath(p): p for p in paths if not is_remote(p)})
         self.written: dict[str, list[str]] = {}
         for p in paths:
             meta = metadata[p] or {}
@@ -98,7 +99,7 @@ class _Places:
     def find(self, run: str, folders: list[str]) -> str | None:
         """The named run `run` began from, recorded as `folders`; None when it is not among the runs named."""
         for folder in folders:
-            if "://" not in folder and not os.path.isabs(folder):
+            if not is_remote(folder) and not os.path.isabs(folder):
                 continue      # relative to a working directory long gone: only the written-at folder tells
             here = self.here.get(_place(folder))
             candidates = list(dict.fromkeys([p for p in [here, *self.written.get(_place(folder), [])] if p]))

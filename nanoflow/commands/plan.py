@@ -1,17 +1,19 @@
-"""The plan of a run as text: what `bin/train CONFIG --plan` prints. Pure: no torch, no IO."""
+"""The plan of a run as text: what `bin/train CONFIG --plan` prints. Reads and writes nothing."""
 
 from __future__ import annotations
 
 import os
 
-from nanoflow.config import Config, NanosetDatasetsArgs, untrained_splits
+from nanoflow.config import NanosetDatasetsArgs, untrained_splits
+from nanoflow.io.store import is_remote
 from nanoflow.lr import scheduled_lr
-from nanoflow.schedule import Schedule, active_stage, consumed_samples, consumed_tokens, stage_steps
+from nanoflow.schedule import active_stage, consumed_samples, consumed_tokens, stage_steps
 
 
-def render_plan(config: Config, tokenizer=None) -> str:
-    """The plan; with the run's loaded `tokenizer`, a line naming it and its special tokens."""
-    schedule = Schedule.from_config(config)
+def render_plan(run) -> str:
+    """The plan of `run` (nanoflow.run.open_run(config, join=False)), with a line naming its tokenizer and that
+    tokenizer's special tokens."""
+    config, schedule = run.config, run.schedule
     samples = consumed_samples(schedule, schedule.train_steps)
     tokens = consumed_tokens(schedule, schedule.train_steps)
     header = ("stage", "steps", "n steps", "global batch", "seq len", "samples", "tokens", "lr first → last")
@@ -39,7 +41,7 @@ def render_plan(config: Config, tokenizer=None) -> str:
         + (" (sequence parallel)" if config.parallelism.tp_mode == "REDUCE_SCATTER" else ""),
         f"model: {model.num_hidden_layers} layers × {model.hidden_size} hidden, {model.num_attention_heads} heads "
         f"({model.num_key_value_heads} kv), vocab {model.vocab_size}, {model.dtype}",
-        *([_tokenizer_line(tokenizer)] if tokenizer is not None else []),
+        _tokenizer_line(run.tokenizer),
         "",
         line(header),
         line(["─" * w for w in widths]),
@@ -52,11 +54,11 @@ def render_plan(config: Config, tokenizer=None) -> str:
     return "\n".join(out)
 
 
-def source_shares(config: Config, step: int) -> dict[str, float] | None:
+def source_shares(run, step: int) -> dict[str, float] | None:
     """The share of each source of the blend in the samples of global step `step`, by source name (a token
     folder by its folder name); None when the stage's token folders have no dataset_weights (then the
     shares follow the folders' sizes, which only reading them tells)."""
-    dataset = config.data_stages[active_stage(Schedule.from_config(config), step)].data.dataset
+    dataset = run.config.data_stages[active_stage(run.schedule, step)].data.dataset
     if isinstance(dataset, NanosetDatasetsArgs):
         if dataset.dataset_weights is None:
             return None if len(dataset.folders) > 1 else {os.path.basename(dataset.folders[0].rstrip("/")): 1.0}
@@ -80,7 +82,7 @@ def _source_label(dataset, name: str) -> str:
 
 def _shown_path(path: str) -> str:
     """Paths are stored absolute; show them relative to the working directory when that is shorter."""
-    if "://" in path:
+    if is_remote(path):
         return path
     relative = os.path.relpath(path)
     return relative if len(relative) < len(path) else path

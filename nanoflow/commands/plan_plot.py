@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from nanoflow.config import Config
 from nanoflow.lr import scheduled_lr
 from nanoflow.commands.plan import source_shares
 from nanoflow.commands.report import COLORS, DPI, StageSpan, _figure, draw_stage_bands, label_stages
@@ -32,9 +31,10 @@ def plan_steps(schedule: Schedule) -> list[int]:
     return sorted(steps)
 
 
-def plan_figure(config: Config):
-    """The plan's matplotlib Figure, one panel per PANELS entry, sharing the step axis."""
-    schedule = Schedule.from_config(config)
+def plan_figure(run):
+    """The plan's matplotlib Figure (`run`: nanoflow.run.open_run(config, join=False)), one panel per PANELS
+    entry, sharing the step axis."""
+    config, schedule = run.config, run.schedule
     steps = plan_steps(schedule)
     spans = [StageSpan(stage.name, stage.start_step, stage_steps(schedule, i)[-1], True)
              for i, stage in enumerate(schedule.stages) if stage_steps(schedule, i)]
@@ -55,7 +55,7 @@ def plan_figure(config: Config):
     edges = _edges(steps)
     axes[1].stairs(batch, edges, color="tab:blue", linewidth=1.4, baseline=None)
     axes[2].stairs(length, edges, color="tab:green", linewidth=1.4, baseline=None)
-    _draw_shares(axes[3], config, steps, edges)
+    _draw_shares(axes[3], run, steps, edges)
     label_stages(axes[0], spans)
     axes[-1].set_xlabel("step")
     axes[-1].set_xlim(0.5, schedule.train_steps + 0.5)
@@ -85,9 +85,9 @@ def _by_stage(ax, steps, stage_of, values, color) -> None:
         start = end
 
 
-def _draw_shares(ax, config: Config, steps: list[int], edges: list[float]) -> None:
+def _draw_shares(ax, run, steps: list[int], edges: list[float]) -> None:
     """Each source's share, stacked; a source keeps its colour across the stages that read it."""
-    shares = [source_shares(config, s) for s in steps]
+    shares = [source_shares(run, s) for s in steps]
     names = list(dict.fromkeys(name for share in shares if share for name in share))
     below = [0.0] * len(steps)
     for i, name in enumerate(names):
@@ -102,9 +102,9 @@ def _draw_shares(ax, config: Config, steps: list[int], edges: list[float]) -> No
     ax.set_ylim(0, 1)
 
 
-def write_plan_plot(config: Config, path: str | os.PathLike) -> Path:
-    """Draw the plan of `config` into the PNG at `path`."""
-    figure = plan_figure(config)
+def write_plan_plot(run, path: str | os.PathLike) -> Path:
+    """Draw the plan of `run` into the PNG at `path`."""
+    figure = plan_figure(run)
     path = Path(path)
     figure.savefig(path, dpi=DPI, format="png")
     return path

@@ -27,10 +27,11 @@ import attrs
 import torch
 
 from nanoflow import console, io
+from nanoflow.schedule import is_save_step
 
 log = logging.getLogger(__name__)
 
-TRAIN = str(Path(__file__).resolve().parent.parent / "bin" / "train")
+TRAIN = str(Path(__file__).resolve().parents[2] / "bin" / "train")   # nanoflow/commands/ → the repository
 
 
 def _train_command(config: str, overrides: list[str], run: Path) -> list[str]:
@@ -48,8 +49,8 @@ def _save_bytes(run: Path) -> tuple[int, int]:
 
 
 def save_steps(interval: int, train_steps: int) -> list[int]:
-    """The steps a run saves at: every interval, and the last."""
-    return sorted(set(range(interval, train_steps + 1, interval)) | {train_steps})
+    """The steps a run saves at (nanoflow.schedule.is_save_step): every interval, and the last."""
+    return [step for step in range(1, train_steps + 1) if is_save_step(step, interval, train_steps)]
 
 
 @attrs.frozen

@@ -73,7 +73,7 @@ def _hf_source(spec, stage_name: str) -> dict:
     return entry
 
 
-def stage_fingerprint(config: Config, index: int, tokenizer: Tokenizer) -> dict:
+def stage_fingerprint(config: Config, index: int, tokenizer: Tokenizer, schedule: Schedule) -> dict:
     """The fingerprint of stage `index`'s data (see the module docstring)."""
     stage = config.data_stages[index]
     dataset = stage.data.dataset
@@ -88,7 +88,7 @@ def stage_fingerprint(config: Config, index: int, tokenizer: Tokenizer) -> dict:
     if ends is not None:   # a moving mixture: its end weights and the samples it moves over decide the order too
         for entry, end in zip(sources.values(), ends):
             entry["weight_end"] = end
-        fingerprint["mixture_samples"] = stage_samples(Schedule.from_config(config), index)
+        fingerprint["mixture_samples"] = stage_samples(schedule, index)
     if dataset.held_out_samples:  # what training reads, and in which order, depends on it (absent: as before)
         fingerprint["held_out_samples"] = dataset.held_out_samples
     return fingerprint
@@ -97,8 +97,8 @@ def stage_fingerprint(config: Config, index: int, tokenizer: Tokenizer) -> dict:
 class Fingerprints:
     """The fingerprints of a run's stages, each computed once (files are hashed once per run, not per save)."""
 
-    def __init__(self, config: Config, tokenizer: Tokenizer):
-        self.config, self.tokenizer = config, tokenizer
+    def __init__(self, config: Config, tokenizer: Tokenizer, schedule: Schedule):
+        self.config, self.tokenizer, self.schedule = config, tokenizer, schedule
         self._by_name: dict[str, dict] = {}
 
     def of(self, stage_names) -> dict:
@@ -106,7 +106,7 @@ class Fingerprints:
         indexes = {s.name: i for i, s in enumerate(self.config.data_stages)}
         for name in stage_names:
             if name in indexes and name not in self._by_name:
-                self._by_name[name] = stage_fingerprint(self.config, indexes[name], self.tokenizer)
+                self._by_name[name] = stage_fingerprint(self.config, indexes[name], self.tokenizer, self.schedule)
         return {name: self._by_name[name] for name in stage_names if name in indexes}
 
     def compare(self, saved: dict) -> tuple[list[str], list[str]]:

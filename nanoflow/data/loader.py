@@ -123,9 +123,7 @@ def _position_after(config, schedule: Schedule, index: int, key: str) -> tuple[i
 class StageLoader:
     """Batches of stage `index` (the index `active_stage` returns; `Config.data_stages` is in the same order)."""
 
-    def __init__(self, config, index: int, tokenizer: Tokenizer, schedule: Schedule | None = None,
-                 *, cache_dir: str | None = None):
-        schedule = Schedule.from_config(config) if schedule is None else schedule
+    def __init__(self, config, index: int, tokenizer: Tokenizer, schedule: Schedule, *, cache_dir: str | None = None):
         self.stage = schedule.stages[index]
         self.steps = stage_steps(schedule, index)
         self.vocab_size = config.model.vocab_size
@@ -281,14 +279,14 @@ class StageLoader:
         return f"StageLoader(stage={self.stage.name!r}, steps={self.steps.start}..{self.steps.stop - 1}, {state})"
 
 
-def open_stage(config, index: int, tokenizer: Tokenizer, schedule: Schedule | None = None,
-               *, cache_dir: str | None = None) -> StageLoader:
-    """The loader of stage `index`."""
+def open_stage(config, index: int, tokenizer: Tokenizer, schedule: Schedule, *,
+               cache_dir: str | None = None) -> StageLoader:
+    """The loader of stage `index` of `schedule` (the config's stage schedule: a run's is nanoflow.run.Run.schedule)."""
     return StageLoader(config, index, tokenizer, schedule, cache_dir=cache_dir)
 
 
-def check_stages(config, indices: Iterable[int], tokenizer: Tokenizer, schedule: Schedule | None = None,
-                 *, cache_dir: str | None = None) -> None:
+def check_stages(config, indices: Iterable[int], tokenizer: Tokenizer, schedule: Schedule, *,
+                 cache_dir: str | None = None) -> None:
     """Open, and close again, the data of each of these stages; the problems of all of them (a missing column, a
     short or truncated file, a folder of another tokenizer) are raised together, as one StageDataError."""
     problems = []

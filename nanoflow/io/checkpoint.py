@@ -44,6 +44,7 @@ log = logging.getLogger(__name__)
 
 __all__ = ["CHECKSUM", "FORMAT", "LATEST", "METADATA", "SAVE_MARKER", "Block", "CheckpointError",
            "DamagedCheckpointError", "checkpoints_to_try", "commit", "first_readable", "latest", "new_save",
+           "no_intact_checkpoint",
            "read_metadata", "save_checkpoint", "write_files"]
 
 LATEST = "latest.txt"
@@ -116,12 +117,11 @@ def _checkpoints_to_try(store: Store) -> list[str]:
     return [store.url(str(s)) for s in order]
 
 
-def first_readable(path: str, use, *, folders: list[str] | None = None, announce=None):
-    """use(folder) for the first of checkpoints_to_try(path) — or of `folders`, that list as found before —
-    it succeeds on: one found damaged while `use` reads it (DamagedCheckpointError) gives way to the next.
-    `announce(folder, error)` is told of each one passed over; without it, one logged warning names them.
-    A step folder named on its own has no next: its error is raised."""
-    folders = checkpoints_to_try(path) if folders is None else folders
+def first_readable(path: str, use):
+    """use(folder) for the first of checkpoints_to_try(path) it succeeds on: one found damaged while `use` reads
+    it (DamagedCheckpointError) gives way to the next, and one logged warning names those passed over. A step
+    folder named on its own has no next: its error is raised."""
+    folders = checkpoints_to_try(path)
     if not folders:
         raise CheckpointError(f"{path} holds no intact committed checkpoint")
     damaged = []
@@ -132,13 +132,16 @@ def first_readable(path: str, use, *, folders: list[str] | None = None, announce
             if len(folders) == 1:
                 raise
             damaged.append(str(e))
-            if announce is not None:
-                announce(folder, e)
             continue
-        if damaged and announce is None:
+        if damaged:
             log.warning(f"{Store(path).root}: using {folder}; skipped: " + "; ".join(damaged))
         return result
-    raise DamagedCheckpointError(f"{path}: no checkpoint reads back intact: " + "; ".join(damaged))
+    raise no_intact_checkpoint(path, damaged)
+
+
+def no_intact_checkpoint(path: str, damaged: list[str]) -> DamagedCheckpointError:
+    """The error of a run folder none of whose committed checkpoints reads back intact (`damaged`: why each not)."""
+    return DamagedCheckpointError(f"{path}: no checkpoint reads back intact: " + "; ".join(damaged))
 
 
 def _step_folders(objects: dict) -> set[int]:

@@ -79,6 +79,12 @@ def check_root(root: str) -> None:
                          "or s3://bucket/prefix (for S3-compatible stores, set AWS_ENDPOINT_URL)")
 
 
+def is_remote(path: str) -> bool:
+    """Whether `path` names a place by URL (s3://bucket/prefix), not a local file or folder: the one spelling
+    of that question, so that every layer asks it alike."""
+    return "://" in path
+
+
 class Store:
     """Objects under one root (a local folder or s3://bucket/prefix), addressed by relative POSIX paths."""
 

@@ -13,9 +13,9 @@ from __future__ import annotations
 import torch
 from torch.distributed.tensor import DTensor
 
-from nanoflow.io import Block, CheckpointError, DamagedCheckpointError
+from nanoflow.io import Block, CheckpointError
 from nanoflow.model import Llama
-from nanoflow.parallel.mesh import Topology, gather_objects
+from nanoflow.parallel.mesh import Topology
 
 MOMENTS = ("exp_avg", "exp_avg_sq")   # per-element AdamW state, sharded like the parameter
 STEP = "step"                          # AdamW's per-parameter step count, a scalar
@@ -128,26 +128,3 @@ def load_moments(model: torch.nn.Module, optimizer: torch.optim.Optimizer, reade
     reader.fetch(("optimizer", f"{STEP}.{name}", None, None) for name, _ in params)
     for name, p in params:
         optimizer.state[p] = {STEP: reader.read("optimizer", f"{STEP}.{name}").clone(), **states[p]}
-
-
-def read_on_every_rank(read, topology: Topology):
-    """read() — this rank's part of a checkpoint — then agree: each rank reads, and checks, only its
-    own shards, so a damaged one may stop a single rank; it then fails every rank alike instead of
-    leaving the others waiting in their next collective. Damage stays a DamagedCheckpointError."""
-    failure = None
-    try:
-        result = read()
-    except Exception as e:
-        result, failure = None, e
-    reports = gather_objects(None if failure is None else (isinstance(failure, DamagedCheckpointError), str(failure)),
-                             topology)
-    failed = [(rank, *report) for rank, report in enumerate(reports) if report is not None]  # (rank, damaged, message)
-    if not failed:
-        return result
-    # One verdict on every rank, from the same reports: damage (an older checkpoint may do) only if every
-    # failure was damage; otherwise an error that stops every rank.
-    damaged = all(d for _, d, _ in failed)
-    if failure is not None and isinstance(failure, DamagedCheckpointError) == damaged:
-        raise failure
-    rank, _, message = next(f for f in failed if f[1] == damaged)
-    raise (DamagedCheckpointError if damaged else CheckpointError)(f"(on rank {rank}) {message}") from failure

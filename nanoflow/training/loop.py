@@ -8,25 +8,23 @@ signals in signals.py. Every message goes through logging (nanoflow/console.py).
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 from typing import TextIO
 
-from nanoflow import console, io
-from nanoflow.checkpoint.checkpointer import Checkpointer, StorageLostError
+from nanoflow import console
+from nanoflow.checkpoint.checkpointer import Checkpointer
 from nanoflow.config import Config, unreached_stages, untrained_splits
 from nanoflow.data import open_stage
 from nanoflow.data.loader import check_stages
-from nanoflow.data.fingerprint import Fingerprints
 from nanoflow.evaluation import Evaluator
 from nanoflow.io.runfolder import check_folder, check_room
-from nanoflow.io.store import StoreError, check_root
+from nanoflow.io.store import check_root
 from nanoflow.observe.metrics import FILE, MetricsLog, set_aside
-from nanoflow.parallel.mesh import Topology, init_topology
-from nanoflow.preflight import preflight
+from nanoflow.parallel.agree import on_main
+from nanoflow.parallel.mesh import Topology
 from nanoflow.observe.progress import Progress
+from nanoflow.run import Run, as_run
 from nanoflow.schedule import active_stage, stage_steps
 from nanoflow.parallel.shards import state_bytes
-from nanoflow.training import signals
 from nanoflow.training.signals import StopRequest
 from nanoflow.state import TrainState
 from nanoflow.step import train_step
@@ -35,17 +33,7 @@ from nanoflow.observe.tensorboard import TensorBoardLog
 log = logging.getLogger(__name__)
 
 
-def run_dir(config: Config) -> Path:
-    """Where metrics.jsonl goes: the checkpoint folder when it is local, else runs/s3/<bucket>/<prefix> here —
-    keyed by the checkpoints' own place, so that two runs on S3 never share a record, whatever their names
-    (the prefix's parts are plain: config/checks.py refuses empty, "." and ".." ones)."""
-    path = config.checkpoints.checkpoints_path
-    if "://" not in path:
-        return Path(path)
-    return Path("runs", "s3", *path[len("s3://"):].rstrip("/").split("/"))
-
-
-def train(config: Config, *, fresh: bool = False, until_step: int | None = None, out: TextIO | None = None,
+def train(config: Run | Config, *, fresh: bool = False, until_step: int | None = None, out: TextIO | None = None,
           progress: bool | None = None, topology: Topology | None = None) -> TrainState:
     """Train `config` to train_steps, resuming from its latest committed checkpoint unless `fresh`.
 
@@ -54,98 +42,100 @@ def train(config: Config, *, fresh: bool = False, until_step: int | None = None,
     torchrun every rank runs this; only rank 0 says anything and writes metrics.jsonl. Every
     message of the call goes to `out` when given, else through logging (nanoflow/console.py). The
     run folder's lock (io/lock.py) is held from before anything is read until the end, or the error.
+    `config` may be an opened nanoflow.run.Run; a Config's run is opened here (on `topology`).
     """
-    topology = init_topology(config) if topology is None else topology
-    with console.routed(out, enabled=topology.is_main):
-        tokenizer = preflight(config).tokenizer  # before the run folder is locked or anything is read
-        check_root(config.checkpoints.checkpoints_path)  # "s3:/b/x" is refused, never made a local folder "s3:"
-        checkpointer = Checkpointer(config, topology)
-        checkpointer.on_main(lambda: check_folder(str(run_dir(config))))  # a file, or unwritable: said before the lock
+    run = as_run(config, topology)  # its checks come before the run folder is locked or anything is read
+    with console.routed(out, enabled=run.topology.is_main):
+        check_root(run.config.checkpoints.checkpoints_path)  # "s3:/b/x" is refused, never made a local folder "s3:"
+        checkpointer = Checkpointer(run)
+        on_main(lambda: check_folder(str(run.folder)), run.topology)  # a file, or unwritable: said before the lock
         with checkpointer.locked():
-            return _train(config, checkpointer, fresh=fresh, until_step=until_step, progress=progress,
-                          topology=topology, tokenizer=tokenizer)
+            return _train(run, checkpointer, fresh=fresh, until_step=until_step, progress=progress)
 
 
-def _train(config: Config, checkpointer: Checkpointer, *, fresh: bool, until_step: int | None, progress: bool | None,
-           topology: Topology, tokenizer) -> TrainState:
-    for name in unreached_stages(config):
-        log.warning(f'stage "{name}" starts after train_steps = {config.tokens.train_steps}: not reached')
-    for line in untrained_splits(config):
-        log.warning(line)
-
-    directory = run_dir(config)
-    fingerprints = checkpointer.fingerprints = Fingerprints(config, tokenizer)  # shared: each stage's, once
+def _train(run: Run, checkpointer: Checkpointer, *, fresh: bool, until_step: int | None,
+           progress: bool | None) -> TrainState:
+    _warn_of_unused_data(run.config)
     state = checkpointer.restore(fresh=fresh)
-    schedule = state.schedule
-    if state.step >= schedule.train_steps:  # restore said "nothing to do"
+    stop = StopRequest(run.topology, until_step=until_step, train_steps=run.schedule.train_steps)
+    if stop.nothing_to_do(state.step):
         return state
-    if until_step is not None and state.step >= until_step:
-        log.info(f"nothing to do: step {state.step} is done, at or after until_step = {until_step}")
-        return state
-    if fresh:  # the old run's records are kept beside the new one's (none of it is deleted)
-        for old, new in checkpointer.on_main(lambda: set_aside(directory)) or []:
-            log.info(f"--fresh: the old run's {old} moved to {new}, kept; this run writes a new {old.name}")
-    needed = 0 if "://" in config.checkpoints.checkpoints_path else state_bytes(state.model)
-    checkpointer.on_main(lambda: check_room(str(directory), needed))
-    _check_stages_ahead(config, schedule, state.step, tokenizer)
-    report = Progress.start(state, progress if topology.is_main else False,  # logs the start-up header
-                            config.logging.iteration_step_info_interval)
-    stop = StopRequest(topology)
-    loader, loader_index = None, None
+    _prepare_folder(run, state, fresh)
+    report = Progress.start(state, progress if run.topology.is_main else False,  # logs the start-up header
+                            run.config.logging.iteration_step_info_interval)
+    stages = _Stages(run, report)
     try:
-        with stop.installed(), MetricsLog(directory / FILE, state.step, topology.is_main) as metrics_log, \
-                TensorBoardLog(directory, state.step, topology.is_main) as tensorboard_log, \
-                Evaluator(config, topology, tokenizer, directory, state.step, tensorboard_log) as evaluator:
-            for step in range(state.step + 1, schedule.train_steps + 1):
-                index = active_stage(schedule, step)
-                if index != loader_index:
-                    if loader is not None:
-                        loader.close()  # free the finished stage's data before the next one loads
-                    if topology.is_main:  # the fingerprint of the files as this stage reads them, not as at its save
-                        fingerprints.of([schedule.stages[index].name])
-                    loader, loader_index = open_stage(config, index, tokenizer, schedule), index
-                    report.stage_started(schedule, index)
-                state, metrics = train_step(state, loader.batch_at(step, topology.dp_rank, topology.dp))
+        with stop.installed(), MetricsLog(run.folder / FILE, state.step, run.topology.is_main) as metrics_log, \
+                TensorBoardLog(run.folder, state.step, run.topology.is_main) as tensorboard_log, \
+                Evaluator(run, state.step, tensorboard_log) as evaluator:
+            for step in range(state.step + 1, run.schedule.train_steps + 1):
+                batch = stages.loader_for(step).batch_at(step, run.topology.dp_rank, run.topology.dp)
+                state, metrics = train_step(state, batch)
                 metrics["elapsed"] = round(report.elapsed(), 3)
                 report.step_done(metrics)  # shown, with its recent tokens/s, MFU and peak memory added to the record
                 metrics_log.write(metrics)
                 tensorboard_log.write(metrics)
                 evaluator.maybe_run(state)  # when due: every evaluation.interval steps and at each stage's end
-                if until_step is not None and step >= until_step:
-                    stop.requested = stop.requested or f"until_step = {until_step} (a planned stop, not a signal)"
-                stopping = stop.agreed()
-                checkpointer.poll()  # commits a background save (async_save) once every rank has written it
-                if checkpointer.should_save(step, stopping):  # the last save waits for its commit
-                    checkpointer.save(state, last=bool(stopping) or step == schedule.train_steps)
-                    if step == schedule.train_steps or (until_step is not None and step >= until_step):
-                        signals.mark_finished()  # committed: a signal from now on changes nothing (exit 0)
-                if stopping and until_step is not None and step >= until_step:
-                    log.info(f"stopped after step {step} of {schedule.train_steps} as asked (until_step = "
-                             f"{until_step}), schedule unchanged; run again without it, or with a later one, "
-                             "to go on from the checkpoint just saved")
-                    break
+                stopping = stop.after(step)  # agreed by every rank: until_step reached, or a signal
+                stop.saved(step, checkpointer.after_step(state, stopping=stopping))
                 if stopping:
-                    log.info(f"stopped by {stopping} after step {step} of {schedule.train_steps}; "
-                             "run the same command again to resume from the checkpoint just saved")
+                    log.info(stop.message(step))
                     break
-    except (StoreError, io.CheckpointError) as e:
-        if isinstance(e, io.CheckpointError) and not isinstance(e.__cause__, StoreError):
-            raise
-        raise StorageLostError(f"{e}\nthe last committed checkpoint stands: run the same command again to resume "
-                               "from it") from None
     finally:
-        if loader is not None:
-            loader.close()
+        stages.close()
         report.close()
-    if state.step == schedule.train_steps:
-        log.info(f"done: {state.step} steps in {report.elapsed():.1f}s; metrics in {directory / FILE}")
+    if state.step == run.schedule.train_steps:
+        log.info(f"done: {state.step} steps in {report.elapsed():.1f}s; metrics in {run.folder / FILE}")
     return state
 
 
-def _check_stages_ahead(config: Config, schedule, completed: int, tokenizer) -> None:
+def _warn_of_unused_data(config: Config) -> None:
+    for name in unreached_stages(config):
+        log.warning(f'stage "{name}" starts after train_steps = {config.tokens.train_steps}: not reached')
+    for line in untrained_splits(config):
+        log.warning(line)
+
+
+def _prepare_folder(run: Run, state: TrainState, fresh: bool) -> None:
+    """Set the old run's records aside for a fresh start (none of them is deleted); check the run folder has room
+    for one more checkpoint; open, and close, the data ahead."""
+    if fresh:
+        for old, new in on_main(lambda: set_aside(run.folder), run.topology) or []:
+            log.info(f"--fresh: the old run's {old} moved to {new}, kept; this run writes a new {old.name}")
+    needed = 0 if run.is_remote else state_bytes(state.model)
+    on_main(lambda: check_room(str(run.folder), needed), run.topology)
+    _check_stages_ahead(run, state.step)
+
+
+class _Stages:
+    """The loader of the stage being trained, switched at each stage's first step."""
+
+    def __init__(self, run: Run, report: Progress):
+        self.run, self.report = run, report
+        self.loader, self.index = None, None
+
+    def loader_for(self, step: int):
+        index = active_stage(self.run.schedule, step)
+        if index != self.index:
+            self.close()  # free the finished stage's data before the next one loads
+            if self.run.topology.is_main:  # the fingerprint of the files as this stage reads them, not as at its save
+                self.run.fingerprints.of([self.run.schedule.stages[index].name])
+            self.loader = open_stage(self.run.config, index, self.run.tokenizer, self.run.schedule)
+            self.index = index
+            self.report.stage_started(self.run.schedule, index)
+        return self.loader
+
+    def close(self) -> None:
+        if self.loader is not None:
+            self.loader.close()
+            self.loader = None
+
+
+def _check_stages_ahead(run: Run, completed: int) -> None:
     """Open, and close again, the data of the current stage and of every later one this run reaches: a missing
     column, a short or truncated file or a wrong tokenizer there stops the run before its next step, not at the
     stage switch hours in, and the problems of all of them come in one error."""
+    schedule = run.schedule
     stages = [index for index in range(active_stage(schedule, completed + 1), len(schedule.stages))
               if stage_steps(schedule, index)]
-    check_stages(config, stages, tokenizer, schedule)
+    check_stages(run.config, stages, run.tokenizer, schedule)

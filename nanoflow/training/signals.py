@@ -15,8 +15,11 @@ No torch at import: bin/* install the start-up handlers before torch is imported
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
+
+log = logging.getLogger(__name__)
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
 
@@ -70,24 +73,55 @@ def ignore_from_now() -> None:
 
 
 class StopRequest:
-    """Under torchrun the ranks may see a signal at different steps, so they agree each step (one
-    tiny all-reduce) and all stop, and save, after the same one.
+    """Why the run stops after a step: the planned stop (`until_step`: stop there, the schedule unchanged) or a
+    signal; and what it says when it does. Under torchrun the ranks may see a signal at different steps, so
+    they agree each step (one tiny all-reduce) and all stop, and save, after the same one.
     """
 
-    def __init__(self, topology=None):
+    def __init__(self, topology=None, *, until_step: int | None = None, train_steps: int | None = None):
         from nanoflow.parallel.mesh import SINGLE
         self.requested: str | None = None
         self.topology = SINGLE if topology is None else topology
+        self.until_step, self.train_steps = until_step, train_steps
+
+    def nothing_to_do(self, completed: int) -> bool:
+        """Whether a run whose `completed` steps are done has nothing left to train (said, for a planned stop
+        already passed; a finished run's restore has said so already)."""
+        if self.train_steps is not None and completed >= self.train_steps:
+            return True
+        if self._planned(completed):
+            log.info(f"nothing to do: step {completed} is done, at or after until_step = {self.until_step}")
+            return True
+        return False
+
+    def after(self, step: int) -> str | None:
+        """Why every rank stops after `step` (the planned stop, or a signal to any of them); None to go on."""
+        if self._planned(step):
+            self.requested = self.requested or f"until_step = {self.until_step} (a planned stop, not a signal)"
+        return self.agreed()
 
     def agreed(self) -> str | None:
-        if self.topology.mesh is None:
-            return self.requested
-        import torch
+        """The stop asked for, agreed by every rank: this rank's reason, or another's signal."""
+        from nanoflow.parallel.agree import any_rank
+        return (self.requested or "a signal to another rank") if any_rank(bool(self.requested), self.topology) else None
 
-        from nanoflow.parallel.mesh import device
-        flag = torch.tensor([1.0 if self.requested else 0.0], device=device())
-        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
-        return (self.requested or "a signal to another rank") if flag.item() else None
+    def saved(self, step: int, folder: str | None) -> None:
+        """The checkpoint of `step` is committed (`folder`): when that is the run's last step or its planned stop,
+        no signal stops the run from now on."""
+        if folder is not None and (step == self.train_steps or self._planned(step)):
+            mark_finished()
+
+    def message(self, step: int) -> str:
+        """What the run says when it stops after `step`."""
+        if self._planned(step):
+            return (f"stopped after step {step} of {self.train_steps} as asked (until_step = {self.until_step}), "
+                    "schedule unchanged; run again without it, or with a later one, to go on from the checkpoint "
+                    "just saved")
+        return (f"stopped by {self.requested or 'a signal to another rank'} after step {step} of {self.train_steps}; "
+                "run the same command again to resume from the checkpoint just saved")
+
+    def _planned(self, step: int) -> bool:
+        return self.until_step is not None and step >= self.until_step
 
     def _handle(self, signum, _frame):
         if _finished:

@@ -1,0 +1,98 @@
+"""nanoflow.run: the run's fixed facts are worked out once (open_run) and handed on, never worked out again."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import nanoflow.run
+from helpers import REPO, quiet, tiny
+from nanoflow import Checkpointer, init_state, stage_data
+from nanoflow.data import TokenizerError
+from nanoflow.parallel.mesh import SINGLE
+from nanoflow.run import Run, as_run, open_run
+from nanoflow.training.loop import train
+
+PACKAGE = REPO / "nanoflow"
+
+
+def calls_of(attribute: str, owner: str) -> list[str]:
+    """Each `owner.attribute(...)` call in nanoflow's source, as "path:line"."""
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == attribute
+                    and isinstance(node.func.value, ast.Name) and node.func.value.id == owner):
+                found.append(f"{path.relative_to(PACKAGE).as_posix()}:{node.lineno}")
+    return found
+
+
+def test_the_schedule_is_built_by_open_run_and_the_config_checks_alone():
+    sites = calls_of("from_config", "Schedule")   # found in both: a walk that found nothing would fail here
+    assert {site.partition(":")[0] for site in sites} == {"run.py", "config/checks.py"}, sites
+    assert len([s for s in sites if s.startswith("run.py")]) == 1
+
+
+def test_remote_is_asked_in_one_place():
+    spelled = [f"{path.relative_to(PACKAGE)}" for path in PACKAGE.rglob("*.py")
+               if '"://" in' in path.read_text() or "'://' in" in path.read_text()]
+    assert spelled == ["io/store.py"]
+
+
+def test_the_tokenizer_is_loaded_once_for_a_whole_run(tmp_path, monkeypatch):
+    loads = []
+    real = nanoflow.run.load_run_tokenizer
+
+    def counted(config):
+        loads.append(config)
+        return real(config)
+
+    monkeypatch.setattr(nanoflow.run, "load_run_tokenizer", counted)
+    config = tiny(tmp_path / "run")
+    state = train(config, out=quiet(), progress=False)   # 12 steps over two stages, saved at 4, 8 and 12
+    assert state.step == 12 and len(loads) == 1
+    run = open_run(config)
+    assert len(loads) == 2
+    state = Checkpointer(run, out=quiet()).restore()    # handed the run: nothing is loaded again
+    for _ in range(3):
+        stage_data(init_state(run)).close()
+    assert len(loads) == 2 and state.run is run and state.run.tokenizer is run.tokenizer
+
+
+def test_open_run_without_joining_is_a_single_process_and_checks_the_tokenizer(tmp_path):
+    run = open_run(tiny(tmp_path), join=False)
+    assert run.topology is SINGLE and run.schedule.train_steps == 12 and as_run(run) is run
+    with pytest.raises(TokenizerError, match="model.vocab_size = 100 is smaller than the tokenizer's vocabulary"):
+        open_run(tiny(tmp_path, "model.vocab_size=100"), join=False)
+
+
+def test_the_run_folder_is_the_local_checkpoints_path_or_keyed_by_the_s3_place(tmp_path):
+    local = open_run(tiny(tmp_path / "here"), join=False)
+    assert local.folder == tmp_path / "here" and not local.is_remote
+    remote = Run(tiny("s3://bucket/team/run-1/"), local.schedule, local.tokenizer)
+    assert remote.folder == Path("runs", "s3", "bucket", "team", "run-1") and remote.is_remote
+
+
+def test_the_runs_fingerprints_are_one_object_shared_by_its_checkpointer(tmp_path):
+    run = open_run(tiny(tmp_path), join=False)
+    assert run.fingerprints is run.fingerprints
+    assert Checkpointer(run, out=quiet()).run.fingerprints is run.fingerprints
+
+
+def decisions(function: ast.FunctionDef) -> int:
+    """The branch points of a function: if/for/while/except/with-less conditionals and each extra and/or."""
+    count = 0
+    for node in ast.walk(function):
+        if isinstance(node, (ast.If, ast.For, ast.While, ast.ExceptHandler, ast.IfExp, ast.comprehension)):
+            count += 1
+        elif isinstance(node, ast.BoolOp):
+            count += len(node.values) - 1
+    return count
+
+
+def test_the_training_loop_is_short_and_linear():
+    tree = ast.parse((PACKAGE / "training" / "loop.py").read_text())
+    loop = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "_train")
+    assert 1 + decisions(loop) < 8   # its cyclomatic complexity: stop, save and storage rules live elsewhere
