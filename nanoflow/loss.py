@@ -30,7 +30,9 @@ import torch
 import torch.nn.functional as F
 
 CHUNK_LOGITS = 2**24  # logits per chunk: 64 MB in float32 (130 positions at vocabulary 128,256)
-PLAIN_LOGITS_BYTES = 2**26  # a micro-batch's float32 logits up to which the plain path runs (`loss_method`)
+# A micro-batch's float32 logits up to which "auto" takes the plain path: where the fused path would
+# hold the whole micro-batch in one chunk anyway, the plain one is as lean and its kernels are faster.
+PLAIN_LOGITS_BYTES = 4 * CHUNK_LOGITS
 METHODS = ("auto", "plain", "fused")
 
 
@@ -41,6 +43,23 @@ def loss_method(positions: int, vocab_size: int, method: str = "auto") -> str:
     if method != "auto":
         return method
     return "plain" if positions * vocab_size * 4 <= PLAIN_LOGITS_BYTES else "fused"
+
+
+def describe(positions: int, vocab_size: int, method: str = "auto") -> str:
+    """The path `lm_loss` takes for a micro-batch of `positions` positions, and why, in words."""
+    chosen = loss_method(positions, vocab_size, method)
+    logits = positions * vocab_size * 4
+    why = (f"{method} chosen" if method != "auto" else
+           f"a micro-batch's float32 logits {_megabytes(logits)} {'≤' if chosen == 'plain' else '>'} "
+           f"{_megabytes(PLAIN_LOGITS_BYTES)}")
+    if chosen == "plain":
+        return f"plain cross-entropy ({why})"
+    chunk = max(1, CHUNK_LOGITS // vocab_size)
+    return f"fused linear cross-entropy, {min(chunk, positions):,} positions a chunk ({why})"
+
+
+def _megabytes(count: int) -> str:
+    return f"{count / 2**20:,.1f} MiB"
 
 
 def lm_loss(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, ignore_index: int,
