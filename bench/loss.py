@@ -8,8 +8,7 @@ on `--batch` × `--sequence` tokens, with each loss, rounds interleaved (the ord
 other round), after one warm-up round; the median. Memory: the loss alone (the final hidden states
 and the head as leaves, forward + backward), in one process started with MALLOC_MMAP_THRESHOLD_ so
 that freed tensors leave the resident set, the resident set's peak reset before each measurement;
-peak − before, the least of the rounds. Ratios are to the plain path. The last lines say which path
-`nanoflow.loss.loss_method` picks for each vocabulary ("auto").
+peak − before, the least of the rounds. Ratios are to the plain path.
 """
 
 from __future__ import annotations
@@ -153,10 +152,7 @@ def main() -> int:
         return subprocess.run([sys.executable, *sys.argv], env=env, check=False).returncode
     import torch
 
-    from nanoflow.loss import PLAIN_LOGITS_BYTES, loss_method
-
     vocabs = [int(v) for v in args.vocab.split(",")]
-    positions = args.batch * args.sequence
     print(f"torch {torch.__version__}, {os.cpu_count()} CPU cores ({platform.processor() or platform.machine()}), "
           f"load average {os.getloadavg()[0]:.1f} at the start; {args.batch} × {args.sequence} positions, float32, "
           f"{args.rounds} rounds\n")
@@ -171,9 +167,6 @@ def main() -> int:
             print(f"| {threads} | {vocab:,} | {tp:.3f} | {tf:.3f} | {tc:.3f} | {tf / tp:.2f} | {tc / tp:.2f} "
                   f"| {mp / MB:,.0f} | {mf / MB:,.0f} | {mc / MB:,.0f} | {mf / mp:.3f} | {mc / mp:.3f} |", flush=True)
     print(f"\nload average {os.getloadavg()[0]:.1f} at the end")
-    for vocab in vocabs:
-        print(f"auto at vocab {vocab:,}: {loss_method(positions, vocab)} (float32 logits of a micro-batch "
-              f"{positions * vocab * 4 / MB:,.0f} MB; plain up to {PLAIN_LOGITS_BYTES / MB:,.0f} MB)")
     return 0
 
 

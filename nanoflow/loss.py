@@ -20,8 +20,10 @@ is summed over chunks in float32): the logits are computed in the dtype autocast
 (bfloat16 under `[model] dtype = "bfloat16"`), rounded there, then taken to float32, as
 `lm_head(hidden).float()` does.
 
-`lm_loss` chooses between the two (`loss_method`): plain where one micro-batch's float32 logits
-are at most PLAIN_LOGITS_BYTES, fused beyond.
+`lm_loss` takes either; the model takes the fused one (`Llama.loss_method`). The plain path is no
+faster on a step on a CPU at any vocabulary bench/loss.py measures — at vocabulary 288 its kernels
+save a few milliseconds of a step of seconds, at 50,304 it is slower, its logits crowding memory —,
+so nothing chooses it by itself; it stays as the reference the tests hold the fused one to.
 """
 
 from __future__ import annotations
@@ -30,43 +32,27 @@ import torch
 import torch.nn.functional as F
 
 CHUNK_LOGITS = 2**24  # logits per chunk: 64 MB in float32 (130 positions at vocabulary 128,256)
-# A micro-batch's float32 logits up to which "auto" takes the plain path: where the fused path would
-# hold the whole micro-batch in one chunk anyway, the plain one is as lean and its kernels are faster.
-PLAIN_LOGITS_BYTES = 4 * CHUNK_LOGITS
-METHODS = ("auto", "plain", "fused")
+METHODS = ("fused", "plain")
 
 
-def loss_method(positions: int, vocab_size: int, method: str = "auto") -> str:
-    """"plain" or "fused": the path `lm_loss` takes for a micro-batch of `positions` positions."""
+def describe(vocab_size: int, method: str = "fused") -> str:
+    """The path `lm_loss` takes, in words (the start-up header's)."""
+    _check(method)
+    if method == "plain":
+        return "plain cross-entropy over the whole micro-batch's logits"
+    return f"fused linear cross-entropy, at most {max(1, CHUNK_LOGITS // vocab_size):,} positions a chunk"
+
+
+def _check(method: str) -> None:
     if method not in METHODS:
         raise ValueError(f"loss method {method!r}: expected one of {', '.join(METHODS)}")
-    if method != "auto":
-        return method
-    return "plain" if positions * vocab_size * 4 <= PLAIN_LOGITS_BYTES else "fused"
-
-
-def describe(positions: int, vocab_size: int, method: str = "auto") -> str:
-    """The path `lm_loss` takes for a micro-batch of `positions` positions, and why, in words."""
-    chosen = loss_method(positions, vocab_size, method)
-    logits = positions * vocab_size * 4
-    why = (f"{method} chosen" if method != "auto" else
-           f"a micro-batch's float32 logits {_megabytes(logits)} {'≤' if chosen == 'plain' else '>'} "
-           f"{_megabytes(PLAIN_LOGITS_BYTES)}")
-    if chosen == "plain":
-        return f"plain cross-entropy ({why})"
-    chunk = max(1, CHUNK_LOGITS // vocab_size)
-    return f"fused linear cross-entropy, {min(chunk, positions):,} positions a chunk ({why})"
-
-
-def _megabytes(count: int) -> str:
-    return f"{count / 2**20:,.1f} MiB"
 
 
 def lm_loss(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, ignore_index: int,
-            grad_scale: torch.Tensor | None = None, method: str = "auto") -> torch.Tensor:
-    """Σ over target positions of −log softmax(hidden @ weight.T)[label], by `loss_method`'s path."""
-    hidden, weight = _whole(hidden), _whole(weight)
-    if loss_method(labels.numel(), weight.shape[0], method) == "plain":
+            grad_scale: torch.Tensor | None = None, method: str = "fused") -> torch.Tensor:
+    """Σ over target positions of −log softmax(hidden @ weight.T)[label], by the fused or the plain path."""
+    _check(method)
+    if method == "plain":
         return plain_cross_entropy_sum(hidden, weight, labels, ignore_index)
     return cross_entropy_sum(hidden, weight, labels, ignore_index, grad_scale=grad_scale)
 

@@ -161,7 +161,7 @@ class Llama(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
-    loss_method = "auto"  # nanoflow.loss.loss_method: plain where a micro-batch's logits are small, else fused
+    loss_method = "fused"  # or "plain" (nanoflow.loss.lm_loss): the reference path, through the whole logits
 
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None,
                 ignore_index: int = -100, grad_scale: torch.Tensor | None = None) -> torch.Tensor:

@@ -1,6 +1,6 @@
 """The fused linear cross-entropy (nanoflow/loss.py) against the plain full-logits path: value and
 gradients (tied and untied heads, masks, chunks that do not divide the positions, bfloat16 autocast,
-gradient accumulation in train_step), no full logits ever made, and the automatic choice between them."""
+gradient accumulation in train_step), no full logits ever made, and the choice between them."""
 
 import pytest
 import torch
@@ -9,7 +9,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import nanoflow.loss
 from helpers import TINY
 from nanoflow import init_state, load_config, train_step
-from nanoflow.loss import cross_entropy_sum, describe, lm_loss, loss_method, plain_cross_entropy_sum
+from nanoflow.loss import cross_entropy_sum, describe, lm_loss, plain_cross_entropy_sum
 from nanoflow.model import Llama
 
 
@@ -115,30 +115,21 @@ def test_the_fused_path_never_makes_more_than_a_chunk_of_logits():
     assert sizes["fused"] <= max(chunk, vocab * hidden_size), sizes   # a chunk of logits, or the head's gradient
 
 
-def test_auto_takes_the_plain_path_while_the_logits_fit_one_chunk():
-    budget = nanoflow.loss.PLAIN_LOGITS_BYTES // 4   # logits
-    assert loss_method(budget // 1000, 1000) == "plain"
-    assert loss_method(budget // 1000 + 1, 1000) == "fused"
-    assert loss_method(8 * 256, 288) == "plain" and loss_method(8 * 256, 50_304) == "fused"
-    assert loss_method(1, 10, "fused") == "fused" and loss_method(10**6, 10**6, "plain") == "plain"
-    with pytest.raises(ValueError, match="loss method 'fast'"):
-        loss_method(1, 10, "fast")
-    assert describe(8 * 256, 50_304) == ("fused linear cross-entropy, 333 positions a chunk "
-                                         "(a micro-batch's float32 logits 393.0 MiB > 64.0 MiB)")
-    assert describe(8 * 256, 288, "fused").endswith("(fused chosen)")
-
-
-def test_lm_loss_follows_the_choice(monkeypatch):
+def test_lm_loss_takes_the_path_it_is_asked_for_and_the_header_says_it(monkeypatch):
     hidden, weight = leaves((2, 10, 8), (30, 8))
     labels = masked_labels((2, 10), 30)
     taken = []
     monkeypatch.setattr(nanoflow.loss, "plain_cross_entropy_sum", lambda *a: taken.append("plain") or a[0].sum())
     monkeypatch.setattr(nanoflow.loss, "cross_entropy_sum", lambda *a, **k: taken.append("fused") or a[0].sum())
-    for method in ("auto", "plain", "fused"):
+    for method in ("fused", "plain"):
         lm_loss(hidden, weight, labels, -100, method=method)
-    monkeypatch.setattr(nanoflow.loss, "PLAIN_LOGITS_BYTES", 0)
     lm_loss(hidden, weight, labels, -100)
-    assert taken == ["plain", "plain", "fused", "fused"]
+    assert taken == ["fused", "plain", "fused"]
+    with pytest.raises(ValueError, match="loss method 'auto': expected one of fused, plain"):
+        lm_loss(hidden, weight, labels, -100, method="auto")
+    assert Llama.loss_method == "fused"
+    assert describe(50_304) == "fused linear cross-entropy, at most 333 positions a chunk"
+    assert describe(288, "plain") == "plain cross-entropy over the whole micro-batch's logits"
 
 
 def model_gradients(model, ids, labels, method, dtype=None):
@@ -187,3 +178,28 @@ def test_train_step_fused_with_accumulation_equals_plain_in_one_micro_batch(mask
         assert other_norm == pytest.approx(grad_norm, abs=1e-6)
         for name, p in params.items():
             torch.testing.assert_close(other_params[name].grad, p.grad, rtol=0, atol=1e-6, msg=name)
+
+
+def test_with_the_step_s_grad_scale_the_gradients_are_the_former_chunked_loss_s_bit_for_bit():
+    # The former loss computed each chunk's logits again in backward and scaled their gradient by the
+    # incoming one before the matmuls; the default curriculum's SFT skill is chaotic in the last bits
+    # of the gradients, so the fused loss keeps that order exactly when told the incoming gradient.
+    hidden, weight = leaves((8, 256, 128), (288, 128))   # the curriculum's micro-batch: one chunk
+    labels = masked_labels((8, 256), 288)
+    count = (labels != -100).sum()
+    scale = torch.ones(()) / count
+    total = cross_entropy_sum(hidden, weight, labels, -100, grad_scale=scale)
+    incoming = []
+    total.register_hook(incoming.append)
+    (total / count).backward()
+    assert torch.equal(incoming[0], scale)   # train_step's grad_scale is what `loss / count` hands back
+    with torch.no_grad():
+        h, targets = hidden.flatten(0, 1), labels.flatten()
+        is_target = targets != -100
+        grad_total = incoming[0]
+        logits = (h @ weight.t()).float()
+        grad = logits.sub_(torch.logsumexp(logits, dim=-1)[:, None]).exp_()
+        grad.scatter_add_(1, torch.where(is_target, targets, 0)[:, None], torch.full((h.shape[0], 1), -1.0))
+        grad *= (grad_total * is_target)[:, None]
+        assert torch.equal(hidden.grad.flatten(0, 1), grad @ weight)
+        assert torch.equal(weight.grad, torch.zeros(weight.shape) + grad.t() @ h)

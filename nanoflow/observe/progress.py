@@ -200,22 +200,15 @@ def header(state, costs: Costs) -> list[str]:
         f"layout: dp {parallelism.dp} × tp {parallelism.tp} (tp_mode {parallelism.tp_mode}), recompute_layer "
         f"{_on(parallelism.recompute_layer)}, compile {_on(model.compile)}",
         f"start: {start}",
-        f"loss: {_loss_paths(state)}",
+        f"loss: {_loss_path(state)}",
     ]
 
 
-def _loss_paths(state) -> str:
-    """Which loss each stage's micro-batches take (nanoflow.loss.lm_loss), stages of the same one together."""
+def _loss_path(state) -> str:
+    """The loss the micro-batches take (nanoflow.loss.lm_loss)."""
     from nanoflow.loss import describe
 
-    method, vocab = getattr(state.model, "loss_method", "auto"), state.config.model.vocab_size
-    paths: dict[str, list[str]] = {}
-    for index, stage in enumerate(state.schedule.stages):
-        positions = state.config.stage_tokens(index).micro_batch_size * stage.sequence_length
-        paths.setdefault(describe(positions, vocab, method), []).append(stage.name)
-    if len(paths) == 1:
-        return next(iter(paths))
-    return "; ".join(f"{', '.join(names)}: {path}" for path, names in paths.items())
+    return describe(state.config.model.vocab_size, getattr(state.model, "loss_method", "fused"))
 
 
 def _distinct_lengths(schedule: Schedule):
