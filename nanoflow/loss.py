@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 
 CHUNK_LOGITS = 2**24  # logits per chunk: 64 MB in float32 (130 positions at vocabulary 128,256)
+LOGSUMEXP_ELEMENTS = 2**20  # logits a log-sum-exp takes at once (its temporaries: 8 MB in float32)
 METHODS = ("fused", "plain")
 
 
@@ -99,6 +100,19 @@ def _compute_dtype(*tensors: torch.Tensor) -> torch.dtype:
     return torch.promote_types(tensors[0].dtype, tensors[1].dtype)
 
 
+def _logsumexp(logits: torch.Tensor) -> torch.Tensor:
+    """torch.logsumexp over the last dimension, a few rows at a time: its temporaries (two of the
+    logits' size) would otherwise double the chunk's memory. Each row is reduced alone, so the values
+    are those of one call over the whole chunk."""
+    rows = max(1, LOGSUMEXP_ELEMENTS // logits.shape[-1])
+    if rows >= logits.shape[0]:
+        return torch.logsumexp(logits, dim=-1)
+    out = torch.empty(logits.shape[:-1], dtype=logits.dtype, device=logits.device)
+    for start in range(0, logits.shape[0], rows):
+        torch.logsumexp(logits[start:start + rows], dim=-1, out=out[start:start + rows])
+    return out
+
+
 class _FusedCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, labels, ignore_index: int, positions: int, scale, wanted: bool):
@@ -116,10 +130,11 @@ class _FusedCrossEntropy(torch.autograd.Function):
                 targets = labels[start:start + positions]
                 is_target = targets != ignore_index
                 safe_targets = torch.where(is_target, targets, 0)[:, None]
-                lse = torch.logsumexp(logits, dim=-1)
+                lse = _logsumexp(logits)
                 picked = logits.gather(1, safe_targets)[:, 0]
                 total += torch.where(is_target, lse - picked, 0.0).sum()
                 if not (want_hidden or want_weight):
+                    del logits
                     continue
                 # d(lse − logit[label]) / d logits = softmax − one_hot(label), zero at ignored positions
                 grad = logits.sub_(lse[:, None]).exp_()  # in place: one chunk alive
@@ -135,6 +150,7 @@ class _FusedCrossEntropy(torch.autograd.Function):
                         grad_weight.addmm_(grad.t(), h)  # into the sum: no product of the head's size made
                     else:
                         grad_weight += (grad.t() @ h).float()
+                del logits, grad  # before the next chunk's logits are made, not when they replace these
         if want_weight and grad_weight is None:  # no positions at all
             grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
         # Gradients, not activations: held from this forward to the backward, which frees them.
