@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from nanoflow.loss import lm_loss
+from nanoflow.loss import describe, lm_loss
 
 
 class RMSNorm(nn.Module):
@@ -172,6 +172,10 @@ class Llama(nn.Module):
         if labels is None:
             return self.lm_head(hidden)
         return lm_loss(hidden, self.lm_head.weight, labels, ignore_index, grad_scale, self.loss_method)
+
+    def describe_loss(self) -> str:
+        """The loss `forward(ids, labels)` computes, in words (the start-up header's)."""
+        return describe(self.cfg.vocab_size, self.loss_method)
 
     @torch.no_grad()
     def reset_parameters(self, generator: torch.Generator) -> None:

@@ -205,10 +205,9 @@ def header(state, costs: Costs) -> list[str]:
 
 
 def _loss_path(state) -> str:
-    """The loss the micro-batches take (nanoflow.loss.lm_loss)."""
-    from nanoflow.loss import describe
-
-    return describe(state.config.model.vocab_size, getattr(state.model, "loss_method", "fused"))
+    """The loss the micro-batches take, as the model says it (nanoflow.loss)."""
+    describe = getattr(state.model, "describe_loss", None)
+    return "the model's own" if describe is None else describe()
 
 
 def _distinct_lengths(schedule: Schedule):
