@@ -20,10 +20,12 @@ is summed over chunks in float32): the logits are computed in the dtype autocast
 (bfloat16 under `[model] dtype = "bfloat16"`), rounded there, then taken to float32, as
 `lm_head(hidden).float()` does.
 
-`lm_loss` takes either; the model takes the fused one (`Llama.loss_method`). The plain path is no
-faster on a step on a CPU at any vocabulary bench/loss.py measures — at vocabulary 288 its kernels
-save a few milliseconds of a step of seconds, at 50,304 it is slower, its logits crowding memory —,
-so nothing chooses it by itself; it stays as the reference the tests hold the fused one to.
+`lm_loss` takes either; the model takes the fused one (`Llama.loss_method`). On a CPU the plain path
+was no faster a step beyond the noise at vocabularies 288, 50,304 and 128,256 (bench/loss.py: fused /
+plain 0.81–1.08; at 288 the loss is about 1 % of the step), and it holds some 15× the fused path's
+memory at 50,304, so nothing chooses it by itself: it stays as the reference the tests hold the fused
+one to, and the fused one keeps the former chunked loss's bits, which the default curriculum's
+skill depends on.
 """
 
 from __future__ import annotations
