@@ -20,12 +20,13 @@ is summed over chunks in float32): the logits are computed in the dtype autocast
 (bfloat16 under `[model] dtype = "bfloat16"`), rounded there, then taken to float32, as
 `lm_head(hidden).float()` does.
 
-`lm_loss` takes either; the model takes the fused one (`Llama.loss_method`). On a CPU the plain path
-was no faster a step beyond the noise at vocabularies 288, 50,304 and 128,256 (bench/loss.py: fused /
-plain 0.81–1.08; at 288 the loss is about 1 % of the step), and it holds some 15× the fused path's
-memory at 50,304, so nothing chooses it by itself: it stays as the reference the tests hold the fused
-one to, and the fused one keeps the former chunked loss's bits, which the default curriculum's
-skill depends on.
+`lm_loss` takes either; the model takes the fused one (`Llama.loss_method`). Measured on loaded CPU
+cores (bench/loss.py, fused / plain a step): 0.81–0.88 on 1 thread at vocabularies 288, 50,304 and
+128,256; on 2 threads 1.07, 1.08 and 1.40 (the plain path's one large matmul parallelises better
+than the chunks'); at 288 the loss is about 1 % of the step. The plain path holds some 15× the fused
+path's memory at 50,304, and the fused one keeps the former chunked loss's bits, which the default
+curriculum's skill depends on, so nothing chooses the plain path by itself: it stays as the reference
+the tests hold the fused one to.
 """
 
 from __future__ import annotations
