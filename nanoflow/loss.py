@@ -1,41 +1,98 @@
-"""The language-model loss from the final hidden states, without the logits of the whole batch.
+"""The language-model loss from the final hidden states: plain, or fused so that the logits of the
+whole micro-batch never exist.
 
-`F.cross_entropy(lm_head(hidden).float(), labels)` holds [positions × vocab] logits in the model's
-dtype, their float32 copy, the log-softmax saved for backward and its gradient: 4 × 8 × 4096 ×
-128,256 bytes = 16.8 GB for the float32 copy alone. `cross_entropy_sum` takes the same matmul and
-the same cross-entropy over chunks of positions instead. The forward keeps only each position's
-log-sum-exp (one float32 a position); the backward computes each chunk's logits again, turns them
-into their gradient and multiplies it into the hidden states' and the head's gradients, chunk by
-chunk. So at most one chunk of logits (CHUNK_LOGITS elements) is alive at a time, forward or
-backward, at the price of the head's forward matmul done twice.
+`F.cross_entropy(lm_head(hidden).float(), labels)` (the plain path) holds [positions × vocab]
+logits in the model's dtype, their float32 copy, the log-softmax saved for backward and its
+gradient: 4 × 8 × 4096 × 128,256 bytes = 16.8 GB for the float32 copy alone.
+
+`cross_entropy_sum` (the fused path) does the same matmul and cross-entropy over chunks of positions
+and, in the forward pass, turns each chunk's logits at once into their gradient (softmax − one-hot,
+zero at ignored positions) and multiplies it into the hidden states' and the head's gradients: three
+matmuls a chunk, as the plain path, and at most one chunk of logits (CHUNK_LOGITS elements) alive at
+a time. Backward only scales the kept gradients by the incoming one. Given `grad_scale` — the
+gradient the caller's backward will bring (the step's 1 / target tokens) — the chunk's gradient is
+scaled before it is rounded and multiplied, as autograd orders it, and backward multiplies by
+exactly 1: the gradients are those of the former chunked loss (which redid the head's matmul in
+backward) bit for bit.
 
 The value and the gradients are those of the plain path up to float rounding (the head's gradient
 is summed over chunks in float32): the logits are computed in the dtype autocast gives the matmul
 (bfloat16 under `[model] dtype = "bfloat16"`), rounded there, then taken to float32, as
 `lm_head(hidden).float()` does.
+
+`lm_loss` takes either; the model takes the fused one (`Llama.loss_method`). Measured on loaded CPU
+cores (bench/loss.py, fused / plain a step): 0.81–0.88 on 1 thread at vocabularies 288, 50,304 and
+128,256; on 2 threads 1.07, 1.08 and 1.40 (the plain path's one large matmul parallelises better
+than the chunks'); at 288 the loss is about 1 % of the step. The plain path holds some 15× the fused
+path's memory at 50,304, and the fused one keeps the former chunked loss's bits, which the default
+curriculum's skill depends on, so nothing chooses the plain path by itself: it stays as the reference
+the tests hold the fused one to.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 CHUNK_LOGITS = 2**24  # logits per chunk: 64 MB in float32 (130 positions at vocabulary 128,256)
+LOGSUMEXP_ELEMENTS = 2**20  # logits a log-sum-exp takes at once (its temporaries: 8 MB in float32)
+METHODS = ("fused", "plain")
+
+
+def describe(vocab_size: int, method: str = "fused") -> str:
+    """The path `lm_loss` takes, in words (the start-up header's)."""
+    _check(method)
+    if method == "plain":
+        return "plain cross-entropy over the whole micro-batch's logits"
+    return f"fused linear cross-entropy, at most {max(1, CHUNK_LOGITS // vocab_size):,} positions a chunk"
+
+
+def _check(method: str) -> None:
+    if method not in METHODS:
+        raise ValueError(f"loss method {method!r}: expected one of {', '.join(METHODS)}")
+
+
+def lm_loss(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, ignore_index: int,
+            grad_scale: torch.Tensor | None = None, method: str = "fused") -> torch.Tensor:
+    """Σ over target positions of −log softmax(hidden @ weight.T)[label], by the fused or the plain path."""
+    _check(method)
+    if method == "plain":
+        return plain_cross_entropy_sum(hidden, weight, labels, ignore_index)
+    return cross_entropy_sum(hidden, weight, labels, ignore_index, grad_scale=grad_scale)
+
+
+def plain_cross_entropy_sum(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
+                            ignore_index: int) -> torch.Tensor:
+    """The same sum through the whole micro-batch's logits, as `F.cross_entropy(lm_head(hidden).float())`."""
+    hidden, weight = _whole(hidden), _whole(weight)
+    logits = F.linear(hidden, weight).float()
+    return F.cross_entropy(logits.flatten(0, -2), labels.flatten(), ignore_index=ignore_index, reduction="sum")
 
 
 def cross_entropy_sum(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, ignore_index: int,
-                      chunk_logits: int | None = None) -> torch.Tensor:
-    """Σ over target positions of −log softmax(hidden @ weight.T)[label], a float32 scalar.
+                      chunk_logits: int | None = None, grad_scale: torch.Tensor | None = None) -> torch.Tensor:
+    """Σ over target positions of −log softmax(hidden @ weight.T)[label], a float32 scalar (fused path).
 
     hidden [..., hidden_size], weight [vocab, hidden_size] (the lm_head's), labels [...] with
     `ignore_index` for positions that are no target (they add nothing, neither loss nor gradient);
-    `chunk_logits`: the most logits a chunk holds (default CHUNK_LOGITS).
+    `chunk_logits`: the most logits a chunk holds (default CHUNK_LOGITS); `grad_scale`: the gradient
+    the result's backward is expected to receive (any other is right too, up to rounding).
     """
+    hidden, weight = _whole(hidden), _whole(weight)
+    positions = max(1, (chunk_logits or CHUNK_LOGITS) // weight.shape[0])
+    wanted = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
+    scale = torch.ones((), dtype=torch.float32, device=hidden.device) if grad_scale is None \
+        else grad_scale.detach().to(device=hidden.device, dtype=torch.float32)
+    return _FusedCrossEntropy.apply(hidden.flatten(0, -2), weight, labels.flatten(), ignore_index, positions,
+                                    scale, wanted)
+
+
+def _whole(tensor: torch.Tensor) -> torch.Tensor:
+    """A DTensor's full value (sequence parallelism leaves the final norm split by position; a sharded
+    head is gathered), through autograd, so its gradient goes back to the shards; a tensor as it is."""
     from torch.distributed.tensor import DTensor
 
-    if isinstance(hidden, DTensor):  # sequence parallelism leaves the final norm split by position: the head needs all
-        hidden = hidden.full_tensor()
-    positions = max(1, (chunk_logits or CHUNK_LOGITS) // weight.shape[0])
-    return _ChunkedCrossEntropy.apply(hidden.flatten(0, -2), weight, labels.flatten(), ignore_index, positions)
+    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
 
 
 def _compute_dtype(*tensors: torch.Tensor) -> torch.dtype:
@@ -46,53 +103,72 @@ def _compute_dtype(*tensors: torch.Tensor) -> torch.dtype:
     return torch.promote_types(tensors[0].dtype, tensors[1].dtype)
 
 
-def _chunk_logits(hidden: torch.Tensor, weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    with torch.autocast(hidden.device.type, enabled=False):  # the dtype is chosen here, once, for both passes
-        return (hidden.to(dtype) @ weight.to(dtype).t()).float()
+def _logsumexp(logits: torch.Tensor) -> torch.Tensor:
+    """torch.logsumexp over the last dimension, a few rows at a time: its temporaries (two of the
+    logits' size) would otherwise double the chunk's memory. Each row is reduced alone, so the values
+    are those of one call over the whole chunk."""
+    rows = max(1, LOGSUMEXP_ELEMENTS // logits.shape[-1])
+    if rows >= logits.shape[0]:
+        return torch.logsumexp(logits, dim=-1)
+    out = torch.empty(logits.shape[:-1], dtype=logits.dtype, device=logits.device)
+    for start in range(0, logits.shape[0], rows):
+        torch.logsumexp(logits[start:start + rows], dim=-1, out=out[start:start + rows])
+    return out
 
 
-class _ChunkedCrossEntropy(torch.autograd.Function):
+class _FusedCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, labels, ignore_index: int, positions: int):
+    def forward(ctx, hidden, weight, labels, ignore_index: int, positions: int, scale, wanted: bool):
         dtype = _compute_dtype(hidden, weight)
+        want_hidden = wanted and ctx.needs_input_grad[0]
+        want_weight = wanted and ctx.needs_input_grad[1]
         total = torch.zeros((), dtype=torch.float32, device=hidden.device)
-        log_sum_exps = []
-        for start in range(0, hidden.shape[0], positions):
-            logits = _chunk_logits(hidden[start:start + positions], weight, dtype)
-            targets = labels[start:start + positions]
-            is_target = targets != ignore_index
-            lse = torch.logsumexp(logits, dim=-1)
-            picked = logits.gather(1, torch.where(is_target, targets, 0)[:, None])[:, 0]
-            total += torch.where(is_target, lse - picked, 0.0).sum()
-            log_sum_exps.append(lse)
-        ctx.save_for_backward(hidden, weight, labels, torch.cat(log_sum_exps))
-        ctx.ignore_index, ctx.positions, ctx.dtype = ignore_index, positions, dtype
+        grad_hidden = torch.empty_like(hidden) if want_hidden else None
+        grad_weight = None  # float32, summed over chunks
+        with torch.autocast(hidden.device.type, enabled=False):  # the dtype is chosen above, once
+            w = weight.to(dtype)
+            for start in range(0, hidden.shape[0], positions):
+                h = hidden[start:start + positions].to(dtype)
+                logits = (h @ w.t()).float()
+                targets = labels[start:start + positions]
+                is_target = targets != ignore_index
+                safe_targets = torch.where(is_target, targets, 0)[:, None]
+                lse = _logsumexp(logits)
+                picked = logits.gather(1, safe_targets)[:, 0]
+                total += torch.where(is_target, lse - picked, 0.0).sum()
+                if not (want_hidden or want_weight):
+                    del logits
+                    continue
+                # d(lse − logit[label]) / d logits = softmax − one_hot(label), zero at ignored positions
+                grad = logits.sub_(lse[:, None]).exp_()  # in place: one chunk alive
+                grad.scatter_add_(1, safe_targets, torch.full((h.shape[0], 1), -1.0, device=grad.device))
+                grad *= (scale * is_target)[:, None]
+                grad = grad.to(dtype)  # the gradient of `.float()` rounds back to the matmul's dtype, as the plain path
+                if want_hidden:
+                    grad_hidden[start:start + positions] = grad @ w
+                if want_weight:
+                    if grad_weight is None:
+                        grad_weight = (grad.t() @ h).float()
+                    elif dtype == torch.float32:
+                        grad_weight.addmm_(grad.t(), h)  # into the sum: no product of the head's size made
+                    else:
+                        grad_weight += (grad.t() @ h).float()
+                del logits, grad  # before the next chunk's logits are made, not when they replace these
+        if want_weight and grad_weight is None:  # no positions at all
+            grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
+        # Gradients, not activations: held from this forward to the backward, which frees them.
+        ctx.grads, ctx.scale, ctx.weight_dtype = (grad_hidden, grad_weight), scale, weight.dtype
         return total
 
     @staticmethod
     def backward(ctx, grad_total):
-        hidden, weight, labels, log_sum_exps = ctx.saved_tensors
-        dtype, positions = ctx.dtype, ctx.positions
-        grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
-        grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) \
-            if ctx.needs_input_grad[1] else None
-        w = weight.to(dtype)
-        for start in range(0, hidden.shape[0], positions):
-            h = hidden[start:start + positions]
-            targets = labels[start:start + positions]
-            is_target = targets != ctx.ignore_index
-            logits = _chunk_logits(h, weight, dtype)
-            # d(lse − logit[label]) / d logits = softmax − one_hot(label), zero at ignored positions
-            grad = logits.sub_(log_sum_exps[start:start + positions, None]).exp_()  # in place: one chunk alive
-            grad.scatter_add_(1, torch.where(is_target, targets, 0)[:, None],
-                              torch.full((h.shape[0], 1), -1.0, device=grad.device))
-            grad *= (grad_total * is_target)[:, None]
-            grad = grad.to(dtype)  # the gradient of `.float()` rounds back to the matmul's dtype, as the plain path
-            with torch.autocast(hidden.device.type, enabled=False):
-                if grad_hidden is not None:
-                    grad_hidden[start:start + positions] = grad @ w
-                if grad_weight is not None:
-                    grad_weight += (grad.t() @ h.to(dtype)).float()
+        if ctx.grads is None:
+            raise RuntimeError("the fused cross-entropy's backward ran twice (its gradients are freed by the first)")
+        grad_hidden, grad_weight = ctx.grads
+        ctx.grads = None
+        ratio = grad_total / ctx.scale  # exactly 1 where the caller said what its backward brings
+        if grad_hidden is not None:
+            grad_hidden.mul_(ratio.to(grad_hidden.dtype))
         if grad_weight is not None:
-            grad_weight = grad_weight.to(weight.dtype)
-        return grad_hidden, grad_weight, None, None, None
+            grad_weight = grad_weight.mul_(ratio).to(ctx.weight_dtype)
+        return grad_hidden, grad_weight, None, None, None, None, None

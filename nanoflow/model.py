@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from nanoflow.loss import cross_entropy_sum
+from nanoflow.loss import describe, lm_loss
 
 
 class RMSNorm(nn.Module):
@@ -161,14 +161,21 @@ class Llama(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
+    loss_method = "fused"  # or "plain" (nanoflow.loss.lm_loss): the reference path, through the whole logits
+
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None,
-                ignore_index: int = -100) -> torch.Tensor:
+                ignore_index: int = -100, grad_scale: torch.Tensor | None = None) -> torch.Tensor:
         """Logits [B, T, vocab_size]; or, given labels [B, T], the cross-entropy summed over the positions
-        whose label is not `ignore_index`, computed in chunks that never hold the whole logits (nanoflow.loss)."""
+        whose label is not `ignore_index` (nanoflow.loss: the fused path never holds the whole logits;
+        `grad_scale`, the gradient the caller's backward will bring, makes its rounding the plain order's)."""
         hidden = self.model(input_ids)
         if labels is None:
             return self.lm_head(hidden)
-        return cross_entropy_sum(hidden, self.lm_head.weight, labels, ignore_index)
+        return lm_loss(hidden, self.lm_head.weight, labels, ignore_index, grad_scale, self.loss_method)
+
+    def describe_loss(self) -> str:
+        """The loss `forward(ids, labels)` computes, in words (the start-up header's)."""
+        return describe(self.cfg.vocab_size, self.loss_method)
 
     @torch.no_grad()
     def reset_parameters(self, generator: torch.Generator) -> None:

@@ -53,10 +53,13 @@ def train_step(state: TrainState, batch) -> tuple[TrainState, dict]:
     # Kept on the device: the forward is queued without waiting for the count.
     target_tokens = all_reduce_sum((labels != IGNORE_INDEX).sum(), topology)
     denominator = target_tokens.clamp(min=1)  # a fully masked batch contributes no gradient rather than NaN
+    # What `loss / denominator`'s backward hands the loss, computed as autograd computes it: the fused
+    # loss scales each chunk's gradient by it before rounding, as the unfused order does.
+    grad_scale = torch.ones((), dtype=torch.float32, device=input_ids.device) / denominator
     loss_sum = torch.zeros((), dtype=torch.float32, device=input_ids.device)
     for ids, targets in zip(input_ids.split(tokens.micro_batch_size), labels.split(tokens.micro_batch_size)):
         with _autocast(config.model.dtype, ids.device):
-            loss = model(ids, targets, ignore_index=IGNORE_INDEX) / denominator  # nanoflow.loss: no full logits
+            loss = model(ids, targets, ignore_index=IGNORE_INDEX, grad_scale=grad_scale) / denominator
         loss.backward()
         loss_sum += loss.detach()
 

@@ -1,5 +1,5 @@
-"""Gradients of one loss on one batch, by the plain path (full float32 logits) or nanoflow's (chunked
-loss, optionally recomputed layers), on one process or on every rank of a torchrun layout.
+"""Gradients of one loss on one batch, by the plain path (full float32 logits) or nanoflow's (fused
+chunked loss, optionally recomputed layers), on one process or on every rank of a torchrun layout.
 
     torchrun --nproc_per_node=N tests/memory_worker.py OUT.safetensors DP TP TP_MODE VARIANT [TIED]
 
@@ -60,8 +60,9 @@ def gradients(config, topology: Topology, variant: str, ids, labels, chunk_logit
         loss = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=-100, reduction="sum")
     else:
         default, nanoflow.loss.CHUNK_LOGITS = nanoflow.loss.CHUNK_LOGITS, chunk_logits  # several chunks a batch
+        model.loss_method = "fused"  # not "auto": these logits are small enough for the plain path
         try:
-            loss = model(ids, labels)
+            loss = model(ids, labels, grad_scale=torch.ones(()) / count)  # as train_step calls it
         finally:
             nanoflow.loss.CHUNK_LOGITS = default
     loss = loss / count

@@ -130,6 +130,7 @@ def test_train_logs_the_header_and_writes_the_new_keys_that_report_reads(tmp_pat
     assert lines[1].startswith("device: cpu; peak ") and "GFLOP/s" in lines[1]
     assert lines[2] == "layout: dp 1 × tp 1 (tp_mode ALL_REDUCE), recompute_layer off, compile off"
     assert lines[3] == "start: fresh start at step 1 of 12"
+    assert lines[4] == "loss: fused linear cross-entropy, at most 58,254 positions a chunk", lines[4]
     rows = read_metrics(run)
     assert [m["step"] for m in rows] == list(range(1, 9))
     for m in rows:

@@ -182,7 +182,7 @@ class Progress:
 
 
 def header(state, costs: FlopsAndPeak) -> list[str]:
-    """The start-up lines: the model, the device and its peak, the layout, and whether the run starts or resumes."""
+    """The start-up lines: the model, the device and its peak, the layout, whether the run starts or resumes, the loss."""
     config, schedule = state.config, state.schedule
     model, parallelism = config.model, config.parallelism
     parameters = sum(p.numel() for p in state.model.parameters())
@@ -201,7 +201,14 @@ def header(state, costs: FlopsAndPeak) -> list[str]:
         f"layout: dp {parallelism.dp} × tp {parallelism.tp} (tp_mode {parallelism.tp_mode}), recompute_layer "
         f"{_on(parallelism.recompute_layer)}, compile {_on(model.compile)}",
         f"start: {start}",
+        f"loss: {_loss_path(state)}",
     ]
+
+
+def _loss_path(state) -> str:
+    """The loss the micro-batches take, as the model says it (nanoflow.loss)."""
+    describe = getattr(state.model, "describe_loss", None)
+    return "the model's own" if describe is None else describe()
 
 
 def _distinct_lengths(schedule: Schedule):
