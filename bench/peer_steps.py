@@ -1,0 +1,156 @@
+"""One peer's training step, run by bench/peers.py in that peer's own virtual environment.
+
+    <venv>/bin/python bench/peer_steps.py PEER FOLDER
+
+Imports only the standard library, torch and the peer's own package (nanoflow's side imports nanoflow),
+so it runs in a venv that has nothing of this repository installed. FOLDER holds what bench/peers.py
+wrote: shape.json (the model and optimizer), weights.json + weights.bin (the shared initial weights, in
+HF LlamaForCausalLM's names, float32 little-endian) and batches.bin (int64 token rows, [steps, batch,
+sequence + 1]). No pickle anywhere.
+
+Protocol, one JSON line each way: the worker prints {"ready": …} once built, then for each
+"step INDEX LR" line on stdin runs one optimizer step on batch INDEX at that learning rate and prints
+{"loss": …, "seconds": …}; "quit" ends it. Only the step is timed (the batch is already in memory).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+
+def read_folder(folder: str):
+    with open(os.path.join(folder, "shape.json")) as f:
+        shape = json.load(f)
+    with open(os.path.join(folder, "weights.json")) as f:
+        index = json.load(f)
+    with open(os.path.join(folder, "weights.bin"), "rb") as f:
+        raw = bytearray(f.read())
+    weights = {name: torch.frombuffer(raw, dtype=torch.float32, count=_numel(s), offset=o).view(s).clone()
+               for name, (o, s) in index.items()}
+    with open(os.path.join(folder, "batches.bin"), "rb") as f:
+        tokens = torch.frombuffer(bytearray(f.read()), dtype=torch.int64)
+    batches = tokens.view(shape["steps"], shape["batch"], shape["sequence"] + 1)
+    return shape, weights, batches
+
+
+def _numel(size) -> int:
+    n = 1
+    for d in size:
+        n *= d
+    return n
+
+
+def adamw(params, shape) -> torch.optim.AdamW:
+    """AdamW as nanoflow builds it: decay on matrices only."""
+    params = list(params)
+    return torch.optim.AdamW(
+        [{"params": [p for p in params if p.ndim >= 2], "weight_decay": shape["weight_decay"]},
+         {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}],
+        lr=shape["lr"], betas=(shape["beta1"], shape["beta2"]), eps=shape["adam_eps"])
+
+
+def mean_loss(logits, labels):
+    return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
+
+
+class Plain:
+    """A hand-written loop over a peer's nn.Module: forward, mean cross entropy, backward, clip, AdamW."""
+
+    def __init__(self, model, shape):
+        self.model, self.shape = model, shape
+        self.optimizer = adamw(model.parameters(), shape)
+
+    def logits(self, ids):
+        return self.model(ids)
+
+    def step(self, ids, labels, lr: float) -> float:
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        loss = mean_loss(self.logits(ids), labels)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.shape["clip"])
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return loss.item()
+
+
+# ---------------------------------------------------------------------------------------------
+# The peers
+
+class HF(Plain):
+    """transformers' LlamaForCausalLM (sdpa attention) in a plain PyTorch loop."""
+
+    def __init__(self, shape, weights):
+        import transformers
+
+        config = transformers.LlamaConfig(
+            vocab_size=shape["vocab"], hidden_size=shape["hidden"], intermediate_size=shape["intermediate"],
+            num_hidden_layers=shape["layers"], num_attention_heads=shape["heads"],
+            num_key_value_heads=shape["kv_heads"], max_position_embeddings=shape["positions"],
+            rms_norm_eps=shape["norm_eps"], tie_word_embeddings=False, attention_bias=False, mlp_bias=False)
+        if hasattr(config, "rope_parameters"):   # transformers ≥ 5 keeps RoPE's settings there
+            config.rope_parameters = {"rope_type": "default", "rope_theta": shape["rope_theta"]}
+        else:
+            config.rope_theta = shape["rope_theta"]
+        config._attn_implementation = "sdpa"
+        model = transformers.LlamaForCausalLM(config)
+        model.load_state_dict(weights, strict=True)
+        model.train()
+        super().__init__(model, shape)
+        self.version = f"transformers {transformers.__version__}"
+
+    def logits(self, ids):
+        return self.model(input_ids=ids, use_cache=False).logits
+
+
+class Nanoflow:
+    """nanoflow.train_step on the same shape (its config from the curriculum with the shape's overrides)."""
+
+    def __init__(self, shape, weights):
+        import nanoflow
+
+        self.config = nanoflow.load_config(shape["nanoflow_config"], overrides=shape["nanoflow_overrides"])
+        self.state = nanoflow.init_state(self.config)
+        self.state.model.load_state_dict(weights, strict=True)
+        self.train_step = nanoflow.train_step
+        self.version = f"nanoflow {nanoflow.__version__}" if hasattr(nanoflow, "__version__") else "nanoflow"
+
+    def step(self, ids, labels, lr: float) -> float:
+        self.state, metrics = self.train_step(self.state, {"input_ids": ids, "labels": labels})
+        if abs(metrics["lr"] - lr) > 1e-12 * max(1.0, lr):
+            raise SystemExit(f"nanoflow's step ran at lr {metrics['lr']}, the peers at {lr}")
+        return metrics["loss"]
+
+
+PEERS = {"nanoflow": Nanoflow, "hf": HF}
+
+
+def main() -> int:
+    peer, folder = sys.argv[1], sys.argv[2]
+    torch.set_num_threads(int(os.environ.get("PEERS_THREADS", "1")))
+    shape, weights, batches = read_folder(folder)
+    torch.manual_seed(0)
+    side = PEERS[peer](shape, weights)
+    print(json.dumps({"ready": peer, "version": side.version, "torch": torch.__version__,
+                      "threads": torch.get_num_threads()}), flush=True)
+    for line in sys.stdin:
+        words = line.split()
+        if not words or words[0] == "quit":
+            break
+        index, lr = int(words[1]), float(words[2])
+        ids, labels = batches[index, :, :-1].contiguous(), batches[index, :, 1:].contiguous()
+        start = time.perf_counter()
+        loss = side.step(ids, labels, lr)
+        seconds = time.perf_counter() - start
+        print(json.dumps({"loss": loss, "seconds": seconds}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
