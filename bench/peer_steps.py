@@ -109,6 +109,47 @@ class HF(Plain):
         return self.model(input_ids=ids, use_cache=False).logits
 
 
+class LitGPT(Plain):
+    """litgpt's GPT (its Llama layout) under Lightning Fabric, litgpt's own weight conversion and loss."""
+
+    def __init__(self, shape, weights):
+        import lightning
+        import litgpt
+        from litgpt.model import GPT, Config
+        from litgpt.scripts.convert_hf_checkpoint import copy_weights_hf_llama
+        from litgpt.utils import chunked_cross_entropy
+
+        config = Config(
+            name="nanoflow-peer", block_size=shape["positions"], vocab_size=shape["vocab"],
+            padded_vocab_size=shape["vocab"], n_layer=shape["layers"], n_head=shape["heads"],
+            n_embd=shape["hidden"], n_query_groups=shape["kv_heads"], rotary_percentage=1.0,
+            parallel_residual=False, bias=False, norm_class_name="RMSNorm", norm_eps=shape["norm_eps"],
+            mlp_class_name="LLaMAMLP", intermediate_size=shape["intermediate"], rope_base=int(shape["rope_theta"]))
+        model = GPT(config)
+        converted = {}
+        copy_weights_hf_llama(config, {}, converted, dict(weights))
+        model.load_state_dict(converted, strict=False)   # strict=False: the RoPE cache buffers are not weights
+        missing = {k for k in model.state_dict() if k not in converted and "rope" not in k and "mask" not in k}
+        if missing:
+            raise SystemExit(f"litgpt: no converted weight for {sorted(missing)[:4]}")
+        self.fabric = lightning.Fabric(accelerator="cpu", devices=1, precision="32-true")
+        optimizer = adamw(model.parameters(), shape)
+        self.model, self.optimizer = self.fabric.setup(model, optimizer)
+        self.shape, self.loss = shape, chunked_cross_entropy
+        self.model.train()
+        self.version = f"litgpt {litgpt.__version__ if hasattr(litgpt, '__version__') else '?'}, lightning {lightning.__version__}"
+
+    def step(self, ids, labels, lr: float) -> float:
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        loss = self.loss(self.model(ids), labels)
+        self.fabric.backward(loss)
+        self.fabric.clip_gradients(self.model, self.optimizer, max_norm=self.shape["clip"])
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return loss.item()
+
+
 class Nanoflow:
     """nanoflow.train_step on the same shape (its config from the curriculum with the shape's overrides)."""
 
@@ -128,7 +169,7 @@ class Nanoflow:
         return metrics["loss"]
 
 
-PEERS = {"nanoflow": Nanoflow, "hf": HF}
+PEERS = {"nanoflow": Nanoflow, "hf": HF, "litgpt": LitGPT}
 
 
 def main() -> int:
