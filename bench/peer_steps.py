@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+from importlib import metadata
 import sys
 import time
 
@@ -114,7 +115,6 @@ class LitGPT(Plain):
 
     def __init__(self, shape, weights):
         import lightning
-        import litgpt
         from litgpt.model import GPT, Config
         from litgpt.scripts.convert_hf_checkpoint import copy_weights_hf_llama
         from litgpt.utils import chunked_cross_entropy
@@ -137,7 +137,7 @@ class LitGPT(Plain):
         self.model, self.optimizer = self.fabric.setup(model, optimizer)
         self.shape, self.loss = shape, chunked_cross_entropy
         self.model.train()
-        self.version = f"litgpt {litgpt.__version__ if hasattr(litgpt, '__version__') else '?'}, lightning {lightning.__version__}"
+        self.version = f"litgpt {metadata.version('litgpt')}, lightning {lightning.__version__}"
 
     def step(self, ids, labels, lr: float) -> float:
         for group in self.optimizer.param_groups:
@@ -148,6 +148,72 @@ class LitGPT(Plain):
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return loss.item()
+
+
+# HF LlamaForCausalLM's names → OLMo-core's (olmo_core.nn.hf.convert's table for a pre-norm Llama block; that
+# module imports transformers, which the OLMo-core venv does not have)
+OLMO_NAMES = {
+    "model.embed_tokens.weight": "embeddings.weight", "model.norm.weight": "lm_head.norm.weight",
+    "lm_head.weight": "lm_head.w_out.weight",
+    "self_attn.q_proj.weight": "attention.w_q.weight", "self_attn.k_proj.weight": "attention.w_k.weight",
+    "self_attn.v_proj.weight": "attention.w_v.weight", "self_attn.o_proj.weight": "attention.w_out.weight",
+    "mlp.gate_proj.weight": "feed_forward.w1.weight", "mlp.down_proj.weight": "feed_forward.w2.weight",
+    "mlp.up_proj.weight": "feed_forward.w3.weight", "input_layernorm.weight": "attention_norm.weight",
+    "post_attention_layernorm.weight": "feed_forward_norm.weight",
+}
+
+
+class OLMoCore:
+    """OLMo-core's Transformer (TransformerConfig.llama_like) trained by its TransformerTrainModule: train_batch
+    (its own loss: summed cross entropy ÷ target tokens), optim_step (its clipping), zero_grads."""
+
+    class Trainer:   # what the train module asks of olmo_core's Trainer in a step: somewhere to put metrics
+        def __init__(self):
+            self.ce_loss = None
+
+        def record_metric(self, *args, **kwargs):
+            pass
+
+        def record_ce_loss(self, value, reduce_type=None):
+            self.ce_loss = value
+
+    def __init__(self, shape, weights):
+        from olmo_core.nn.feed_forward import FeedForwardConfig
+        from olmo_core.nn.transformer import TransformerConfig
+        from olmo_core.optim import AdamWConfig, OptimGroupOverride
+        from olmo_core.train.train_module import TransformerTrainModule
+
+        config = TransformerConfig.llama_like(
+            d_model=shape["hidden"], vocab_size=shape["vocab"], n_layers=shape["layers"], n_heads=shape["heads"],
+            n_kv_heads=shape["kv_heads"], layer_norm_eps=shape["norm_eps"], rope_theta=int(shape["rope_theta"]),
+            feed_forward=FeedForwardConfig(hidden_size=shape["intermediate"], bias=False))
+        model = config.build(init_device="cpu")
+        optim = AdamWConfig(lr=shape["lr"], betas=(shape["beta1"], shape["beta2"]), eps=shape["adam_eps"],
+                            weight_decay=shape["weight_decay"],
+                            group_overrides=[OptimGroupOverride(params=["*norm.weight"], opts={"weight_decay": 0.0})])
+        tokens = shape["batch"] * shape["sequence"]
+        self.module = TransformerTrainModule(model=model, optim=optim, rank_microbatch_size=tokens,
+                                             max_sequence_length=shape["sequence"], max_grad_norm=shape["clip"],
+                                             device=torch.device("cpu"))
+        self.trainer = self.Trainer()
+        self.module._attach_trainer(self.trainer)
+        converted = {}
+        for name, tensor in weights.items():
+            if name.startswith("model.layers."):
+                _, _, layer, rest = name.split(".", 3)
+                converted[f"blocks.{layer}.{OLMO_NAMES[rest]}"] = tensor
+            else:
+                converted[OLMO_NAMES[name]] = tensor
+        self.module.model.load_state_dict(converted, strict=True)   # after the module's own init_weights
+        self.version = f"ai2-olmo-core {metadata.version('ai2-olmo-core')}"
+
+    def step(self, ids, labels, lr: float) -> float:
+        for group in self.module.optim.param_groups:
+            group["lr"] = lr
+        self.module.train_batch({"input_ids": ids, "labels": labels})
+        self.module.optim_step()
+        self.module.zero_grads()
+        return float(self.trainer.ce_loss)
 
 
 class Nanoflow:
@@ -169,7 +235,7 @@ class Nanoflow:
         return metrics["loss"]
 
 
-PEERS = {"nanoflow": Nanoflow, "hf": HF, "litgpt": LitGPT}
+PEERS = {"nanoflow": Nanoflow, "hf": HF, "olmo-core": OLMoCore, "litgpt": LitGPT}
 
 
 def main() -> int:
