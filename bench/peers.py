@@ -114,15 +114,25 @@ def peer_python(peer: str, args) -> tuple[str | None, str]:
         if check.returncode == 0:
             return sys.executable, "this interpreter"
         return None, f"not importable here ({_last_line(check.stderr)}); run without --here to install it"
-    folder = os.path.join(CACHE, peer)
-    python = os.path.join(folder, "bin", "python")
-    if os.path.exists(python) and _imports(python, PEERS[peer][2]):
-        return python, folder
-    if args.no_install:
-        return None, f"not installed in {folder} (--no-install)"
     import torch
 
     release = torch.__version__.split("+")[0]
+    folder = os.path.join(CACHE, peer)
+    python = os.path.join(folder, "bin", "python")
+    # Written once the install and its import check succeeded: later runs skip the check (a minute of imports
+    # on busy cores); a venv broken since then fails when its worker starts, and is reported there.
+    marker = os.path.join(folder, "nanoflow-peer.json")
+    wanted = {"torch": release, "packages": PEERS[peer][1]}
+    if os.path.exists(python) and os.path.exists(marker):
+        with open(marker) as f:
+            if json.load(f) == wanted:
+                return python, folder
+    if os.path.exists(python) and _imports(python, PEERS[peer][2]):
+        with open(marker, "w") as f:
+            json.dump(wanted, f)
+        return python, folder
+    if args.no_install:
+        return None, f"not installed in {folder} (--no-install)"
     print(f"installing {peer} into {folder} (torch=={release} {' '.join(PEERS[peer][1])}) …", flush=True)
     try:
         venv.EnvBuilder(with_pip=True, clear=True).create(folder)
@@ -134,6 +144,8 @@ def peer_python(peer: str, args) -> tuple[str | None, str]:
         return None, f"pip could not install it: {_last_line(install.stderr)}"
     if not _imports(python, PEERS[peer][2]):
         return None, f"installed, but `{PEERS[peer][2]}` fails in {folder}"
+    with open(marker, "w") as f:
+        json.dump(wanted, f)
     return python, folder
 
 
