@@ -170,6 +170,9 @@ class Worker:
         self.peer = peer
         self.process = subprocess.Popen([python, os.path.join(HERE, "peer_steps.py"), peer, folder], env=env,
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True)
+        self.ready = None
+
+    def wait_ready(self) -> None:
         self.ready = self._answer()
 
     def _answer(self) -> dict:
@@ -202,12 +205,15 @@ def compare(args, vocab: int, pythons: dict[str, str], work: str) -> list[dict]:
     log_path = os.path.join(work, f"vocab{vocab}.log")
     with open(log_path, "w") as log:
         try:
-            for peer in ["nanoflow", *pythons]:
+            for peer in ["nanoflow", *pythons]:   # all start at once: the imports overlap, the steps never do
+                workers[peer] = Worker(peer, sys.executable if peer == "nanoflow" else pythons[peer], folder, log)
+            for peer in list(workers):
                 try:
-                    workers[peer] = Worker(peer, sys.executable if peer == "nanoflow" else pythons[peer], folder, log)
+                    workers[peer].wait_ready()
                 except (RuntimeError, json.JSONDecodeError) as e:
                     log.flush()
                     rows.append({"peer": peer, "failed": f"{e}: {_last_line(open(log_path).read())}"})
+                    workers.pop(peer).close()
                     if peer == "nanoflow":
                         raise SystemExit(f"nanoflow's side did not start: {rows[-1]['failed']}")
             results = {peer: [] for peer in workers}
