@@ -196,6 +196,7 @@ def main(argv=None) -> int:
     started = time.perf_counter()
     config, groups, info, tensors = build_state(args.hidden, args.intermediate, args.layers)
     size = nbytes(tensors)
+    step = info["training"]["completed"]   # the step the state has trained (the checkpoint's name)
     params = sum(p.numel() for p in tensors["model"].values())
     work = tempfile.mkdtemp(prefix="nanoflow-bench-io-", dir=args.dir)
     print(f"state: {params / 1e6:.1f} M parameters, {len(tensors['optimizer'])} optimizer tensors, "
@@ -209,10 +210,10 @@ def main(argv=None) -> int:
             root = os.path.join(work, f"nanoflow-{round_}")
             torch_file, torch_fsync_file = (os.path.join(work, f"torch-{round_}{s}.pt") for s in ("", "-fsync"))
             parts = {}  # the nanoflow sides run instrumented: their totals are the timings, their parts the breakdown
-            saves = [("nanoflow save", lambda: parts.update(save=save_breakdown(root, 1, groups, info))),
+            saves = [("nanoflow save", lambda: parts.update(save=save_breakdown(root, step, groups, info))),
                      ("torch.save", lambda: torch_save(torch_file, tensors, fsync=False)),
                      ("torch.save + fsync", lambda: torch_save(torch_fsync_file, tensors, fsync=True))]
-            loads = [("nanoflow load", lambda: parts.update(load=load_breakdown(os.path.join(root, "1")))),
+            loads = [("nanoflow load", lambda: parts.update(load=load_breakdown(os.path.join(root, str(step))))),
                      ("torch.load", lambda: torch.load(torch_file, weights_only=True))]
             if round_ % 2:
                 saves.reverse()
@@ -228,7 +229,7 @@ def main(argv=None) -> int:
                 for part, seconds in parts["load"].items():
                     load_parts[part].append(seconds)
             if not checked:  # both sides really hold the same tensors
-                loaded, ours = torch.load(torch_file, weights_only=True), read_checkpoint(os.path.join(root, "1"))
+                loaded, ours = torch.load(torch_file, weights_only=True), read_checkpoint(os.path.join(root, str(step)))
                 for group in tensors:
                     for name, tensor in tensors[group].items():
                         assert torch.equal(loaded[group][name], tensor) and torch.equal(ours.groups[group][name], tensor)
