@@ -31,7 +31,7 @@ from nanoflow import evaluation  # noqa: E402
 from nanoflow.config import EvalDatasetArgs, EvaluationArgs, load_config  # noqa: E402
 from nanoflow.evaluation import EvalSet, score  # noqa: E402
 from nanoflow.parallel.mesh import SINGLE  # noqa: E402
-from nanoflow.state import init_state  # noqa: E402
+from nanoflow.build import init_state  # noqa: E402
 from nanoflow.step import train_step  # noqa: E402
 
 CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "schedules", "curriculum.toml")
