@@ -10,7 +10,9 @@ sequence + 1]). No pickle anywhere.
 
 Protocol, one JSON line each way: the worker prints {"ready": …} once built, then for each
 "step INDEX LR" line on stdin runs one optimizer step on batch INDEX at that learning rate and prints
-{"loss": …, "seconds": …}; "quit" ends it. Only the step is timed (the batch is already in memory).
+{"loss": …, "seconds": …, "cpu": …} (wall and process CPU seconds); "quit" ends it. Only the step
+is timed (the batch is already in memory). On loaded cores the CPU seconds are the steadier measure:
+the wall time is then mostly waiting for a core.
 """
 
 from __future__ import annotations
@@ -252,10 +254,10 @@ def main() -> int:
             break
         index, lr = int(words[1]), float(words[2])
         ids, labels = batches[index, :, :-1].contiguous(), batches[index, :, 1:].contiguous()
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         loss = side.step(ids, labels, lr)
-        seconds = time.perf_counter() - start
-        print(json.dumps({"loss": loss, "seconds": seconds}), flush=True)
+        seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
+        print(json.dumps({"loss": loss, "seconds": seconds, "cpu": cpu}), flush=True)
     return 0
 
 

@@ -14,8 +14,9 @@ converted by each peer's own code), trains on the same batches at the same learn
 (nanoflow's schedule), 1 torch thread, in a process of its own (bench/peer_steps.py) that waits on
 its stdin while another side steps, so the sides never share a core. The order of the sides rotates
 every step; the first --warmup steps are not timed. Prints, per vocabulary and peer, the peer's
-tokens/s ÷ nanoflow's (above 1: the peer is faster) and the largest difference of the losses over all
-steps (they should agree to about 1e-6: the same arithmetic in float32).
+tokens/s ÷ nanoflow's (above 1: the peer is faster), the same ratio by CPU seconds a step (steadier on
+loaded cores, where a step's wall time is mostly waiting for a core) and the largest difference of the
+losses over all steps (they should agree to about 1e-6: the same arithmetic in float32).
 """
 
 from __future__ import annotations
@@ -237,10 +238,13 @@ def compare(args, vocab: int, pythons: dict[str, str], work: str) -> list[dict]:
     tokens = shape["batch"] * shape["sequence"]
     for peer, theirs in results.items():
         seconds = statistics.median(r["seconds"] for r in theirs[args.warmup:])
+        cpu = statistics.median(r["cpu"] for r in theirs[args.warmup:])
+        ours_cpu = statistics.median(r["cpu"] for r in ours[args.warmup:])
         gap = max(abs(a["loss"] - b["loss"]) for a, b in zip(theirs, ours))
         rows.append({"peer": peer, "version": workers[peer].ready["version"], "seconds": seconds,
                      "nanoflow_seconds": ours_s, "speed": ours_s / seconds, "tokens_per_s": tokens / seconds,
-                     "loss_gap": gap, "first_loss": theirs[0]["loss"], "last_loss": theirs[-1]["loss"]})
+                     "loss_gap": gap, "first_loss": theirs[0]["loss"], "last_loss": theirs[-1]["loss"],
+                     "cpu": cpu, "cpu_speed": ours_cpu / cpu})
     return rows
 
 
@@ -288,7 +292,8 @@ def main(argv=None) -> int:
                 agree = "agree" if row["loss_gap"] <= TOLERANCE else "DIFFER"
                 print(f"  {row['peer']} ({row['version']}): {row['seconds']:.4f} s a step, {row['tokens_per_s']:,.0f} "
                       f"tokens/s; tokens/s ÷ nanoflow's = {row['speed']:.3f}; losses {agree}: max |Δ| "
-                      f"{row['loss_gap']:.2e} over {args.steps} steps ({row['first_loss']:.4f} → {row['last_loss']:.4f})",
+                      f"{row['loss_gap']:.2e} over {args.steps} steps ({row['first_loss']:.4f} → {row['last_loss']:.4f}); "
+                      f"CPU {row['cpu']:.4f} s a step, nanoflow's CPU s ÷ this = {row['cpu_speed']:.3f}",
                       flush=True)
     load = os.getloadavg()
     print(f"\n- load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} at the end\n")
@@ -300,6 +305,13 @@ def main(argv=None) -> int:
         for peer in names:
             row = table.get((vocab, peer))
             cells.append("—" if row is None or "failed" in row else f"{row['speed']:.3f}")
+        print(f"| {vocab:,} | " + " | ".join(cells) + " | 1 |")
+    print("\nthe same by CPU seconds a step (the steadier figure on loaded cores):")
+    for vocab in args.vocab:
+        cells = []
+        for peer in names:
+            row = table.get((vocab, peer))
+            cells.append("—" if row is None or "failed" in row else f"{row['cpu_speed']:.3f}")
         print(f"| {vocab:,} | " + " | ".join(cells) + " | 1 |")
     bad = [key for key, row in table.items() if "failed" not in row and row["loss_gap"] > TOLERANCE]
     return 1 if bad else 0

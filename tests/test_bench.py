@@ -29,7 +29,7 @@ SMALLEST = {
     "loop_overhead.py": ([], [rf"loop / train_step alone: {N}"]),
     "memory.py": ([], [rf"worst run: peak − baseline = {N} MB = {N} × state"]),
     "peers.py": (["--here", "--peers", "hf"], [rf"hf \(transformers [^)]+\): .*tokens/s ÷ nanoflow's = {N}; "
-                                               rf"losses agree: max \|Δ\| {N}", r"torchtitan: not run: .*CPU"]),
+                                               rf"losses agree: max \|Δ\| {N} .*nanoflow's CPU s ÷ this = {N}", r"torchtitan: not run: .*CPU"]),
     "profile_step.py": ([], [rf"{N} ms per loop iteration under torch\.profiler", rf"the floor .*: {N} ms"]),
     "restore.py": ([], [rf"nanoflow / torch: {N}"]),
     "resume.py": ([], [rf"late / early {N} \(median of paired rounds {N}"]),
