@@ -36,6 +36,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import torch  # noqa: E402
 
 import nanoflow  # noqa: E402
+from benchlib import parse  # noqa: E402
 from nanoflow.checkpoint.checkpointer import Checkpointer  # noqa: E402
 
 CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "schedules", "curriculum.toml")
@@ -79,7 +80,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=10)
     parser.add_argument("--heads", type=int, default=16)
     parser.add_argument("--threads", type=int, default=None, help="torch threads for training (default: torch's)")
-    args = parser.parse_args()
+    args = parse(parser, None, rounds=1, steps=1, hidden=64, intermediate=128, layers=1, heads=2)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     root = tempfile.mkdtemp(prefix="async-save-", dir=args.dir)

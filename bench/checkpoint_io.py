@@ -40,12 +40,12 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # works without `pip install -e .`
+from benchlib import filesystem, load_average, parse, state_with_moments  # noqa: E402  (bench/benchlib.py; puts the repo on sys.path)
 
 import torch  # noqa: E402
 
-import nanoflow  # noqa: E402
 import nanoflow.io.checkpoint as checkpoint_module  # noqa: E402
+import nanoflow.io.marker as marker_module  # noqa: E402
 import nanoflow.io.reader as reader_module  # noqa: E402
 import nanoflow.io.store as store_module  # noqa: E402
 import nanoflow.io.tensorfile as tensorfile_module  # noqa: E402
@@ -53,21 +53,11 @@ from nanoflow.io import read_checkpoint, save_checkpoint  # noqa: E402
 from nanoflow.checkpoint.checkpointer import checkpoint_info  # noqa: E402
 from nanoflow.parallel.shards import state_blocks  # noqa: E402
 
-CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "schedules", "curriculum.toml")
 MB = 1e6
 
 
 def build_state(hidden: int, intermediate: int, layers: int):
-    config = nanoflow.load_config(CONFIG, overrides=[
-        f"model.hidden_size={hidden}", f"model.intermediate_size={intermediate}",
-        f"model.num_hidden_layers={layers}", "model.num_attention_heads=8", "model.num_key_value_heads=8",
-    ])
-    state = nanoflow.init_state(config)
-    generator = torch.Generator().manual_seed(0)
-    for p in state.model.parameters():
-        p.grad = torch.randn(p.shape, generator=generator) * 1e-3
-    state.optimizer.step()  # creates exp_avg, exp_avg_sq, step for every parameter
-    state.optimizer.zero_grad(set_to_none=True)
+    config, state = state_with_moments(hidden, intermediate, layers)
     groups, info = state_blocks(state.model, state.optimizer, state.topology), checkpoint_info(state)
     tensors = {group: {name: block.data for name, block in blocks.items()} for group, blocks in groups.items()}
     return config, groups, info, tensors
@@ -149,7 +139,7 @@ def save_breakdown(root: str, step: int, groups: dict, info: dict) -> dict[str, 
     with contextlib.ExitStack() as stack:
         stack.enter_context(patched(checkpoint_module, "tensor_chunks",
                                     t.wrap("header + tensor views", checkpoint_module.tensor_chunks)))
-        stack.enter_context(patched(checkpoint_module, "new_checksum",
+        stack.enter_context(patched(marker_module, "new_checksum",
                                     lambda: TimedChecksum(t, tensorfile_module.new_checksum())))
         stack.enter_context(patched(store_module, "_write_chunks", t.wrap("write", store_module._write_chunks)))
         stack.enter_context(patched(os, "fsync", t.wrap("fsync", os.fsync)))
@@ -177,7 +167,7 @@ def load_breakdown(folder: str) -> dict[str, float]:
     with contextlib.ExitStack() as stack:
         stack.enter_context(patched(store_module.Store, "read_range",
                                     t.wrap("read (byte ranges)", store_module.Store.read_range)))
-        stack.enter_context(patched(checkpoint_module, "new_checksum",
+        stack.enter_context(patched(marker_module, "new_checksum",
                                     lambda: TimedChecksum(t, tensorfile_module.new_checksum())))
         stack.enter_context(patched(reader_module, "tensor_at", t.wrap("tensor views", reader_module.tensor_at)))
         stack.enter_context(patched(reader_module.CheckpointReader, "read", read_box))
@@ -199,13 +189,14 @@ def main(argv=None) -> int:
     parser.add_argument("--hidden", type=int, default=768)
     parser.add_argument("--intermediate", type=int, default=2048)
     parser.add_argument("--layers", type=int, default=4)
-    args = parser.parse_args(argv)
+    args = parse(parser, argv, rounds=1, hidden=64, intermediate=128, layers=1)
     if args.threads:
         torch.set_num_threads(args.threads)
 
     started = time.perf_counter()
     config, groups, info, tensors = build_state(args.hidden, args.intermediate, args.layers)
     size = nbytes(tensors)
+    step = info["training"]["completed"]   # the step the state has trained (the checkpoint's name)
     params = sum(p.numel() for p in tensors["model"].values())
     work = tempfile.mkdtemp(prefix="nanoflow-bench-io-", dir=args.dir)
     print(f"state: {params / 1e6:.1f} M parameters, {len(tensors['optimizer'])} optimizer tensors, "
@@ -219,10 +210,10 @@ def main(argv=None) -> int:
             root = os.path.join(work, f"nanoflow-{round_}")
             torch_file, torch_fsync_file = (os.path.join(work, f"torch-{round_}{s}.pt") for s in ("", "-fsync"))
             parts = {}  # the nanoflow sides run instrumented: their totals are the timings, their parts the breakdown
-            saves = [("nanoflow save", lambda: parts.update(save=save_breakdown(root, 1, groups, info))),
+            saves = [("nanoflow save", lambda: parts.update(save=save_breakdown(root, step, groups, info))),
                      ("torch.save", lambda: torch_save(torch_file, tensors, fsync=False)),
                      ("torch.save + fsync", lambda: torch_save(torch_fsync_file, tensors, fsync=True))]
-            loads = [("nanoflow load", lambda: parts.update(load=load_breakdown(os.path.join(root, "1")))),
+            loads = [("nanoflow load", lambda: parts.update(load=load_breakdown(os.path.join(root, str(step))))),
                      ("torch.load", lambda: torch.load(torch_file, weights_only=True))]
             if round_ % 2:
                 saves.reverse()
@@ -238,7 +229,7 @@ def main(argv=None) -> int:
                 for part, seconds in parts["load"].items():
                     load_parts[part].append(seconds)
             if not checked:  # both sides really hold the same tensors
-                loaded, ours = torch.load(torch_file, weights_only=True), read_checkpoint(os.path.join(root, "1"))
+                loaded, ours = torch.load(torch_file, weights_only=True), read_checkpoint(os.path.join(root, str(step)))
                 for group in tensors:
                     for name, tensor in tensors[group].items():
                         assert torch.equal(loaded[group][name], tensor) and torch.equal(ours.groups[group][name], tensor)
@@ -262,8 +253,8 @@ def main(argv=None) -> int:
           f"torch {torch.__version__}, Python {platform.python_version()}")
     print(f"- state: {params / 1e6:.1f} M parameters (hidden {args.hidden}, intermediate {args.intermediate}, "
           f"{args.layers} layers); model + exp_avg + exp_avg_sq + steps + RNG = {size / MB:.0f} MB")
-    print(f"- files: {args.dir} ({_filesystem(args.dir)}); {args.rounds} rounds after a warm-up round; "
-          f"{time.perf_counter() - started:.0f} s in all; load average {os.getloadavg()[0]:.1f} at the end")
+    print(f"- files: {args.dir} ({filesystem(args.dir)}); {args.rounds} rounds after a warm-up round; "
+          f"{time.perf_counter() - started:.0f} s in all; {load_average()} at the end")
     print()
     print("| operation | median s | min–max s | MB/s | nanoflow / torch |")
     print("|---|---:|---:|---:|---:|")
@@ -290,19 +281,6 @@ def main(argv=None) -> int:
     print(f"targets: save ≤ 1.5× torch.save: {ratio_save:.2f} {'ok' if ratio_save <= 1.5 else 'MISSED'}; "
           f"load ≤ 1.2× torch.load: {ratio_load:.2f} {'ok' if ratio_load <= 1.2 else 'MISSED'}")
     return 0
-
-
-def _filesystem(path: str) -> str:
-    try:
-        best = ("?", "?")
-        with open("/proc/mounts") as f:
-            for line in f:
-                device, mount, kind = line.split()[:3]
-                if os.path.realpath(path).startswith(mount) and len(mount) >= len(best[0]):
-                    best = (mount, f"{kind} on {device}")
-        return best[1]
-    except OSError:
-        return "unknown filesystem"
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchlib import parse  # noqa: E402  (bench/benchlib.py)
 
 import torch  # noqa: E402
 
@@ -68,7 +69,8 @@ def write_inputs(root: Path, scale: float, rng) -> None:
             f.write(json.dumps({"prompt": prompt, "completion": " ".join(rng.choice(words, 200))}) + "\n")
 
 
-def config_text(root: Path, train_steps: int) -> str:
+def config_text(root: Path, train_steps: int, seq: int = SEQ, micro: int = MICRO, accumulation: int = ACCUMULATION,
+                only: str | None = None) -> str:
     stage = "\n[[data_stages]]\nname = {name!r}\nstart_training_step = {start}\n[data_stages.data.dataset]\n{body}\n"
     sources = {
         "token folder": f'dataset_folder = "{root / "web"}"',
@@ -80,6 +82,8 @@ def config_text(root: Path, train_steps: int) -> str:
         "SFT jsonl (cached tokens)": f'hf_dataset_or_datasets = "json"\nhf_data_files = "{root / "sft.jsonl"}"\n'
                                      'prompt_column_name = "prompt"\ncompletion_column_name = "completion"',
     }
+    if only is not None:
+        sources = {only: sources[only]}
     text = f"""
 [model]
 vocab_size = 288
@@ -88,13 +92,13 @@ intermediate_size = 384
 num_hidden_layers = 4
 num_attention_heads = 4
 num_key_value_heads = 2
-max_position_embeddings = {SEQ}
+max_position_embeddings = {seq}
 tie_word_embeddings = true
 [tokens]
-sequence_length = {SEQ}
+sequence_length = {seq}
 train_steps = {train_steps * len(sources)}
-micro_batch_size = {MICRO}
-batch_accumulation_per_replica = {ACCUMULATION}
+micro_batch_size = {micro}
+batch_accumulation_per_replica = {accumulation}
 [optimizer.learning_rate_scheduler]
 learning_rate = 3e-3
 """
@@ -127,6 +131,50 @@ def seek_seconds(config, index: int, schedule, start_sample: int, cache: str, re
     return total / repeats
 
 
+def against_memmap(root: Path, seq: int, rows: int, batches: int, rng, profile: bool) -> tuple[float, float, str]:
+    """(loader samples/s, bare memmap samples/s) for batches of rows × seq from the token folder, the two
+    interleaved batch by batch; with `profile`, the loader's top functions by own time (cProfile).
+
+    The bare side is what a batch costs at the least: `rows` random windows of seq + 1 tokens sliced from a
+    np.memmap of one of the same .ds files, stacked, widened to int64, shifted into inputs and labels."""
+    (root / f"memmap{seq}.toml").write_text(config_text(root, 10**6, seq, rows, 1, only="token folder"))
+    config = load_config(root / f"memmap{seq}.toml")
+    loader = open_stage(config, 0, BYTES, Schedule.from_config(config))
+    maps = [np.memmap(path, dtype=np.uint16, mode="r") for path in sorted((root / "web").glob("*.ds"))]
+
+    def bare() -> dict:
+        tokens = maps[int(rng.integers(len(maps)))]
+        starts = rng.integers(0, len(tokens) - seq - 1, rows)
+        window = torch.from_numpy(np.stack([tokens[s:s + seq + 1] for s in starts]).astype(np.int64))
+        return {"input_ids": window[:, :-1], "labels": window[:, 1:]}
+
+    steps = rng.integers(1, 10**6, batches)
+    loader.batch_at(int(steps[0]))
+    bare()
+    seconds = {"loader": 0.0, "bare": 0.0}
+    for i, step in enumerate(steps):
+        for side in (("loader", "bare") if i % 2 == 0 else ("bare", "loader")):
+            started = time.perf_counter()
+            loader.batch_at(int(step)) if side == "loader" else bare()
+            seconds[side] += time.perf_counter() - started
+    top = ""
+    if profile:
+        import cProfile
+        import io
+        import pstats
+
+        profiler = cProfile.Profile()
+        profiler.enable()
+        for step in steps:
+            loader.batch_at(int(step))
+        profiler.disable()
+        text = io.StringIO()
+        pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(8)
+        top = "\n".join(line for line in text.getvalue().splitlines() if line.strip()[:1].isdigit())
+    loader.close()
+    return batches * rows / seconds["loader"], batches * rows / seconds["bare"], top
+
+
 def train_tokens_per_second(steps: int) -> float:
     state = init_state(curriculum_at_2048([]))
     generator = torch.Generator().manual_seed(0)
@@ -141,9 +189,14 @@ def train_tokens_per_second(steps: int) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="a smaller data set and fewer rounds (a smoke test)")
-    args = parser.parse_args()
+    parser.add_argument("--quick", action="store_true", help="a smaller data set and fewer rounds")
+    parser.add_argument("--profile", action="store_true", help="where the loader's time goes against a bare memmap read")
+    parser.add_argument("--scale", type=float, default=None, help=argparse.SUPPRESS)
+    args = parse(parser, None, quick=True, scale=0.02)
     scale, rounds, batches = (0.1, 3, 10) if args.quick else (1.0, 15, 60)
+    if args.smoke:
+        rounds, batches = 1, 2
+    scale = args.scale or scale
     torch.set_num_threads(os.cpu_count() or 1)
     rng = np.random.default_rng(0)
     with tempfile.TemporaryDirectory(prefix="bench-dataloader-") as tmp:
@@ -185,8 +238,18 @@ def main() -> None:
             ratios.append(far / near)
             print(f"{stage.name:<30} {near * 1e3:>8.2f}ms {far * 1e3:>9.2f}ms {far / near:>8.3f}")
 
-        train_rate = train_tokens_per_second(2 if args.quick else 8)
-        loop_steps = 3 if args.quick else 10
+        print("\nthe loader's own cost: batch_at of the token folder / a bare np.memmap read of the same files, "
+              "interleaved batch by batch")
+        for seq, rows in ((256, 8), (SEQ, 32)):
+            ours, bare, top = against_memmap(root, seq, rows, 5 if args.smoke else 200, rng, args.profile)
+            print(f"  {rows} × {seq}: loader {ours:,.0f} samples/s, bare memmap {bare:,.0f} samples/s: "
+                  f"loader / bare = {ours / bare:.2f}")
+            if top:
+                print("  the loader's top functions by own time (ncalls tottime percall cumtime percall):")
+                print("\n".join("    " + line.strip() for line in top.splitlines()))
+
+        train_rate = train_tokens_per_second(1 if args.smoke else 2 if args.quick else 8)
+        loop_steps = 1 if args.smoke else 3 if args.quick else 10
         print(f"\ntraining loop (curriculum model, token folder, 2 × {SEQ} tokens a step, {loop_steps} steps):")
         for workers in (0, 2):
             wait, step_time = training_loop(root, workers, loop_steps)

@@ -23,6 +23,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # works without `pip install -e .`
 
+from benchlib import parse  # noqa: E402  (bench/benchlib.py)
 import attrs  # noqa: E402
 import torch  # noqa: E402
 
@@ -30,7 +31,7 @@ from nanoflow import evaluation  # noqa: E402
 from nanoflow.config import EvalDatasetArgs, EvaluationArgs, load_config  # noqa: E402
 from nanoflow.evaluation import EvalSet, score  # noqa: E402
 from nanoflow.parallel.mesh import SINGLE  # noqa: E402
-from nanoflow.state import init_state  # noqa: E402
+from nanoflow.build import init_state  # noqa: E402
 from nanoflow.step import train_step  # noqa: E402
 
 CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "schedules", "curriculum.toml")
@@ -107,7 +108,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--interval", type=int, default=20)
     parser.add_argument("--samples", type=int, default=64)
-    args = parser.parse_args()
+    args = parse(parser, None, rounds=1, steps=2, interval=1, samples=2)
     torch.set_num_threads(min(2, os.cpu_count() or 1))
     train_rate, eval_rate = throughput(args.rounds)
     print(f"training {train_rate:,.0f} tok/s, evaluation {eval_rate:,.0f} tok/s: eval / train = "

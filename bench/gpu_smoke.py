@@ -225,6 +225,11 @@ def main() -> None:
     args = parser.parse_args()
     if args.worker:
         return worker(args)
+    if not args.tiny and not torch.cuda.is_available():
+        # The 1B model on a CPU would take hours: say so instead of starting it.
+        print("gpu_smoke: no CUDA device here: the 1B check needs a GPU (--tiny runs the same code on a CPU)",
+              file=sys.stderr)
+        sys.exit(2)
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS for the resume check's runs
     started = time.perf_counter()
     common = [*(TINY if args.tiny else ONE_B), "model.dtype=bfloat16",

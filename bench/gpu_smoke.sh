@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # GPU smoke check (bench/gpu_smoke.py): a ~1B Llama in bf16 with torch.compile — tokens/s, MFU, peak
-# memory, host syncs, recompute_layer, async-save stall, resume equality. Under 8 minutes on one H200.
+# memory, host syncs, recompute_layer, async-save stall, resume equality; then, unless --tiny, the full
+# restore into device memory (bench/restore.py at 49.8 M and 154.5 M parameters) and the fused loss
+# against the plain one (bench/loss.py). Under 10 minutes on one H200.
 #
 #   bash bench/gpu_wheels.sh          # here, once, with network: the missing pure-Python wheels into .whl/
 #   bash bench/gpu_smoke.sh           # there: installs .whl/ if nanoflow's imports fail, then runs
@@ -26,4 +28,12 @@ fi
 if command -v nvidia-smi >/dev/null; then
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 fi
-exec "$PYTHON" bench/gpu_smoke.py "$@"
+"$PYTHON" bench/gpu_smoke.py "$@"
+case " $* " in *" --tiny "*) exit 0 ;; esac   # the CPU run of the suite checks gpu_smoke.py's code path only
+echo "restore: weights + AdamW moments into device memory, nanoflow / torch.load + load_state_dict"
+"$PYTHON" bench/restore.py --rounds 3
+"$PYTHON" bench/restore.py --rounds 3 --hidden 1024 --intermediate 2816 --layers 12
+if [ -f bench/loss.py ]; then
+    echo "loss: fused linear cross-entropy against the plain and chunked losses (on the host CPU: bench/loss.py measures the resident set)"
+    "$PYTHON" bench/loss.py --vocab 50304,128256 --threads 1 --rounds 3
+fi

@@ -44,6 +44,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # works without `pip install -e .`
 
+from benchlib import parse  # noqa: E402  (bench/benchlib.py)
 import attrs  # noqa: E402
 import torch  # noqa: E402
 
@@ -177,7 +178,7 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=200, help="steps of the shortened curriculum (default 200)")
     parser.add_argument("--plain", action="store_true", help="plain progress lines instead of the tqdm bar")
     parser.add_argument("--evaluation", action="store_true", help="keep the curriculum's [evaluation] (timed apart)")
-    args = parser.parse_args()
+    args = parse(parser, None, steps=5, plain=True)
 
     date = datetime.date.today().isoformat()
     print(f"{date}  torch {torch.__version__}  {os.cpu_count()} CPU cores "

@@ -146,7 +146,10 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--sequence", type=int, default=256)
+    parser.add_argument("--smoke", action="store_true", help="vocab 288 and 2,048, 1 thread, 1 round, 2 × 32 (a smoke test)")
     args = parser.parse_args()
+    if args.smoke:
+        args.vocab, args.threads, args.rounds, args.batch, args.sequence = "288,2048", "1", 1, 2, 32
     if os.environ.get("MALLOC_MMAP_THRESHOLD_") is None:  # freed tensors must leave the resident set
         env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
         return subprocess.run([sys.executable, *sys.argv], env=env, check=False).returncode

@@ -54,6 +54,7 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.join(HERE, "..")
 sys.path.insert(0, REPO)  # this checkout's nanoflow, also without `pip install -e .`
+from benchlib import parse  # noqa: E402  (bench/benchlib.py)
 CONFIG = os.path.join(REPO, "schedules", "curriculum.toml")
 MB = 1e6
 
@@ -327,7 +328,7 @@ def main() -> int:
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--run", help=argparse.SUPPRESS)
     parser.add_argument("--modules", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parse(parser, None, hidden=64, intermediate=128, layers=1, steps=2, sequence=64, positions=64, rounds=1)
     if args.features:
         return features(args)
     modules = None

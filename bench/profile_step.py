@@ -37,6 +37,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # works without `pip install -e .`
+from benchlib import parse  # noqa: E402  (bench/benchlib.py)
 
 import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile, record_function  # noqa: E402
@@ -105,7 +106,7 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--rows", type=int, default=15)
-    args = parser.parse_args()
+    args = parse(parser, None, warmup=1, steps=1)
     print(f"{datetime.date.today()}  torch {torch.__version__}  {os.cpu_count()} CPU cores "
           f"({platform.processor() or platform.machine()}), {torch.get_num_threads()} torch threads  "
           f"load average {os.getloadavg()[0]:.1f}")

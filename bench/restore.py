@@ -25,41 +25,22 @@ bench/resume.py). Prints medians, the ratio (target ≤ 1.3) and the load averag
 from __future__ import annotations
 
 import argparse
-import datetime
 import gc
 import os
-import platform
 import shutil
 import statistics
 import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # works without `pip install -e .`
+from benchlib import load_average, machine_line, parse, state_with_moments  # noqa: E402  (bench/benchlib.py; puts the repo on sys.path)
 
 import torch  # noqa: E402
 
-import nanoflow  # noqa: E402
 from nanoflow.build import build_model, build_optimizer  # noqa: E402
 from nanoflow.checkpoint.checkpointer import checkpoint_info  # noqa: E402
 from nanoflow.io import CheckpointReader, save_checkpoint  # noqa: E402
 from nanoflow.parallel.shards import load_moments, load_weights, state_blocks  # noqa: E402
-
-CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "schedules", "curriculum.toml")
-
-
-def make_state(args):
-    config = nanoflow.load_config(CONFIG, overrides=[
-        f"model.hidden_size={args.hidden}", f"model.intermediate_size={args.intermediate}",
-        f"model.num_hidden_layers={args.layers}", "model.num_attention_heads=8", "model.num_key_value_heads=8",
-    ])
-    state = nanoflow.init_state(config)
-    generator = torch.Generator().manual_seed(0)
-    for p in state.model.parameters():
-        p.grad = torch.randn(p.shape, generator=generator) * 1e-3
-    state.optimizer.step()
-    state.optimizer.zero_grad(set_to_none=True)
-    return config, state
 
 
 def nanoflow_restore(config, folder: str):
@@ -96,11 +77,11 @@ def main(argv=None) -> int:
     parser.add_argument("--layers", type=int, default=7)
     parser.add_argument("--dir", default="/tmp", help="where the files are written (a fresh folder inside it)")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
-    args = parser.parse_args(argv)
+    args = parse(parser, argv, rounds=1, hidden=64, intermediate=128, layers=1)
     if args.threads:
         torch.set_num_threads(args.threads)
-    load_before = os.getloadavg()
-    config, state = make_state(args)
+    load_before = load_average()
+    config, state = state_with_moments(args.hidden, args.intermediate, args.layers)
     params = sum(p.numel() for p in state.model.parameters())
     work = tempfile.mkdtemp(prefix="nanoflow-bench-restore-", dir=args.dir)
     try:
@@ -132,11 +113,10 @@ def main(argv=None) -> int:
     median = {name: statistics.median(values) for name, values in times.items()}
     ratio = median["nanoflow"] / median["torch"]
     print()
-    print(f"- date: {datetime.date.today().isoformat()}; {os.cpu_count()} CPU cores, {torch.get_num_threads()} torch "
-          f"threads, torch {torch.__version__}, Python {platform.python_version()}")
+    print(f"- date: {machine_line()}")
     print(f"- state: {params / 1e6:.1f} M parameters (hidden {args.hidden}, intermediate {args.intermediate}, "
           f"{args.layers} layers), weights + exp_avg + exp_avg_sq; {args.rounds} rounds after a warm-up")
-    print(f"- load average (1 min) {load_before[0]:.1f} before, {os.getloadavg()[0]:.1f} after")
+    print(f"- {load_before} before, {load_average()} after")
     print()
     print("| full restore (model + optimizer built, state read) | median s | min–max s |")
     print("|---|---:|---:|")

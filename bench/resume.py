@@ -45,6 +45,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.join(HERE, "..")
 sys.path.insert(0, REPO)  # this checkout's nanoflow, also without `pip install -e .`
+from benchlib import parse  # noqa: E402  (bench/benchlib.py)
 CONFIG = os.path.join(REPO, "schedules", "curriculum.toml")
 LATE = 1_000_000
 EARLY = 10
@@ -233,9 +234,11 @@ def main() -> int:
                         help="metrics lines left after the checkpoint by a killed attempt (default 37)")
     parser.add_argument("--no-big", action="store_true", help="skip the 28.5 M-parameter checkpoint-read measurement")
     parser.add_argument("--worker", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    parser.add_argument("--late", type=int, default=LATE, help=f"the late resume's step (default {LATE:,})")
+    args = parse(parser, None, rounds=1, no_big=True, late=1000)
     if args.worker is not None:
         return worker(args.worker)
+    late_step = args.late
 
     import torch
     date = datetime.date.today().isoformat()
@@ -244,39 +247,39 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="resume-bench-") as folder:
         started = time.perf_counter()
         runs = {step: make_run(os.path.join(folder, f"at{step}"), step, [], args.lines_after)
-                for step in (EARLY, LATE)}
+                for step in (EARLY, late_step)}
         sizes = {step: os.path.getsize(os.path.join(runs[step][0], "metrics.jsonl")) for step in runs}
         print(f"fixtures in {time.perf_counter() - started:.1f}s: metrics.jsonl of {sizes[EARLY]:,} B (step {EARLY}) "
-              f"and {sizes[LATE] / 1e6:,.0f} MB (step {LATE:,}), {args.lines_after} lines after the checkpoint each")
-        results = {EARLY: [], LATE: []}
+              f"and {sizes[late_step] / 1e6:,.0f} MB (step {late_step:,}), {args.lines_after} lines after the checkpoint each")
+        results = {EARLY: [], late_step: []}
         for round_ in range(args.rounds):
-            for step in ((EARLY, LATE) if round_ % 2 == 0 else (LATE, EARLY)):
+            for step in ((EARLY, late_step) if round_ % 2 == 0 else (late_step, EARLY)):
                 restore_killed_attempt(os.path.join(runs[step][0], "metrics.jsonl"), step, args.lines_after)
                 results[step].append(measure(runs[step][1]))
             print(f"round {round_ + 1}: to first step {results[EARLY][-1]['marks']['first_step']:.2f}s (step "
-                  f"{EARLY}), {results[LATE][-1]['marks']['first_step']:.2f}s (step {LATE:,})")
+                  f"{EARLY}), {results[late_step][-1]['marks']['first_step']:.2f}s (step {late_step:,})")
 
         early = median_of(results[EARLY], lambda r: r["marks"]["first_step"])
-        late = median_of(results[LATE], lambda r: r["marks"]["first_step"])
+        late = median_of(results[late_step], lambda r: r["marks"]["first_step"])
         paired = statistics.median(b["marks"]["first_step"] / a["marks"]["first_step"]
-                                   for a, b in zip(results[EARLY], results[LATE]))
+                                   for a, b in zip(results[EARLY], results[late_step]))
         print(f"\ntime from process start to the first completed step (median of {args.rounds}):")
-        print(f"  resume at step {EARLY}: {early:.3f} s;  at step {LATE:,}: {late:.3f} s;  "
+        print(f"  resume at step {EARLY}: {early:.3f} s;  at step {late_step:,}: {late:.3f} s;  "
               f"late / early {late / early:.3f} (median of paired rounds {paired:.3f}; target ≤ 1.2)\n")
-        print(f"| phase (median s) | resume at {EARLY} | resume at {LATE:,} |")
+        print(f"| phase (median s) | resume at {EARLY} | resume at {late_step:,} |")
         print("|---|---:|---:|")
         for label, _ in PHASES:
             early_s, late_s = (median_of(results[s], lambda r, label=label: phases(r["marks"])[label])
-                               for s in (EARLY, LATE))
+                               for s in (EARLY, late_step))
             print(f"| {label} | {early_s:.3f} | {late_s:.3f} |")
         print(f"| **to the first completed step** | **{early:.3f}** | **{late:.3f}** |")
 
-        rows = [("curriculum model", results[EARLY] + results[LATE])]
+        rows = [("curriculum model", results[EARLY] + results[late_step])]
         if not args.no_big:
-            big, overrides = make_run(os.path.join(folder, "big"), LATE, BIG_MODEL, args.lines_after)
+            big, overrides = make_run(os.path.join(folder, "big"), late_step, BIG_MODEL, args.lines_after)
             big_results = []
             for _ in range(3):
-                restore_killed_attempt(os.path.join(big, "metrics.jsonl"), LATE, args.lines_after)
+                restore_killed_attempt(os.path.join(big, "metrics.jsonl"), late_step, args.lines_after)
                 big_results.append(measure(overrides))
             rows.append(("28.5 M parameters", big_results))
         print("\n| checkpoint | MB | raw read s (MB/s) | choose s | read + check + restore s | "

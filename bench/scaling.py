@@ -19,6 +19,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # works without `pip install -e .`
+from benchlib import parse  # noqa: E402  (bench/benchlib.py)
 
 REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 COLLECTIVE_MARKERS = ("c10d", "gloo", "nccl", "all_gather", "reduce_scatter", "allreduce", "all_reduce")
@@ -77,7 +78,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--dp", type=int, default=1, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parse(parser, None, steps=2)
     if args.worker:
         return worker(args.config, args.steps, args.dp)
 

@@ -27,6 +27,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # works without `pip install -e .`
 
+from benchlib import parse  # noqa: E402  (bench/benchlib.py)
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
@@ -122,7 +123,7 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=60, help="measured steps per side (default 60)")
     parser.add_argument("--warmup", type=int, default=3, help="warm-up steps per side (default 3)")
     parser.add_argument("--compile", action="store_true", help="also compare with torch.compile on both sides")
-    args = parser.parse_args()
+    args = parse(parser, None, steps=2, warmup=1)
 
     config = load_config(args.steps + args.warmup)
     tokens = config.stage_tokens(0)
