@@ -8,11 +8,11 @@ import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from helpers import REPO
 
-BENCH = Path(__file__).resolve().parent.parent / "bench"
+BENCH = REPO / "bench"
 NUMBER = r"[0-9][0-9,]*\.?[0-9]*"
 
 SMALLEST = {

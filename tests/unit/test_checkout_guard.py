@@ -53,16 +53,16 @@ def test_reads_of_the_quickstart_run_are_allowed_to_the_curriculum_test_only(tmp
     checkout = stand_in(tmp_path)
     seen = guard.Guard(str(checkout))
     metadata = str(checkout / "runs" / "curriculum" / "checkpoint_metadata.json")
-    for test, mode in [("tests/test_curriculum_skill.py::test_z (call)", "r"),
-                       ("tests/test_curriculum_skill.py::test_z (call)", "w"),
-                       ("tests/test_s3.py::test_w (call)", "r")]:
+    for test, mode in [("tests/e2e/test_curriculum_skill.py::test_z (call)", "r"),
+                       ("tests/e2e/test_curriculum_skill.py::test_z (call)", "w"),
+                       ("tests/e2e/test_s3.py::test_w (call)", "r")]:
         os.environ["PYTEST_CURRENT_TEST"], saved = test, os.environ.get("PYTEST_CURRENT_TEST")
         try:
             seen.hook("open", (metadata, mode, 0))
         finally:
             os.environ["PYTEST_CURRENT_TEST"] = saved or ""
     found = [(t.split("::")[0], what) for t, what, _ in seen.found]
-    assert found == [("tests/test_curriculum_skill.py", "wrote"), ("tests/test_s3.py", "read")]
+    assert found == [("tests/e2e/test_curriculum_skill.py", "wrote"), ("tests/e2e/test_s3.py", "read")]
 
 
 def test_the_session_walk_names_each_file_made_changed_or_gone(tmp_path):
