@@ -1,5 +1,5 @@
 """A reader fetches only the byte ranges of the shards it uses, and checks each against its own checksum —
-on a local disk and on S3 (moto's server on loopback, see conftest.py)."""
+on a local disk and on S3 (moto's server on loopback, see s3_server.py)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 A second process really tries to take a lock a first one holds; holders really die by SIGKILL; a
 busy holder is a real bin/train held still by SIGSTOP (so the second launch meets it mid-run on a
-loaded machine, not by luck of timing). S3 is moto's server on loopback (conftest.py), whose
+loaded machine, not by luck of timing). S3 is moto's server on loopback (s3_server.py), whose
 conditional writes (If-None-Match, If-Match) answer 412 as S3 does — the first test checks that.
 """
 

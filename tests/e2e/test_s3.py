@@ -1,4 +1,4 @@
-"""Checkpoints on S3 behave as they do locally, against a real S3 endpoint on loopback (moto's server, see conftest.py).
+"""Checkpoints on S3 behave as they do locally, against a real S3 endpoint on loopback (moto's server, see s3_server.py).
 
 Nothing of nanoflow is mocked: io/store.py talks to the endpoint through boto3, configured only by the
 standard AWS environment the `s3_endpoint` fixture sets. The tests look at the bucket with their own boto3
