@@ -65,10 +65,14 @@ def assert_same(got: dict, want: dict, groups=("model", "optimizer")) -> None:
 
 
 def assert_same_training_state(a, b) -> None:
-    """Two TrainStates hold the same weights, AdamW moments and step counts (torch.equal) and position."""
-    for (name, x), y in zip(a.model.state_dict().items(), b.model.state_dict().values()):
-        assert torch.equal(x, y), name
-    for (name, p), q in zip(a.model.named_parameters(), b.model.parameters()):
-        for key in ("exp_avg", "exp_avg_sq", "step"):
-            assert torch.equal(a.optimizer.state[p][key], b.optimizer.state[q][key]), f"{key} of {name}"
+    """Two TrainStates hold the same weights and buffers, the same AdamW state (every entry: moments and step
+    counts; torch.equal) and the same position."""
+    x, y = a.model.state_dict(), b.model.state_dict()
+    assert list(x) == list(y), "the models' tensors differ in names"
+    for name in x:
+        assert torch.equal(x[name], y[name]), name
+    for (name, p), q in zip(a.model.named_parameters(), b.model.parameters(), strict=True):
+        assert a.optimizer.state[p].keys() == b.optimizer.state[q].keys(), name
+        for key, value in a.optimizer.state[p].items():
+            assert torch.equal(value, b.optimizer.state[q][key]), f"{key} of {name}"
     assert (a.step, a.consumed_samples, a.lr_origin) == (b.step, b.consumed_samples, b.lr_origin)

@@ -21,6 +21,7 @@ import pytest
 
 from helpers import REPO, TRAIN_STEPS
 from log_helpers import logged
+from process_helpers import run_layout
 from nanoflow.io import CheckpointError, LockLostError, RunLock, RunLockedError, confirm_held, read_checkpoint
 from nanoflow.io.lock import LEASE_ENV, LOCK
 from run_helpers import assert_same
@@ -284,12 +285,10 @@ def test_plan_takes_no_lock_and_a_resume_only_reads_the_run_it_starts_from(tiny_
 
 @pytest.mark.slow
 def test_under_torchrun_every_rank_fails_with_the_holders_name(tmp_path):
-    from test_parallel import run as torchrun
-
     url = tmp_path / "run"
     lock = RunLock.acquire(str(url), run="holder")
     try:
-        result = torchrun("dp2", url, timeout=180)
+        result = run_layout("dp2", url, timeout=180)
     finally:
         lock.release()
     assert result.returncode != 0

@@ -2,55 +2,19 @@
 resume on another layout."""
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from helpers import REPO, TINY
+from process_helpers import COMMON, LAYOUT_STEPS, layout_overrides, run_layout
 from nanoflow import io
 from nanoflow.commands.verify import first_difference
 
 pytestmark = pytest.mark.slow
 
-STEPS = 4
-# One schedule for every layout: global batch 8 = micro 2 × accumulation × dp (the accumulation derived
-# from the stated global batch), the SFT stage out of reach. adam_eps = 1e-6: AdamW's first updates are
-# lr·g/(|g| + eps), so with the default 1e-8 a gradient element within rounding of 0 turns the different
-# summation order of another layout into an update difference of up to lr·Δg/eps (well above 1e-5 for
-# some data: it was seen while tiny trained on the repository's own, ever-changing sources); 1e-6 bounds it far
-# below the tolerance, and every layout runs the same optimizer.
-COMMON = [f"tokens.train_steps={STEPS}", "data_stages.sft.start_training_step=100", "tokens.micro_batch_size=2",
-          "tokens.global_batch_size=8", "data_stages.sft.micro_batch_size=2", "checkpoints.checkpoint_interval=2",
-          "optimizer.optimizer_factory.adam_eps=1e-6"]
-LAYOUTS = {  # name: (dp, tp, tp_mode); REDUCE_SCATTER is sequence parallelism
-    "dp1": (1, 1, "ALL_REDUCE"), "dp2": (2, 1, "ALL_REDUCE"), "tp2": (1, 2, "ALL_REDUCE"),
-    "dp2tp2": (2, 2, "ALL_REDUCE"), "dp4": (4, 1, "ALL_REDUCE"),
-    "tp2sp": (1, 2, "REDUCE_SCATTER"), "dp2tp2sp": (2, 2, "REDUCE_SCATTER"),
-}
-
-
-def layout_overrides(layout: str) -> list[str]:
-    dp, tp, mode = LAYOUTS[layout]   # the accumulation follows from global_batch_size
-    return [f"parallelism.dp={dp}", f"parallelism.tp={tp}", f'parallelism.tp_mode="{mode}"']
-
-
-def run(layout: str, run_dir: Path, *extra: str, script: str = "bin/train", args=(), timeout: int = 240):
-    dp, tp, _ = LAYOUTS[layout]
-    sets = [a for o in [*COMMON, *layout_overrides(layout), f'checkpoints.checkpoints_path="{run_dir}"', *extra]
-            for a in ("--set", o)]
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(dp * tp)] if dp * tp > 1 \
-        else [sys.executable]
-    # PYTHONFAULTHANDLER: a worker that dies of a signal prints every thread's Python stack in the failure report.
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1"}
-    result = subprocess.run([*launcher, script, *args, str(TINY), *sets] if script == "bin/train"
-                            else [*launcher, script, *args], cwd=REPO, env=env, capture_output=True, text=True,
-                            timeout=timeout)
-    return result
+STEPS = LAYOUT_STEPS
 
 
 def losses(run_dir: Path) -> dict[int, float]:
@@ -68,7 +32,7 @@ def runs(tmp_path_factory):
     """Every layout trains the same 4 steps of the same schedule; each run dir holds checkpoints 2 and 4."""
     root = tmp_path_factory.mktemp("layouts")
     for layout in ("dp1", "dp2", "tp2", "dp2tp2", "tp2sp", "dp2tp2sp"):
-        result = run(layout, root / layout)
+        result = run_layout(layout, root / layout)
         assert result.returncode == 0, f"{layout}:\n{result.stdout}\n{result.stderr}"
     return root
 
@@ -97,7 +61,7 @@ def test_each_rank_writes_only_its_own_shards(runs):
 @pytest.mark.parametrize("target", ["dp1", "dp4", "tp2", "dp2", "tp2sp"])
 def test_resume_a_dp2_tp2_checkpoint_on_another_layout(runs, tmp_path, target):
     resumed = tmp_path / target
-    result = run(target, resumed, f'checkpoints.resume_checkpoint_path="{runs / "dp2tp2" / "2"}"')
+    result = run_layout(target, resumed, f'checkpoints.resume_checkpoint_path="{runs / "dp2tp2" / "2"}"')
     assert result.returncode == 0, result.stdout + result.stderr
     assert "resuming from" in result.stdout and "step 2 done" in result.stdout
     reference = losses(runs / "dp1")
@@ -109,28 +73,28 @@ def test_resume_a_dp2_tp2_checkpoint_on_another_layout(runs, tmp_path, target):
 @pytest.mark.parametrize("target", ["dp1", "tp2", "dp4", "dp2tp2sp"])
 def test_weights_and_moments_read_back_exactly_on_any_layout(runs, tmp_path, target):
     source = runs / "dp2tp2" / "2"
-    result = run(target, tmp_path, script="tests/resave_worker.py",
+    result = run_layout(target, tmp_path, script="tests/resave_worker.py",
                  args=[str(source), str(tmp_path / "resaved"), *COMMON, *layout_overrides(target)])
     assert result.returncode == 0, result.stdout + result.stderr
     assert first_difference(io.read_checkpoint(str(source)), io.read_checkpoint(str(tmp_path / "resaved"))) is None
 
 
 def test_world_size_that_does_not_match_dp_times_tp_fails_clearly_on_every_rank(tmp_path):
-    result = run("dp2", tmp_path, "parallelism.dp=1", timeout=120)
+    result = run_layout("dp2", tmp_path, "parallelism.dp=1", timeout=120)
     assert result.returncode != 0
     assert result.stderr.count("parallelism.dp × parallelism.tp = 1 × 1") == 2   # both ranks, no hang
     assert "]: Traceback" not in result.stderr   # a message from each rank, not a stack (torchrun adds its own)
 
 
 def test_tp_that_does_not_divide_the_kv_heads_fails_clearly_on_every_rank(tmp_path):
-    result = run("tp2", tmp_path, "model.num_key_value_heads=1", timeout=120)
+    result = run_layout("tp2", tmp_path, "model.num_key_value_heads=1", timeout=120)
     assert result.returncode != 0
     assert result.stderr.count("model.num_key_value_heads = 1 is not divisible by parallelism.tp = 2") == 2
     assert "]: Traceback" not in result.stderr
 
 
 def test_a_checkpoint_that_does_not_fit_the_model_fails_clearly_on_every_rank(runs, tmp_path):
-    result = run("dp2", tmp_path, f'checkpoints.resume_checkpoint_path="{runs / "dp2tp2"}"',
+    result = run_layout("dp2", tmp_path, f'checkpoints.resume_checkpoint_path="{runs / "dp2tp2"}"',
                  "model.intermediate_size=96", timeout=120)
     assert result.returncode != 0
     assert result.stderr.count("model.intermediate_size was 64, the config now says 96") == 2
@@ -162,7 +126,7 @@ def test_damage_seen_by_one_rank_falls_back_on_every_rank(runs, tmp_path):
     data = bytearray(damaged.read_bytes())
     data[-64:] = bytes(b ^ 0xFF for b in data[-64:])
     damaged.write_bytes(bytes(data))
-    result = run("dp2", run_dir, timeout=120)
+    result = run_layout("dp2", run_dir, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"warning: {run_dir}/4 is damaged" in result.stdout and "rank00001.safetensors is damaged" in result.stdout
     assert f"resuming from {run_dir}/2: step 2 done" in result.stdout

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import REPO, TINY, quiet, tiny
+from process_helpers import run_layout
 from run_helpers import assert_same_training_state, folder_digest
 
 from nanoflow import io
@@ -223,10 +224,8 @@ def test_a_stop_signal_waits_for_the_save_in_flight(straight, tmp_path, monkeypa
 
 @pytest.mark.slow
 def test_dp2_under_torchrun_ends_equal_to_a_sync_dp2_run(tmp_path):
-    from test_parallel import run as torchrun
-
     for name, extra in (("sync", ()), ("async", (ASYNC,))):
-        result = torchrun("dp2", tmp_path / name, *extra)
+        result = run_layout("dp2", tmp_path / name, *extra)
         assert result.returncode == 0, f"{name}:\n{result.stdout}\n{result.stderr}"
     assert committed_steps(tmp_path / "sync") == committed_steps(tmp_path / "async") == [2, 4]
     for step in (2, 4):

@@ -10,6 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 from helpers import quiet, tiny
+from process_helpers import run_layout
 from nanoflow import io
 from nanoflow.commands.cli import average_main
 from nanoflow.interop.export import export_hf
@@ -162,9 +163,8 @@ def test_s3_to_s3(run_dir, s3_bucket, tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_a_dp2_tp2_checkpoint(tmp_path):
-    from test_parallel import run
     trained = tmp_path / "dp2tp2"
-    result = run("dp2tp2", trained)          # torchrun, 4 gloo processes: checkpoints 2 and 4, sharded 2 × 2
+    result = run_layout("dp2tp2", trained)          # torchrun, 4 gloo processes: checkpoints 2 and 4, sharded 2 × 2
     assert result.returncode == 0, result.stdout + result.stderr
     assert io.read_metadata(str(trained))["topology"] == {"dp": 2, "tp": 2, "world_size": 4}
     out = tmp_path / "avg"

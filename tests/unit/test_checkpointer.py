@@ -14,6 +14,7 @@ from helpers import tiny
 from nanoflow import Checkpointer, init_state, io, stage_data, train_step
 from nanoflow.io.checkpoint import save_checkpoint
 from nanoflow.parallel.shards import state_blocks
+from run_helpers import assert_same_training_state
 
 
 def trained(config, steps: int):
@@ -23,15 +24,6 @@ def trained(config, steps: int):
         with stage_data(state) as loader:
             state, _ = train_step(state, loader.batch_at(state.step + 1))
     return state
-
-
-def assert_equal_states(a, b):
-    assert (a.step, a.lr_origin, a.consumed_samples) == (b.step, b.lr_origin, b.consumed_samples)
-    for (name, p), q in zip(a.model.named_parameters(), b.model.parameters(), strict=True):
-        assert torch.equal(p, q), name
-        assert a.optimizer.state[p].keys() == b.optimizer.state[q].keys(), name
-        for key, value in a.optimizer.state[p].items():
-            assert torch.equal(value, b.optimizer.state[q][key]), f"{key} of {name}"
 
 
 def test_should_save_at_the_interval_the_end_and_a_stop(tmp_path):
@@ -49,13 +41,13 @@ def test_restore_save_restore_round_trip_is_bit_identical(tmp_path):
         assert checkpointer.save(state) == f"{tmp_path}/3"
     restored = Checkpointer(config, out=out).restore()
     assert "resuming from" in out.getvalue() and f"{tmp_path}/3: step 3 done, next step 4" in out.getvalue()
-    assert_equal_states(state, restored)
+    assert_same_training_state(state, restored)
     assert restored.run is not state.run and restored.schedule == state.schedule
     # and on from both, the same next step
     with stage_data(state) as loader:
         batch = loader.batch_at(4)
     (a, _), (b, _) = train_step(state, batch), train_step(restored, batch)
-    assert_equal_states(a, b)
+    assert_same_training_state(a, b)
     assert Checkpointer(config, out=out).restore(fresh=True).step == 0   # fresh ignores it, and says so
     assert "--fresh: starting from step 1, ignoring the committed checkpoints" in out.getvalue()
 
@@ -77,7 +69,7 @@ def test_checkpoints_no_longer_hold_an_rng_group_but_old_ones_still_restore(tmp_
     assert "rng" in io.read_metadata(old)["tensors"]
     restored = Checkpointer(tiny(tmp_path / "other", f'checkpoints.resume_checkpoint_path="{old}"'),
                             out=text_io.StringIO()).restore()
-    assert_equal_states(state, restored)
+    assert_same_training_state(state, restored)
 
 
 def test_a_consumed_state_is_not_saved(tmp_path):
