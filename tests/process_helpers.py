@@ -19,17 +19,18 @@ TORCHRUN = (PYTHON, "-m", "torch.distributed.run")
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
 
 
-def command(name: str, *args, launcher=(PYTHON,)) -> list[str]:
+def bin_command(name: str, *args, launcher=(PYTHON,)) -> list[str]:
     """The argv of bin/NAME with `args`, under `launcher` (this interpreter, or TORCHRUN and its options)."""
     return [*launcher, str(REPO / "bin" / name), *map(str, args)]
 
 
-def run_command(name: str, *args, env: dict | None = None, cwd: Path | str = REPO, timeout: float = 180,
+def run_command(name: str, *args, env: dict | None = None, cwd: Path | str = REPO, timeout: float = 600,
                 launcher=(PYTHON,)) -> subprocess.CompletedProcess:
-    """Run bin/NAME to its end in `cwd`, with this process's environment and `env` on top; stdout and stderr
-    are captured as text."""
-    return subprocess.run(command(name, *args, launcher=launcher), cwd=cwd, env={**os.environ, **(env or {})},
-                          capture_output=True, text=True, timeout=timeout)
+    """Run bin/NAME to its end in `cwd`, with this process's environment and `env` on top (a variable set to None
+    there is removed); stdout and stderr are captured as text."""
+    environment = {k: v for k, v in {**os.environ, **(env or {})}.items() if v is not None}
+    return subprocess.run(bin_command(name, *args, launcher=launcher), cwd=cwd, env=environment, capture_output=True,
+                          text=True, timeout=timeout)
 
 
 def sets(*overrides: str) -> list[str]:

@@ -1,14 +1,13 @@
 """Numbers and files that cannot train: refused before step 1, naming the key, or the file and line."""
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from data_helpers import stage, write_config
-from helpers import REPO, TINY
+from helpers import TINY
+from process_helpers import run_command, train_args
 from nanoflow import ConfigError, load_config
 from nanoflow.data import ByteTokenizer, DataInputError, open_stage
 
@@ -31,9 +30,7 @@ def test_bad_numbers_are_refused_at_load_naming_the_key(override, message):
 
 
 def test_bin_train_exits_2_on_a_bad_number_without_a_traceback(tmp_path):
-    result = subprocess.run([sys.executable, "bin/train", str(TINY), "--set", "optimizer.optimizer_factory.adam_beta1=1.5",
-                             "--set", f'checkpoints.checkpoints_path="{tmp_path}"'], cwd=REPO, capture_output=True,
-                            text=True, timeout=60)
+    result = run_command("train", *train_args(tmp_path, "optimizer.optimizer_factory.adam_beta1=1.5"), timeout=60)
     assert result.returncode == 2 and "adam_beta1" in result.stderr and "Traceback" not in result.stderr
 
 
@@ -68,7 +65,6 @@ def test_binary_garbage_as_a_text_file_is_named(tmp_path):
         stage("pretrain", 1, {"hf_dataset_or_datasets": "text", "hf_data_files": "corpus.txt"})]))
     with pytest.raises(DataInputError, match=rf"{tmp_path}/corpus\.txt, line 3: not UTF-8 text"):
         open_stage(config, 0, ByteTokenizer()).close()
-    result = subprocess.run([sys.executable, "bin/train", str(tmp_path / "run.toml")], cwd=REPO, capture_output=True,
-                            text=True, timeout=120)
+    result = run_command("train", tmp_path / "run.toml", timeout=120)
     assert result.returncode == 2, result.stderr
     assert "corpus.txt, line 3: not UTF-8 text" in result.stderr and "Traceback" not in result.stderr

@@ -10,15 +10,13 @@ Measured on this schedule: 0.0% at the end of anneal (step 200), 31.5% at step 6
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from helpers import REPO
+from process_helpers import run_command, train_args
 from nanoflow import io
 from nanoflow.config import load_config
 from nanoflow.evaluation import is_due
@@ -66,9 +64,7 @@ def test_the_default_curriculum_teaches_reversal_of_held_out_words(tmp_path):
     run = quickstart_run(config)
     if run is None:
         run = tmp_path / "run"
-        done = subprocess.run([sys.executable, str(REPO / "bin" / "train"), str(CURRICULUM),
-                               "--set", f"checkpoints.checkpoints_path={json.dumps(str(run))}"],
-                              capture_output=True, text=True, timeout=3600)
+        done = run_command("train", *train_args(run, config=CURRICULUM), cwd=None, timeout=3600)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         assert f"eval step {config.tokens.train_steps} (sft):" in done.stdout + done.stderr   # each evaluation said
     schedule = Schedule.from_config(config)

@@ -11,7 +11,6 @@ import logging
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -24,14 +23,9 @@ from nanoflow import errors, load_config
 from nanoflow.commands import cli
 from nanoflow.config import ConfigError
 from nanoflow.config.load import looks_local
-from process_helpers import signal_when_ready, with_dispositions
+from process_helpers import bin_command, run_command, signal_when_ready, with_dispositions
 
 TINY = str(TINY_FILE.relative_to(REPO))   # as typed at the repository root, where bin/* run here
-
-
-def run(*args: str, timeout: float = 180, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **(env or {})})
 
 
 def run_arg(path: Path) -> list[str]:
@@ -104,7 +98,7 @@ def test_every_front_end_exits_2_with_a_message_naming_the_culprit(tmp_path, fro
             "train": [TINY, "--plan", "--set", "model.dtype=bf16"],
             "convert-nanotron-config": [missing + ".yaml"]}[front_end]
     culprit = {"verify-resume": "trian_steps", "train": "model.dtype"}.get(front_end, "no_such_thing")
-    assert_clean_failure(run(f"bin/{front_end}", *args), errors.EXIT_BAD_INPUT, culprit)
+    assert_clean_failure(run_command(front_end, *args), errors.EXIT_BAD_INPUT, culprit)
 
 
 @pytest.mark.slow
@@ -112,14 +106,14 @@ def test_storage_lost_mid_run_exits_4_and_the_committed_checkpoint_stands(tmp_pa
     folder = tmp_path / "run"
     folder.mkdir()
     (folder / "4").write_text("a file where step 4's folder must go: its save fails")
-    result = run("bin/train", TINY, *run_arg(folder), "--set", "checkpoints.checkpoint_interval=2")
+    result = run_command("train", TINY, *run_arg(folder), "--set", "checkpoints.checkpoint_interval=2")
     assert_clean_failure(result, errors.EXIT_STORAGE, f"{folder}/4", "the last committed checkpoint stands: run "
                                                                      "the same command again to resume")
     assert "saved step 2:" in result.stdout and committed_step(folder) == 2
     intact = checkpoint_bytes(folder, 2)
     assert intact and (folder / "4").is_file()
 
-    again = run("bin/train", TINY, *run_arg(folder), "--set", "checkpoints.checkpoint_interval=2")
+    again = run_command("train", TINY, *run_arg(folder), "--set", "checkpoints.checkpoint_interval=2")
     assert_clean_failure(again, errors.EXIT_STORAGE)
     assert f"resuming from {folder}/2" in again.stdout
     assert checkpoint_bytes(folder, 2) == intact and committed_step(folder) == 2
@@ -129,7 +123,7 @@ def test_storage_lost_mid_run_exits_4_and_the_committed_checkpoint_stands(tmp_pa
 def test_storage_unreadable_before_the_first_step_exits_2(tmp_path):
     (tmp_path / "notes.txt").write_text("a file where the run folder's parent must be")
     folder = tmp_path / "notes.txt" / "run"   # cannot be created, so nothing can be read or written there
-    result = run("bin/train", TINY, *run_arg(folder))
+    result = run_command("train", TINY, *run_arg(folder))
     assert_clean_failure(result, errors.EXIT_BAD_INPUT, str(folder))
     assert "step 1/" not in result.stdout and not (folder / "metrics.jsonl").exists()
 
@@ -146,10 +140,10 @@ def test_a_bad_sample_mid_run_saves_nothing_and_names_stage_sample_and_file(tmp_
     config = write_config(tmp_path, [stage("pretrain", 1, {"dataset_folder": str(tokens)})], sequence_length=64,
                           micro_batch_size=8, accumulation=1, train_steps=150, seed=7)  # seed 7: the bad
     # sample comes in step 10
-    command = ["bin/train", str(config), "--set", "checkpoints.checkpoint_interval=1", "--set", "checkpoints.keep=2"]
+    command = [str(config), "--set", "checkpoints.checkpoint_interval=1", "--set", "checkpoints.keep=2"]
     folder = tmp_path / "checkpoints"
 
-    result = run(*command)
+    result = run_command("train", *command)
     assert_clean_failure(result, errors.EXIT_BAD_INPUT, 'stage "pretrain": sample', "00000_unshuffled.ds",
                          "token id 290 is outside model.vocab_size = 288")
     last = committed_step(folder)
@@ -159,7 +153,7 @@ def test_a_bad_sample_mid_run_saves_nothing_and_names_stage_sample_and_file(tmp_
     assert not (folder / str(last + 1)).exists()
     intact = checkpoint_bytes(folder, last)
 
-    again = run(*command)                               # the rerun resumes, meets the same sample, fails the same
+    again = run_command("train", *command)                 # the rerun resumes, meets the same sample, fails the same
     assert_clean_failure(again, errors.EXIT_BAD_INPUT, "token id 290")
     assert f"resuming from {folder}/{last}: step {last} done" in again.stdout
     assert committed_step(folder) == last and checkpoint_bytes(folder, last) == intact
@@ -192,7 +186,7 @@ def test_a_token_file_cut_short_mid_run_exits_2_and_keeps_the_checkpoint(tmp_pat
     config = write_config(tmp_path, [stage("pretrain", 1, {"dataset_folder": str(tokens)})], sequence_length=64,
                           micro_batch_size=8, accumulation=1, train_steps=400)
     folder = tmp_path / "checkpoints"
-    process = subprocess.Popen([sys.executable, "bin/train", str(config), "--set", "checkpoints.checkpoint_interval=2"],
+    process = subprocess.Popen(bin_command("train", str(config), "--set", "checkpoints.checkpoint_interval=2"),
                                cwd=REPO, env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)
     try:
@@ -263,7 +257,7 @@ def test_a_mistyped_local_path_is_an_immediate_error_naming_stage_and_path(tmp_p
                                        "hf_data_files": "data/arithmetc.jsonl"}}[case]
     config = write_config(tmp_path, [stage("sft", 1, dataset)])
     started = time.monotonic()
-    result = run("bin/train", str(config), "--plan", env={"HF_DATASETS_OFFLINE": "0", "HF_HUB_OFFLINE": "0"})
+    result = run_command("train", str(config), "--plan", env={"HF_DATASETS_OFFLINE": "0", "HF_HUB_OFFLINE": "0"})
     assert_clean_failure(result, errors.EXIT_BAD_INPUT, 'stage "sft"', str(tmp_path / "data" / "arithmetc.jsonl"))
     assert time.monotonic() - started < 20            # no hub retries (they took ~23 s before any message)
     assert not (tmp_path / "checkpoints").exists()
@@ -314,7 +308,7 @@ def test_a_signal_during_start_up_stops_at_once_with_one_line(tmp_path, signum, 
         assert 'stage "late" starts after train_steps' in first, first
         return True
 
-    returncode, stdout, stderr = signal_when_ready([sys.executable, "bin/train", str(config)], started,
+    returncode, stdout, stderr = signal_when_ready(bin_command("train", str(config)), started,
                                                    signum, cwd=REPO, env=env)
     assert returncode == status, (stdout, stderr)
     assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr
@@ -327,7 +321,7 @@ def test_a_ctrl_c_inherited_as_ignored_is_ignored_for_the_whole_run(tmp_path):
     """The rule for an inherited SIG_IGN (docs/resume.md, "Signals"): honoured at start-up and in the loop alike."""
     config = _big_text_config(tmp_path)
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_DATASETS_CACHE": str(tmp_path / "cache")}
-    process = subprocess.Popen([sys.executable, "bin/train", str(config), "--set", "logging.iteration_step_info_interval=1"],
+    process = subprocess.Popen(bin_command("train", str(config), "--set", "logging.iteration_step_info_interval=1"),
                                cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                preexec_fn=with_dispositions(ignored=[signal.SIGINT]))
     try:
@@ -352,8 +346,8 @@ def test_a_ctrl_c_inherited_as_ignored_is_ignored_for_the_whole_run(tmp_path):
 @pytest.mark.slow
 def test_a_signal_stop_after_saving_exits_75(tmp_path):
     folder = tmp_path / "run"
-    command = [sys.executable, "bin/train", TINY, *run_arg(folder), "--set", "tokens.train_steps=400",
-               "--set", "data_stages.sft.start_training_step=390", "--set", "checkpoints.checkpoint_interval=1000"]
+    command = bin_command("train", TINY, *run_arg(folder), "--set", "tokens.train_steps=400",
+               "--set", "data_stages.sft.start_training_step=390", "--set", "checkpoints.checkpoint_interval=1000")
     metrics = folder / "metrics.jsonl"
     returncode, stdout, stderr = signal_when_ready(
         command, lambda _: metrics.exists() and len(metrics.read_text().splitlines()) >= 2, signal.SIGTERM, cwd=REPO)
@@ -368,7 +362,7 @@ def test_a_signal_stop_after_saving_exits_75(tmp_path):
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGUSR1])
 def test_a_signal_just_after_done_leaves_a_finished_run_at_exit_0(tmp_path, signum):
     folder = tmp_path / "run"
-    process = subprocess.Popen([sys.executable, "bin/train", TINY, *run_arg(folder)], cwd=REPO, text=True,
+    process = subprocess.Popen(bin_command("train", TINY, *run_arg(folder)), cwd=REPO, text=True,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "PYTHONUNBUFFERED": "1"},
                                preexec_fn=with_dispositions())
     try:
@@ -391,9 +385,9 @@ def test_a_signal_just_after_done_leaves_a_finished_run_at_exit_0(tmp_path, sign
 @pytest.mark.slow
 def test_a_finished_run_exits_0_and_a_rerun_says_only_nothing_to_do(tmp_path):
     folder = tmp_path / "run"
-    finished = run("bin/train", TINY, *run_arg(folder))
+    finished = run_command("train", TINY, *run_arg(folder))
     assert finished.returncode == 0 and "done: 12 steps" in finished.stdout, finished.stdout + finished.stderr
-    again = run("bin/train", TINY, *run_arg(folder))
+    again = run_command("train", TINY, *run_arg(folder))
     assert again.returncode == 0, again.stderr
     assert again.stdout.splitlines() == [f"nothing to do: {folder}/12 has all 12 steps done"], again.stdout
 
@@ -401,11 +395,11 @@ def test_a_finished_run_exits_0_and_a_rerun_says_only_nothing_to_do(tmp_path):
 @pytest.mark.slow
 def test_fresh_says_which_checkpoints_it_ignores_and_keeps_them(tmp_path):
     folder = tmp_path / "run"
-    first = run("bin/train", TINY, *run_arg(folder), "--set", "tokens.train_steps=6",
+    first = run_command("train", TINY, *run_arg(folder), "--set", "tokens.train_steps=6",
                 "--set", "checkpoints.checkpoint_interval=2")
     assert first.returncode == 0, first.stderr
     before = {step: checkpoint_bytes(folder, step) for step in (2, 4, 6)}
-    fresh = run("bin/train", TINY, *run_arg(folder), "--set", "tokens.train_steps=1", "--fresh")
+    fresh = run_command("train", TINY, *run_arg(folder), "--set", "tokens.train_steps=1", "--fresh")
     assert fresh.returncode == 0, fresh.stderr
     line = next(line for line in fresh.stdout.splitlines() if line.startswith("--fresh"))
     assert f"checkpoints.checkpoints_path = {folder}" in line and "steps 2, 4, 6" in line, line
@@ -419,7 +413,7 @@ def test_verify_resume_prints_no_raw_python_warnings(tmp_path):
     # bin/verify-resume, the command, passes on tiny.toml. Its kills land mid-step and mid-save; whatever the runs
     # warn about comes out as plain lines (the plain line itself is tested with guarded() above): no raw Python
     # warning with its source file and line. (verify_resume's own kills are counted in test_verify.py.)
-    result = run("bin/verify-resume", TINY, "--kills", "2", "--seed", "0", "--workdir", str(tmp_path), timeout=600)
+    result = run_command("verify-resume", TINY, "--kills", "2", "--seed", "0", "--workdir", str(tmp_path), timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "PASS: after 2 kills" in result.stdout
     assert "Warning:" not in result.stderr, result.stderr

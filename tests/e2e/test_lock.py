@@ -21,7 +21,7 @@ import pytest
 
 from helpers import REPO, TRAIN_STEPS
 from log_helpers import logged
-from process_helpers import run_layout
+from process_helpers import bin_command, run_command, run_layout, train_args
 from nanoflow.io import CheckpointError, LockLostError, RunLock, RunLockedError, confirm_held, read_checkpoint
 from nanoflow.io.lock import LEASE_ENV, LOCK
 from run_helpers import assert_same
@@ -197,14 +197,13 @@ def test_a_bad_lease_setting_is_an_error(tmp_path, monkeypatch, value):
 # ---------------------------------------------------------------------------------------------
 # bin/train: the lock around a real run
 
-def train_command(tiny_toml: Path, url: str, *extra: str) -> list[str]:
-    return [sys.executable, str(REPO / "bin" / "train"), str(tiny_toml), "--set",
-            f"checkpoints.checkpoints_path={json.dumps(url)}", "--set", "checkpoints.checkpoint_interval=2", *extra]
+def lock_args(tiny_toml: Path, url: str, *extra: str) -> list[str]:
+    return [*train_args(url, "checkpoints.checkpoint_interval=2", config=tiny_toml), *extra]
 
 
 def start_holder(tiny_toml: Path, url: str, cwd: Path, endpoint=None) -> subprocess.Popen:
     """bin/train on `url`, returned once it holds the lock (its record names its pid)."""
-    process = subprocess.Popen(train_command(tiny_toml, url), cwd=cwd, stdout=subprocess.PIPE,
+    process = subprocess.Popen(bin_command("train", *lock_args(tiny_toml, url)), cwd=cwd, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline and process.poll() is None:
@@ -229,8 +228,7 @@ def test_two_launches_on_one_run_folder(root, tiny_toml, reference, tmp_path):
     os.kill(first.pid, signal.SIGSTOP)  # busy mid-run, whatever the machine's load
     try:
         # A double submit, with another config: refused at once, naming the holder, writing nothing.
-        second = subprocess.run(train_command(tiny_toml, url, "--set", "general.seed=3"), cwd=tmp_path,
-                                capture_output=True, text=True, timeout=120)
+        second = run_command("train", *lock_args(tiny_toml, url, "--set", "general.seed=3"), cwd=tmp_path, timeout=120)
     finally:
         os.kill(first.pid, signal.SIGCONT)
     assert second.returncode == 2, second.stdout + second.stderr
@@ -254,7 +252,7 @@ def test_a_killed_run_does_not_block_the_next_launch(root, tiny_toml, reference,
     first.kill()  # SIGKILL: no clean-up at all
     first.communicate()
     assert read_lock(url, endpoint)["pid"] == first.pid
-    again = subprocess.run(train_command(tiny_toml, url), cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    again = run_command("train", *lock_args(tiny_toml, url), cwd=tmp_path, timeout=120)
     assert again.returncode == 0, again.stdout + again.stderr
     assert f"warning: taking over {url}/{LOCK} from run 'tiny', pid {first.pid} on host {HOST}" in again.stdout
     assert "its process is gone" in again.stdout
@@ -265,17 +263,16 @@ def test_a_killed_run_does_not_block_the_next_launch(root, tiny_toml, reference,
 @pytest.mark.slow
 def test_plan_takes_no_lock_and_a_resume_only_reads_the_run_it_starts_from(tiny_toml, tmp_path):
     source = tmp_path / "source"
-    done = subprocess.run(train_command(tiny_toml, str(source), "--set", "tokens.train_steps=2"), cwd=tmp_path,
-                          capture_output=True, text=True, timeout=120)
+    done = run_command("train", *lock_args(tiny_toml, str(source), "--set", "tokens.train_steps=2"), cwd=tmp_path,
+                       timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     lock = RunLock.acquire(str(source), run="busy")  # the source run is being written by someone else
     try:
-        plan = subprocess.run(train_command(tiny_toml, str(source), "--plan"), capture_output=True, text=True,
-                              timeout=60)
+        plan = run_command("train", *lock_args(tiny_toml, str(source), "--plan"), timeout=60)
         assert plan.returncode == 0 and "pretrain" in plan.stdout, plan.stdout + plan.stderr
-        branch = subprocess.run(train_command(tiny_toml, str(tmp_path / "branch"), "--set", "tokens.train_steps=4",
-                                              "--set", f"checkpoints.resume_checkpoint_path={json.dumps(str(source))}"),
-                                cwd=tmp_path, capture_output=True, text=True, timeout=120)
+        branch = run_command("train", *lock_args(tiny_toml, str(tmp_path / "branch"), "--set", "tokens.train_steps=4",
+                                                 "--set", f"checkpoints.resume_checkpoint_path={json.dumps(str(source))}"),
+                             cwd=tmp_path, timeout=120)
         assert branch.returncode == 0, branch.stdout + branch.stderr
         assert f"resuming from {source}/2" in branch.stdout
         assert read_lock(str(source))["run"] == "busy"  # untouched
@@ -309,8 +306,7 @@ def test_a_run_stopped_by_sigterm_releases_the_lock(tiny_toml, tmp_path):
     out, err = first.communicate(timeout=120)
     assert "stopped by SIGTERM" in out, out + err
     assert read_lock(str(url)) is None
-    again = subprocess.run(train_command(tiny_toml, str(url)), cwd=tmp_path, capture_output=True, text=True,
-                           timeout=120)
+    again = run_command("train", *lock_args(tiny_toml, str(url)), cwd=tmp_path, timeout=120)
     assert again.returncode == 0 and "taking over" not in again.stdout, again.stdout + again.stderr
 
 

@@ -9,7 +9,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -17,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from helpers import REPO, TINY
+from process_helpers import TORCHRUN, bin_command
 from nanoflow import io
 from nanoflow.commands.verify import first_difference
 
@@ -42,9 +42,8 @@ def torchrun(run_dir: Path, log: Path, *launcher: str) -> subprocess.Popen:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1", "LOGLEVEL": "INFO",
            "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     with open(log, "w") as out:
-        return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", *launcher, "bin/train", str(TINY),
-                                 *sets], cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        return subprocess.Popen(bin_command("train", TINY, *sets, launcher=(*TORCHRUN, *launcher)), cwd=REPO, env=env,
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def children(pid: int) -> list[int]:

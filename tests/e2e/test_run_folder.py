@@ -5,13 +5,13 @@ import contextlib
 import io as text_io
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from log_helpers import logged
 
-from helpers import REPO, TINY
+from helpers import TINY
+from process_helpers import bin_command, run_command, train_args
 from nanoflow import io, load_config
 from nanoflow.config import ConfigError
 from nanoflow.io.runfolder import RunFolderError, RunFolderWriteError
@@ -20,12 +20,11 @@ from nanoflow.observe.tensorboard import TensorBoardLog, available
 
 
 def train_command(run: Path, *overrides: str) -> list[str]:
-    sets = [a for o in (f'checkpoints.checkpoints_path="{run}"', *overrides) for a in ("--set", o)]
-    return [sys.executable, "bin/train", str(TINY), *sets]
+    return bin_command("train", *train_args(run, *overrides))
 
 
 def run_train(run: Path, *overrides: str) -> subprocess.CompletedProcess:
-    return subprocess.run(train_command(run, *overrides), cwd=REPO, capture_output=True, text=True, timeout=180)
+    return run_command("train", *train_args(run, *overrides), timeout=180)
 
 
 def mount(*args: str) -> None:

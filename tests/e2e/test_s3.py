@@ -17,7 +17,6 @@ import re
 import signal
 import socket
 import subprocess
-import sys
 import time
 import warnings
 from pathlib import Path
@@ -25,8 +24,9 @@ from pathlib import Path
 import pytest
 import torch
 import helpers
-from helpers import REPO, TRAIN_STEPS
+from helpers import TRAIN_STEPS
 from log_helpers import logged
+from process_helpers import run_command, sets, train_args
 from run_helpers import assert_same, groups_of
 from s3_helpers import copy_run, get, keys, split, step_folders
 
@@ -196,12 +196,10 @@ def test_retention_on_s3_keeps_the_newest_committed_steps(s3_endpoint, s3_bucket
 
 def bin_train(tiny_toml: Path, url: str, cwd: Path, *, fail_fast: bool = False, env: dict | None = None,
               timeout: float = 90) -> subprocess.CompletedProcess:
-    args = [str(REPO / "bin" / "train"), str(tiny_toml), "--set", f"checkpoints.checkpoints_path={json.dumps(url)}",
-            "--set", "checkpoints.checkpoint_interval=2"]
     # The AWS_* variables the s3_endpoint fixture set are inherited; fail_fast: one try per S3 request.
     fast = {"NANOFLOW_S3_ATTEMPTS": "1"} if fail_fast else {}
-    return subprocess.run([sys.executable, *args], cwd=cwd, env={**os.environ, **fast, **(env or {})},
-                          capture_output=True, text=True, timeout=timeout)
+    return run_command("train", *train_args(url, "checkpoints.checkpoint_interval=2", config=tiny_toml), cwd=cwd,
+                       env={**fast, **(env or {})}, timeout=timeout)
 
 
 def assert_committed_state_is_loadable(endpoint, url: str) -> int:
@@ -397,18 +395,16 @@ def test_an_unsupported_url_is_an_error_never_a_local_folder(url, tmp_path, monk
 
 def test_bin_train_storage_errors_at_start_up_exit_2_without_a_traceback(s3_endpoint, s3_bucket, tiny_toml, tmp_path):
     save_checkpoint(s3_bucket, 1, small_groups(1), small_info(1))
-    no_credentials = {k: v for k, v in os.environ.items() if k not in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
+    no_credentials = {"AWS_ACCESS_KEY_ID": None, "AWS_SECRET_ACCESS_KEY": None}
     cases = [  # (the --set, the environment, what the error says)
         (f"checkpoints.resume_checkpoint_path={json.dumps(s3_bucket)}", no_credentials, "no AWS credentials found"),
-        ('checkpoints.checkpoints_path="s3://nanoflow-no-such-bucket/run"', os.environ, "does not exist"),
-        ('checkpoints.checkpoints_path="s3:/bucket/run"', os.environ, "is not an S3 URL"),
+        ('checkpoints.checkpoints_path="s3://nanoflow-no-such-bucket/run"', {}, "does not exist"),
+        ('checkpoints.checkpoints_path="s3:/bucket/run"', {}, "is not an S3 URL"),
     ]
     own_folder = f"checkpoints.checkpoints_path={json.dumps(str(tmp_path / 'run'))}"   # not the checkout's runs/tiny
     for override, env, message in cases:
-        result = subprocess.run([sys.executable, str(REPO / "bin" / "train"), str(tiny_toml), "--set", own_folder,
-                                 "--set", override],
-                                cwd=tmp_path, env={**env, "NANOFLOW_S3_ATTEMPTS": "1"}, capture_output=True,
-                                text=True, timeout=120)
+        result = run_command("train", tiny_toml, *sets(own_folder, override), cwd=tmp_path,
+                             env={**env, "NANOFLOW_S3_ATTEMPTS": "1"}, timeout=120)
         assert result.returncode == 2, (override, result.stdout + result.stderr)
         assert message in result.stderr and "Traceback" not in result.stderr, result.stderr
         assert not (tmp_path / "s3:").exists()

@@ -9,7 +9,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,7 +16,7 @@ import pytest
 from helpers import REPO, SMALL_MODEL_TOML, TINY as TINY_FILE
 from nanoflow import load_config
 from nanoflow.schedule import Schedule, consumed_tokens, stage_steps
-from process_helpers import signal_when_ready
+from process_helpers import bin_command, run_command, signal_when_ready
 
 TINY = str(TINY_FILE.relative_to(REPO))   # as typed at the repository root, where bin/* run here
 
@@ -30,8 +29,7 @@ def run_arg(tmp_path: Path) -> list[str]:
 
 
 def train(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "bin/train", *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=timeout)
+    return run_command("train", *args, timeout=timeout)
 
 
 def read_metrics(tmp_path: Path) -> list[dict]:
@@ -150,9 +148,9 @@ def test_stage_after_train_steps_is_not_reached(tmp_path):
 
 def test_sigint_stops_cleanly_after_the_current_step(tmp_path):
     metrics_path = tmp_path / "run" / "metrics.jsonl"
-    command = [sys.executable, "bin/train", TINY, "--set", "tokens.train_steps=400",
+    command = bin_command("train", TINY, "--set", "tokens.train_steps=400",
                "--set", "data_stages.sft.start_training_step=500", "--set", "logging.iteration_step_info_interval=1",
-               *run_arg(tmp_path)]
+               *run_arg(tmp_path))
     returncode, stdout, stderr = signal_when_ready(
         command, lambda _: metrics_path.exists() and len(metrics_path.read_text().splitlines()) >= 3, signal.SIGINT,
         cwd=REPO)

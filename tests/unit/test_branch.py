@@ -7,13 +7,11 @@ import json
 import os
 import signal
 import stat
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from helpers import REPO, quiet
-from process_helpers import signal_when_ready
+from process_helpers import bin_command, run_command, sets, signal_when_ready
 from run_helpers import assert_same_checkpoint, folder_digest, metrics
 
 from nanoflow import io, load_config
@@ -81,7 +79,7 @@ def test_several_cooldowns_from_one_stable_run_and_one_killed_mid_step(stable, t
     train(load_config(COOLDOWNS, branch(source, 6, tmp_path / "straight6")), out=quiet())
     killed = tmp_path / "killed6"
     overrides = branch(source, 6, killed, 3, "checkpoints.checkpoint_interval=1")
-    command = [sys.executable, str(REPO / "bin" / "train"), str(COOLDOWNS), *(a for o in overrides for a in ("--set", o))]
+    command = bin_command("train", COOLDOWNS, *sets(*overrides))
     code, stdout, stderr = signal_when_ready(
         command, lambda _: (killed / "7" / "checkpoint_metadata.json").exists(), signal.SIGKILL, cwd=REPO,
         timeout=300)
@@ -128,17 +126,18 @@ def test_end_to_end_a_stage_lr_until_step_and_a_branch_killed_and_resumed_equal_
     train(load_config(COOLDOWNS, branch(source, 3, tmp_path / "straight", 6)), out=quiet())   # steps 4–9
     run = tmp_path / "run"
     overrides = branch(source, 3, run, 6, "checkpoints.checkpoint_interval=1")
-    command = [sys.executable, str(REPO / "bin" / "train"), str(COOLDOWNS), *(a for o in overrides for a in ("--set", o))]
-    first = subprocess.run([*command, "--until-step", "5"], cwd=REPO, capture_output=True, text=True, timeout=600)
+    arguments = [COOLDOWNS, *sets(*overrides)]
+    command = bin_command("train", *arguments)
+    first = run_command("train", *arguments, "--until-step", "5")
     assert first.returncode == 0, first.stdout + first.stderr
     assert f"resuming from {source}/3" in first.stdout and io.latest(str(run)) == f"{run}/5"
     code, stdout, stderr = signal_when_ready(
         command, lambda _: (run / "6" / "checkpoint_metadata.json").exists(), signal.SIGKILL, cwd=REPO, timeout=300)
     assert code == -signal.SIGKILL, stdout + stderr
-    third = subprocess.run([*command, "--stop-at", "8"], cwd=REPO, capture_output=True, text=True, timeout=600)
+    third = run_command("train", *arguments, "--stop-at", "8")
     assert third.returncode == 0, third.stdout + third.stderr
     assert "continuing them, not resume_checkpoint_path" in third.stdout and io.latest(str(run)) == f"{run}/8"
-    last = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
+    last = run_command("train", *arguments)
     assert last.returncode == 0, last.stdout + last.stderr
     assert_same_checkpoint(tmp_path / "straight" / "9", run / "9")
     reference = metrics(tmp_path / "straight")

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import io as text_io
-import json
 import logging
-import subprocess
-import sys
 
 import pytest
 
-from helpers import REPO, TINY, tiny
+from helpers import tiny
+from process_helpers import run_command, train_args
 from nanoflow import console
 from nanoflow.commands import cli
 from nanoflow.training.loop import train
@@ -21,9 +19,7 @@ def test_a_checkpoint_skipped_by_io_is_one_warning_line_on_bin_train_stdout(tmp_
     run = tmp_path / "run"
     train(tiny(run, "checkpoints.checkpoint_interval=2"), until_step=4, out=text_io.StringIO())
     (run / "4" / "checkpoint_metadata.json").unlink()   # step 4 incomplete: io skips it for step 2, and says so
-    result = subprocess.run([sys.executable, "bin/train", str(TINY), "--set",
-                             f"checkpoints.checkpoints_path={json.dumps(str(run))}", "--set", "tokens.train_steps=6"],
-                            cwd=REPO, capture_output=True, text=True, timeout=180)
+    result = run_command("train", *train_args(run, "tokens.train_steps=6"), timeout=180)
     assert result.returncode == 0, result.stdout + result.stderr
     warnings = [line for line in result.stdout.splitlines() if "is incomplete" in line]
     assert len(warnings) == 1, result.stdout

@@ -8,15 +8,13 @@ from __future__ import annotations
 import io
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from data_helpers import eot_tokenizer, stage, write_config
-from helpers import REPO
+from process_helpers import run_command
 from nanoflow.config import load_config
 from nanoflow.data import TokenFolder, TokenFolderError, write_token_file
 from nanoflow.training.loop import train
@@ -89,9 +87,8 @@ def test_datatrove_reads_bin_prepare_output_token_for_token(tmp_path):
     texts = documents(50, seed=1)
     docs = tmp_path / "docs.jsonl"
     docs.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
-    result = subprocess.run([sys.executable, str(REPO / "bin" / "prepare"), str(docs),
-                             "--output", str(tmp_path / "out"), "--tokenizer", str(tokenizer), "--eos-token", "<EOT>",
-                             "--docs-per-shard", "20", "--num-proc", "2"], capture_output=True, text=True, timeout=300)
+    result = run_command("prepare", docs, "--output", tmp_path / "out", "--tokenizer", tokenizer, "--eos-token", "<EOT>",
+                         "--docs-per-shard", "20", "--num-proc", "2", timeout=300)
     assert result.returncode == 0, result.stderr
 
     seq = 8

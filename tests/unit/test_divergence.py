@@ -2,14 +2,13 @@
 
 import hashlib
 import io as text_io
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from helpers import REPO, TINY
+from helpers import TINY
+from process_helpers import run_command
 from nanoflow import ConfigError, init_state, io, load_config, train_step
 from nanoflow.errors import EXIT_DIVERGED
 from nanoflow.training.loop import train
@@ -77,8 +76,7 @@ def test_a_diverging_run_saves_nothing_and_keeps_the_last_good_checkpoint(tmp_pa
     sets = [a for o in (f'checkpoints.checkpoints_path="{tmp_path}"', "checkpoints.checkpoint_interval=1",
                         "optimizer.learning_rate_scheduler.learning_rate=1e30",
                         "checkpoints.ignore_lr_schedule_change=true") for a in ("--set", o)]  # the LR edit is the point
-    result = subprocess.run([sys.executable, "bin/train", str(TINY), *sets], cwd=REPO, capture_output=True,
-                            text=True, timeout=120)
+    result = run_command("train", str(TINY), *sets, timeout=120)
     assert result.returncode == EXIT_DIVERGED, result.stdout + result.stderr
     assert 'step 6 (stage "pretrain")' in result.stderr and "Traceback" not in result.stderr
     after = _checkpoint_files(tmp_path)

@@ -26,7 +26,7 @@ from nanoflow.data.sources import IGNORE_INDEX
 from nanoflow.evaluation import EvalSet, load_eval_set, pick, score
 from nanoflow.observe.metrics import MEASURED
 from nanoflow.parallel.mesh import SINGLE
-from process_helpers import signal_when_ready
+from process_helpers import bin_command, run_command, signal_when_ready, TORCHRUN
 
 PYTHON = sys.executable
 SUMS = [{"prompt": f"{a}+{b}=", "completion": str(a + b)} for a in range(1, 5) for b in range(1, 3)]
@@ -105,13 +105,11 @@ def env() -> dict:
 
 
 def train_process(config: Path, *extra: str, timeout: float = 180) -> subprocess.CompletedProcess:
-    return subprocess.run([PYTHON, "bin/train", str(config), *extra], cwd=REPO, env=env(), capture_output=True,
-                          text=True, timeout=timeout)
+    return run_command("train", str(config), *extra, env=env(), timeout=timeout)
 
 
 def eval_process(*args: str, launcher=(PYTHON,), timeout: float = 180) -> subprocess.CompletedProcess:
-    return subprocess.run([*launcher, "bin/eval", *args], cwd=REPO, env=env(), capture_output=True, text=True,
-                          timeout=timeout)
+    return run_command("eval", *args, launcher=launcher, env=env(), timeout=timeout)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -336,7 +334,7 @@ def test_eval_rows_are_identical_across_a_kill_9_and_a_resume(reference, tmp_pat
     def past_step_4(_process):
         return log.exists() and any(json.loads(line)["step"] >= 5 for line in log.read_text().splitlines()[:-1])
 
-    code, _, _ = signal_when_ready([PYTHON, "bin/train", str(config)], past_step_4, signal.SIGKILL, cwd=REPO,
+    code, _, _ = signal_when_ready(bin_command("train", str(config)), past_step_4, signal.SIGKILL, cwd=REPO,
                                    env=env(), timeout=120)
     assert code == -signal.SIGKILL
     committed = int((tmp_path / "run" / "latest.txt").read_text())
@@ -376,7 +374,7 @@ def test_bin_eval_under_torchrun_gives_the_single_process_rows(reference, layout
     dp, tp = layout
     single = [r for r in rows_of(folder / "run" / "eval.jsonl") if r["step"] == 8]
     result = eval_process(str(folder / "run"), "--set", f"parallelism.dp={dp}", "--set", f"parallelism.tp={tp}",
-                          launcher=(PYTHON, "-m", "torch.distributed.run", "--nproc_per_node", "2"), timeout=240)
+                          launcher=(*TORCHRUN, "--nproc_per_node", "2"), timeout=240)
     assert result.returncode == 0, result.stderr
     rows = list(map(json.loads, result.stdout.splitlines()))
     assert [(r["dataset"], r["tokens"], r.get("correct")) for r in rows] == \
@@ -430,7 +428,7 @@ def test_evaluation_over_two_data_parallel_ranks_weighs_every_token_once(tmp_pat
         return json.loads(result.stdout.split("RESULT ", 1)[1].splitlines()[0])
 
     one = scored(1, (PYTHON,))
-    two = scored(2, (PYTHON, "-m", "torch.distributed.run", "--nproc_per_node", "2"))
+    two = scored(2, (*TORCHRUN, "--nproc_per_node", "2"))
     assert one["tokens"] == two["tokens"] == 2 * 23 + 2
     assert two["loss"] == pytest.approx(one["loss"], abs=1e-5)
     assert abs(one["mean_of_batch_means"] - one["loss"]) > 0.01, one   # the case tells the two averages apart

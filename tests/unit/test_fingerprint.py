@@ -3,8 +3,6 @@
 import json
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +10,8 @@ import pytest
 import torch
 
 from data_helpers import stage, write_config, write_folder, write_word_level_tokenizer
-from helpers import REPO, quiet
+from helpers import quiet
+from process_helpers import run_command
 from nanoflow import io, load_config
 from nanoflow.data import ByteTokenizer
 from nanoflow.data import fingerprint as fp
@@ -93,8 +92,7 @@ def test_the_same_file_with_new_content_is_refused_even_at_the_same_size(run):
 
 def test_bin_train_exits_2_naming_the_change_without_a_traceback(run):
     (run.parent / "corpus" / "b.txt").write_text("changed")
-    result = subprocess.run([sys.executable, "bin/train", str(run)], cwd=REPO, capture_output=True, text=True,
-                            timeout=120)
+    result = run_command("train", str(run), timeout=120)
     assert result.returncode == 2, result.stderr
     assert "b.txt: was 2200 bytes" in result.stderr and "Traceback" not in result.stderr
     assert io.read_metadata(str(run.parent / "checkpoints"))["step"] == 4   # nothing trained, nothing saved

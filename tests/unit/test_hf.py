@@ -6,8 +6,6 @@ from __future__ import annotations
 import io
 import re
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,7 +14,8 @@ import transformers
 
 import helpers
 import nanoflow
-from helpers import REPO, TINY
+from helpers import TINY
+from process_helpers import run_command, train_args
 from nanoflow import ConfigError
 from nanoflow.interop.export import export_hf
 from nanoflow.io import read_hf, read_model
@@ -281,21 +280,17 @@ def test_export_and_import_on_s3(trained, s3_bucket):
 @pytest.mark.slow
 def test_cli_export_and_mismatch_exit_status(trained, tmp_path):
     run, _ = trained
-    result = subprocess.run([sys.executable, "bin/export", str(run), str(tmp_path / "hf"), "--max-shard-size", "30KB"],
-                            cwd=REPO, capture_output=True, text=True, timeout=120)
+    result = run_command("export", str(run), str(tmp_path / "hf"), "--max-shard-size", "30KB", timeout=120)
     assert result.returncode == 0, result.stderr
     assert "exported step 3" in result.stdout and (tmp_path / "hf" / "model.safetensors.index.json").exists()
 
-    result = subprocess.run([sys.executable, "bin/train", str(TINY), "--set",
-                             f"checkpoints.checkpoints_path={json.dumps(str(tmp_path / 'run2'))}", "--set",
-                             f"model.init_from={json.dumps(str(tmp_path / 'hf'))}", "--set", "model.hidden_size=64"],
-                            cwd=REPO, capture_output=True, text=True, timeout=120)
+    result = run_command("train", *train_args(tmp_path / "run2", f"model.init_from={json.dumps(str(tmp_path / 'hf'))}",
+                                              "model.hidden_size=64"), timeout=120)
     assert result.returncode == 2, result.stderr
     assert "model.init_from: model.hidden_size = 64, but" in result.stderr and "Traceback" not in result.stderr
     assert not (tmp_path / "run2").exists()
 
-    result = subprocess.run([sys.executable, "bin/export", str(tmp_path / "nothing"), str(tmp_path / "x")],
-                            cwd=REPO, capture_output=True, text=True, timeout=120)
+    result = run_command("export", str(tmp_path / "nothing"), str(tmp_path / "x"), timeout=120)
     assert result.returncode == 2 and "holds no" in result.stderr, result.stderr
 
 
@@ -464,10 +459,8 @@ def test_cli_refuses_attention_dropout_with_exit_2(tmp_path):
     hf_folder(tmp_path / "hf", tied=True)
     path = tmp_path / "hf" / "config.json"
     path.write_text(json.dumps({**json.loads(path.read_text()), "attention_dropout": 0.1}))
-    result = subprocess.run([sys.executable, "bin/train", str(TINY), "--set",
-                             f"checkpoints.checkpoints_path={json.dumps(str(tmp_path / 'run'))}", "--set",
-                             f"model.init_from={json.dumps(str(tmp_path / 'hf'))}"],
-                            cwd=REPO, capture_output=True, text=True, timeout=120)
+    result = run_command("train", *train_args(tmp_path / "run", f"model.init_from={json.dumps(str(tmp_path / 'hf'))}"),
+                         timeout=120)
     assert result.returncode == 2, result.stderr
     assert f"{path}: attention_dropout = 0.1" in result.stderr and "Traceback" not in result.stderr
     assert not (tmp_path / "run").exists()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -14,7 +13,7 @@ import yaml
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from helpers import REPO
+from process_helpers import run_command
 from nanoflow import load_config
 from nanoflow.config import ConfigError
 from nanoflow.lr import lr_at
@@ -244,14 +243,12 @@ def test_legacy_layouts(tmp_path):
 
 def test_cli_writes_toml_to_stdout_and_report_to_stderr(tmp_path):
     (tmp_path / "config.yaml").write_text(NANOTRON_YAML)
-    result = subprocess.run([sys.executable, "bin/convert-nanotron-config", str(tmp_path / "config.yaml")], cwd=REPO,
-                            capture_output=True, text=True, timeout=60)
+    result = run_command("convert-nanotron-config", str(tmp_path / "config.yaml"), timeout=60)
     assert result.returncode == 0, result.stderr
     assert tomllib.loads(result.stdout)["tokens"]["train_steps"] == 15
     assert f"{tmp_path / 'config.yaml'}: not carried over: parallelism.pp = 2" in result.stderr
     (tmp_path / "bad.yaml").write_text("a: [b\n")
-    result = subprocess.run([sys.executable, "bin/convert-nanotron-config", str(tmp_path / "bad.yaml")], cwd=REPO,
-                            capture_output=True, text=True, timeout=60)
+    result = run_command("convert-nanotron-config", str(tmp_path / "bad.yaml"), timeout=60)
     assert result.returncode == 2 and "error:" in result.stderr and not result.stdout
 
 

@@ -6,13 +6,12 @@ from __future__ import annotations
 import io
 import json
 import struct
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from helpers import REPO, tiny
+from helpers import tiny
+from process_helpers import run_command
 from nanoflow.observe import tensorboard as nanoflow_tensorboard
 from nanoflow.training.loop import train
 from nanoflow.observe.metrics import MetricsError, read_metrics, step_seconds, tokens_per_second
@@ -130,11 +129,9 @@ def test_tensorboard_is_a_no_op_without_the_package(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_cli_report(run, tmp_path):
-    result = subprocess.run([sys.executable, "bin/report", str(run), "--out", str(tmp_path / "r.png")], cwd=REPO,
-                            capture_output=True, text=True, timeout=120)
+    result = run_command("report", str(run), "--out", str(tmp_path / "r.png"), timeout=120)
     assert result.returncode == 0, result.stderr
     assert png_size(tmp_path / "r.png") == (WIDTH, HEIGHT)
     assert "pretrain" in result.stdout and "total: 10 steps" in result.stdout
-    result = subprocess.run([sys.executable, "bin/report", str(tmp_path / "none")], cwd=REPO, capture_output=True,
-                            text=True, timeout=120)
+    result = run_command("report", str(tmp_path / "none"), timeout=120)
     assert result.returncode == 2 and "no such file" in result.stderr

@@ -5,13 +5,13 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
-from helpers import REPO, TINY, quiet, tiny
+from helpers import REPO, quiet, tiny
+from process_helpers import bin_command, run_command, train_args
 from run_helpers import assert_same_training_state
 from log_helpers import logged
 
@@ -139,10 +139,8 @@ def test_explicit_resume_path_without_a_checkpoint_is_an_error(tmp_path):
     config = tiny(tmp_path / "run", f'checkpoints.resume_checkpoint_path="{tmp_path / "empty"}"')
     with pytest.raises(io.CheckpointError, match="holds no committed checkpoint"):
         restore(config, out=quiet())
-    result = subprocess.run([sys.executable, "bin/train", str(TINY), "--set",
-                             f'checkpoints.resume_checkpoint_path="{tmp_path / "empty"}"', "--set",
-                             f'checkpoints.checkpoints_path="{tmp_path / "run"}"'],
-                            cwd=REPO, capture_output=True, text=True, timeout=120)
+    result = run_command("train", *train_args(tmp_path / "run", f'checkpoints.resume_checkpoint_path="{tmp_path / "empty"}"'),
+                         timeout=120)
     assert result.returncode == 2
     assert "holds no committed checkpoint" in result.stderr and "Traceback" not in result.stderr
 
@@ -391,8 +389,7 @@ def test_nothing_intact_means_no_checkpoint(two_checkpoints):
 # Real processes: SIGTERM saves and exits; kill -9 anywhere, even mid-write, loses nothing committed.
 
 def train_command(run: Path, *overrides: str) -> list[str]:
-    sets = [a for o in (f'checkpoints.checkpoints_path="{run}"', *overrides) for a in ("--set", o)]
-    return [sys.executable, "bin/train", str(TINY), *sets]
+    return bin_command("train", *train_args(run, *overrides))
 
 
 @pytest.mark.slow
@@ -411,7 +408,7 @@ def test_sigterm_finishes_the_step_saves_and_says_how_to_resume(tmp_path, straig
     assert "stopped by SIGTERM" in out and "run the same command again" in out
     stopped_at = io.read_metadata(str(tmp_path))["step"]
     assert 2 <= stopped_at < 12
-    assert subprocess.run(train_command(tmp_path), cwd=REPO, capture_output=True, timeout=120).returncode == 0
+    assert run_command("train", *train_args(tmp_path), timeout=120).returncode == 0
     final = io.read_checkpoint(str(tmp_path))
     for name, p in reference.model.named_parameters():
         assert torch.equal(final.groups["model"][name], p), name
@@ -430,14 +427,12 @@ def test_kill_9_mid_save_at_several_byte_offsets_then_resume_is_bit_identical(tm
     # latest.txt, then inside the second save; each kill is followed by a plain rerun of the same command.
     for offset in (0, 1000, size // 2, size - 10, size + 50, size + size // 3):
         env = {**os.environ, "NANOFLOW_KILL_AFTER_BYTES": str(offset)}
-        killed = subprocess.run(train_command(run, "checkpoints.checkpoint_interval=2"), cwd=REPO, env=env,
-                                capture_output=True, timeout=120)
+        killed = run_command("train", *train_args(run, "checkpoints.checkpoint_interval=2"), env=env, timeout=120)
         assert killed.returncode == -signal.SIGKILL
         committed = io.latest(str(run))
         if committed is not None:
             io.read_checkpoint(committed)  # whatever is committed is whole and loads
-    finished = subprocess.run(train_command(run, "checkpoints.checkpoint_interval=2"), cwd=REPO,
-                              capture_output=True, text=True, timeout=120)
+    finished = run_command("train", *train_args(run, "checkpoints.checkpoint_interval=2"), timeout=120)
     assert finished.returncode == 0, finished.stderr
     assert first_difference(io.read_checkpoint(str(reference_run)), io.read_checkpoint(str(run))) is None
     assert not list(run.rglob("*.tmp-*")), "temporary files of killed writes are cleaned up"
@@ -459,7 +454,7 @@ def test_kill_9_mid_training_then_rerun_ends_bit_identical(tmp_path):
     process.wait(timeout=60)
     committed = io.read_metadata(str(run))["step"]
     assert 100 <= committed < 400 and process.returncode == -signal.SIGKILL
-    rerun = subprocess.run(train_command(run, *overrides), cwd=REPO, capture_output=True, text=True, timeout=300)
+    rerun = run_command("train", *train_args(run, *overrides), timeout=300)
     assert rerun.returncode == 0, rerun.stderr
     assert f"resuming from {run}/{committed}: step {committed} done" in rerun.stdout
     assert first_difference(io.read_checkpoint(str(tmp_path / "straight")), io.read_checkpoint(str(run))) is None

@@ -7,8 +7,6 @@ from __future__ import annotations
 import io
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +15,7 @@ import transformers
 
 from data_helpers import EOT_TEXTS, eot_tokenizer, stage, write_config
 from helpers import REPO
+from process_helpers import run_command
 from nanoflow.config import load_config
 from nanoflow.data import TokenFolder, TokenizerError, load_run_tokenizer, load_tokenizer, open_stage
 from nanoflow.interop.export import export_hf
@@ -89,20 +88,16 @@ def test_an_hf_tokenizer_folder_names_its_special_tokens(tmp_path, eot_json):
         load_tokenizer(older)
 
 
-def run_bin(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=300)
-
-
 def test_bin_prepare_with_a_non_standard_eos(tmp_path, eot_json):
     docs = tmp_path / "docs.jsonl"
     docs.write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXTS))
-    failed = run_bin(str(REPO / "bin" / "prepare"), str(docs), "--output", str(tmp_path / "no"), "--tokenizer",
+    failed = run_command("prepare", str(docs), "--output", str(tmp_path / "no"), "--tokenizer",
                      str(eot_json), "--num-proc", "1")
     assert failed.returncode == 2 and "Traceback" not in failed.stderr, failed.stderr
     assert "found no end-of-text token" in failed.stderr and "--eos-token" in failed.stderr
     assert not (tmp_path / "no").exists()              # refused before anything was written
 
-    done = run_bin(str(REPO / "bin" / "prepare"), str(docs), "--output", str(tmp_path / "tokens"), "--tokenizer",
+    done = run_command("prepare", str(docs), "--output", str(tmp_path / "tokens"), "--tokenizer",
                    str(eot_json), "--eos-token", "<EOT>", "--num-proc", "2", "--docs-per-shard", "2")
     assert done.returncode == 0, done.stderr
     tok = raw(eot_json)
@@ -140,17 +135,17 @@ def test_a_training_stage_ends_documents_with_the_named_eos(tmp_path, eot_json):
 
 def test_plan_loads_the_tokenizer_and_refuses_a_too_small_vocabulary(tmp_path, eot_json):
     tiny = str(REPO / "schedules" / "tiny.toml")
-    small = run_bin(str(REPO / "bin" / "train"), tiny, "--plan", "--set", "model.vocab_size=200")
+    small = run_command("train", tiny, "--plan", "--set", "model.vocab_size=200")
     assert small.returncode == 2 and "Traceback" not in small.stderr, small.stderr
     assert "model.vocab_size = 200 is smaller than the tokenizer's vocabulary (257 ids, bytes)" in small.stderr
     assert small.stdout == ""
 
     path = json.dumps(str(eot_json))
-    named = run_bin(str(REPO / "bin" / "train"), tiny, "--plan", "--set", f"tokenizer.tokenizer_name_or_path={path}",
+    named = run_command("train", tiny, "--plan", "--set", f"tokenizer.tokenizer_name_or_path={path}",
                     "--set", 'tokenizer.eos_token="<EOT>"')
     assert named.returncode == 0, named.stderr
     assert "280 ids, eos <EOT> = 1" in named.stdout
-    unnamed = run_bin(str(REPO / "bin" / "train"), tiny, "--plan", "--set", f"tokenizer.tokenizer_name_or_path={path}")
+    unnamed = run_command("train", tiny, "--plan", "--set", f"tokenizer.tokenizer_name_or_path={path}")
     assert unnamed.returncode == 2 and "Traceback" not in unnamed.stderr and "eos_token" in unnamed.stderr
 
 
