@@ -5,14 +5,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file
 
-from helpers import REPO
 from nanoflow.parallel.shards import state_blocks
 
 
@@ -42,11 +39,6 @@ def folder_digest(folder: Path) -> dict[str, str]:
     """Every file under `folder` (hidden ones too) and the SHA-256 of its bytes."""
     return {os.fspath(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
             for p in sorted(Path(folder).rglob("*")) if p.is_file()}
-
-
-def bin_train(config: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(REPO / "bin" / "train"), str(config), *args], cwd=REPO,
-                          capture_output=True, text=True, timeout=timeout)
 
 
 def groups_of(state) -> dict[str, dict[str, torch.Tensor]]:
