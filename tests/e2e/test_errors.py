@@ -357,7 +357,6 @@ def test_a_signal_stop_after_saving_exits_75(tmp_path):
     assert 2 <= stopped < 400
 
 
-
 @pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGUSR1])
 def test_a_signal_just_after_done_leaves_a_finished_run_at_exit_0(tmp_path, signum):

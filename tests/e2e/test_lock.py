@@ -30,8 +30,6 @@ from s3_helpers import split
 HOST = socket.gethostname()
 
 
-
-
 def acquire_in_child(root: str, *, then: str = "", env: dict | None = None) -> subprocess.CompletedProcess:
     """Another process tries to take the lock on `root`; prints OK <pid> or the error's class and message."""
     code = f"""

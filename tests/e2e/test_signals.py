@@ -41,7 +41,6 @@ except signals.StoppedAtStartUp as e:
     print("stopped at start-up by", e.name)
 """
 
-
 def _child(*args, ignored=()):
     result = subprocess.run([sys.executable, "-c", _CHILD, *map(str, args)], cwd=REPO, capture_output=True,
                             text=True, timeout=30, preexec_fn=with_dispositions(ignored))
@@ -98,7 +97,6 @@ for attempt in range(int(sys.argv[1])):
     statuses.append(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
 print(*statuses)
 """
-
 
 @pytest.mark.slow
 def test_a_second_ctrl_c_during_a_background_write_exits_130_every_time(tmp_path):

@@ -18,7 +18,6 @@ status = cli.train_main(sys.argv[1:])
 print("torch imported" if "torch" in sys.modules else "torch not imported", status)
 """
 
-
 @pytest.mark.parametrize("extra", [[], ["--plan"]])
 def test_a_bad_config_is_reported_before_torch_is_imported(tmp_path, extra):
     config = tmp_path / "bad.toml"
@@ -80,7 +79,6 @@ sys.meta_path.insert(0, CtrlC())
 sys.argv = ["bin/train", "schedules/tiny.toml"]
 runpy.run_path("bin/train", run_name="__main__")
 """
-
 
 @pytest.mark.parametrize("command", ["train", "eval", "export", "prepare", "report", "verify-resume",
                                      "convert-nanotron-config"])

@@ -2,57 +2,17 @@
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
 import torch
 from safetensors.torch import load_file
 
 from helpers import quiet, tiny
-from process_helpers import run_layout
+from support.average import assert_mean, mean_from_files, run_dir, STAGES
 from nanoflow import io
 from nanoflow.commands.cli import average_main
 from nanoflow.interop.export import export_hf
 from nanoflow.io.store import Store
 from nanoflow.training.loop import train
-
-# Pretrain only (the SFT stage out of reach), a checkpoint every 2 steps: steps 2, 4, 6, 8.
-STAGES = ["tokens.train_steps=8", "data_stages.sft.start_training_step=100", "checkpoints.checkpoint_interval=2"]
-
-
-@pytest.fixture(scope="module")
-def run_dir(tmp_path_factory) -> Path:
-    run = tmp_path_factory.mktemp("average") / "run"
-    assert train(tiny(run, *STAGES), out=quiet(), fresh=True).step == 8
-    return run
-
-
-def mean_from_files(step_folders: list[Path], weights: list[float] | None = None) -> dict[str, torch.Tensor]:
-    """The expected mean, from the checkpoints' own safetensors files: each tensor assembled from the
-    shards the metadata lists (whatever the layout), then averaged in fp64."""
-    weights = weights or [1.0] * len(step_folders)
-    total = {}
-    for folder, weight in zip(step_folders, weights):
-        meta = json.loads((folder / "checkpoint_metadata.json").read_text())
-        files = {}
-        for name, entry in meta["tensors"]["model"].items():
-            whole = torch.zeros(entry["shape"], dtype=torch.float64)
-            for shard in entry["shards"]:
-                if shard["file"] not in files:
-                    files[shard["file"]] = load_file(folder / shard["file"])
-                box = tuple(slice(o, o + n) for o, n in zip(shard["offset"], shard["shape"]))
-                whole[box] = files[shard["file"]][shard["key"]].double()
-            total[name] = total.get(name, 0) + weight * whole
-    return {name: (t / sum(weights)).float() for name, t in total.items()}
-
-
-def assert_mean(out: Path | str, expected: dict[str, torch.Tensor]) -> None:
-    averaged = io.read_model(str(out))
-    assert averaged.keys() == expected.keys()
-    for name in expected:
-        assert averaged[name].dtype == torch.float32
-        assert torch.allclose(averaged[name], expected[name], rtol=0, atol=1e-6), name
 
 
 def test_last_k_is_the_mean_of_the_files(run_dir, tmp_path):
@@ -146,27 +106,3 @@ def test_an_existing_average_is_not_overwritten(run_dir, tmp_path, capsys):
     assert before == {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
 
 
-def test_s3_to_s3(run_dir, s3_bucket, tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)   # an S3 run keeps its local record under ./runs/s3/…: here, not in the checkout
-    source = f"{s3_bucket}/source"
-    train(tiny(source, *STAGES, "tokens.train_steps=4"), out=quiet(), fresh=True)
-    local = tmp_path / "copy"     # the source's bytes, for the expected mean
-    store = Store(source)
-    for path in store.objects():
-        if path.partition("/")[0] in ("2", "4"):
-            (local / path).parent.mkdir(parents=True, exist_ok=True)
-            (local / path).write_bytes(store.read(path))
-    out = f"{s3_bucket}/avg"
-    assert average_main([source, out, "--last", "2"]) == 0
-    assert_mean(out, mean_from_files([local / "2", local / "4"]))
-
-
-@pytest.mark.slow
-def test_a_dp2_tp2_checkpoint(tmp_path):
-    trained = tmp_path / "dp2tp2"
-    result = run_layout("dp2tp2", trained)          # torchrun, 4 gloo processes: checkpoints 2 and 4, sharded 2 × 2
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert io.read_metadata(str(trained))["topology"] == {"dp": 2, "tp": 2, "world_size": 4}
-    out = tmp_path / "avg"
-    assert average_main([str(trained), str(out), "--last", "2"]) == 0
-    assert_mean(out, mean_from_files([trained / "2", trained / "4"]))

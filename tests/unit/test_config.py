@@ -71,7 +71,6 @@ prompt_column_name = "prompt"
 completion_column_name = "completion"
 """
 
-
 @pytest.fixture(autouse=True)
 def _no_world_size(monkeypatch):
     monkeypatch.delenv("WORLD_SIZE", raising=False)

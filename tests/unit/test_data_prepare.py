@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from helpers import REPO
-from process_helpers import run_command, train_args
+from support.data_prepare import blend_folders, inputs
 import nanoflow.data.prepare as prepare_module
 from nanoflow import load_config
 from nanoflow.data import TokenFolder, load_tokenizer
@@ -17,19 +17,6 @@ from nanoflow.data.hf_datasets import load_rows
 from nanoflow.data.prepare import PrepareError, prepare
 from nanoflow.config import DatasetArgs
 from nanoflow.data.hf_datasets import hf_specs, tokenize_rows
-
-
-@pytest.fixture
-def inputs(tmp_path):
-    (tmp_path / "in").mkdir()
-    texts = [f"document {i}: ünïcödé " + "the quick brown fox " * (i + 1) for i in range(7)]
-    for i, text in enumerate(texts):
-        (tmp_path / "in" / f"{i:02d}.txt").write_text(text)
-    with open(tmp_path / "in" / "rows.jsonl", "w") as f:
-        for i in range(9):
-            f.write(json.dumps({"content": f"row {i} " * (i + 2), "id": i}) + "\n")
-    files = sorted(str(p) for p in (tmp_path / "in").glob("*.txt"))
-    return files, str(tmp_path / "in" / "rows.jsonl")
 
 
 def direct_stream(files, jsonl, tokenizer, cache) -> list[int]:
@@ -124,34 +111,8 @@ def test_prepare_names_a_missing_column_or_input(tmp_path, inputs):
         prepare([str(tmp_path / "in" / "*.md")], str(tmp_path / "b"), num_proc=1)
 
 
-@pytest.mark.slow
-def test_bin_prepare_with_several_processes_writes_the_same_folder(tmp_path, inputs):
-    files, jsonl = inputs
-    prepare([*files, jsonl], str(tmp_path / "one"), text_column="content", docs_per_shard=2, num_proc=1)
-    result = run_command("prepare", *files, jsonl, "--output", tmp_path / "two", "--text-column", "content",
-                         "--num-proc", "2", "--docs-per-shard", "2", timeout=300)
-    assert result.returncode == 0, result.stderr
-    assert "16 documents" in result.stdout and "8 files" in result.stdout and "verified" in result.stdout
-    for name in sorted(os.listdir(tmp_path / "one")):
-        if name != "prepare.json":
-            assert (tmp_path / "two" / name).read_bytes() == (tmp_path / "one" / name).read_bytes(), name
-    bad = run_command("prepare", jsonl, "--output", str(tmp_path / "three"), timeout=300)
-    assert bad.returncode == 2 and 'no column "text"' in bad.stderr and "Traceback" not in bad.stderr
-
-
 # ---------------------------------------------------------------------------------------------
 # schedules/blend.toml: a blended token-folder stage, an HF stage and an SFT stage
-
-@pytest.fixture(scope="module")
-def blend_folders(tmp_path_factory):
-    root = tmp_path_factory.mktemp("blend")
-    code = sorted(str(p) for p in (REPO / "nanoflow").glob("*.py"))
-    prose = [str(REPO / "README.md"), str(REPO / "BENCHMARKS.md")]
-    prepare(code, str(root / "code"), num_proc=1, cache_dir=str(root / "cache"))
-    prepare(prose, str(root / "prose"), num_proc=1, cache_dir=str(root / "cache"))
-    with open(root / "sft.jsonl", "w") as f:     # small, so that the SFT stage wraps around within its steps
-        f.writelines(json.dumps({"prompt": f"{i}+{i}=", "completion": str(2 * i)}) + "\n" for i in range(10))
-    return root
 
 
 def blend_config(root: Path, run: Path, *extra: str):
@@ -180,31 +141,3 @@ def test_blend_schedule_trains_on_prepared_folders_and_resumes_bit_exactly(blend
         assert_same_training_state(straight, resumed)
 
 
-@pytest.mark.slow
-def test_bin_train_reports_a_truncated_token_file_before_step_1(blend_folders, tmp_path):
-    import shutil
-
-    broken = tmp_path / "code"
-    shutil.copytree(blend_folders / "code", broken)
-    with open(broken / "00000.ds", "ab") as f:
-        f.write(b"\x01")                                  # half a token
-    folders = json.dumps([str(broken), str(blend_folders / "prose")])
-    result = run_command("train", *train_args(tmp_path / "run", f"data_stages.pretrain.data.dataset.dataset_folder={folders}",
-                                              config="schedules/blend.toml"), timeout=300)
-    assert result.returncode == 2, result.stderr
-    assert "Traceback" not in result.stderr
-    assert f'stage "pretrain" (dataset_folder {broken}): {broken}/00000.ds: ' in result.stderr
-    assert "is not a whole number of 2-byte tokens; the file is truncated" in result.stderr
-    assert not (tmp_path / "run" / "1").exists()
-
-
-@pytest.mark.slow
-def test_bad_data_in_a_later_stage_stops_the_run_before_step_1(blend_folders, tmp_path):
-    folders = json.dumps([str(blend_folders / "code"), str(blend_folders / "prose")])
-    result = run_command("train", *train_args(tmp_path / "run", f"data_stages.pretrain.data.dataset.dataset_folder={folders}",
-                                              'data_stages.sft.data.dataset.prompt_column_name="question"',  # no such column
-                                              config="schedules/blend.toml"), timeout=300)
-    assert result.returncode == 2, result.stderr
-    assert "Traceback" not in result.stderr
-    assert 'stage "sft"' in result.stderr and "question" in result.stderr, result.stderr
-    assert "step 1/" not in result.stdout and not (tmp_path / "run" / "metrics.jsonl").exists()

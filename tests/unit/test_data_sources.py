@@ -3,15 +3,13 @@ which split of a split list is trained on, how much a source holds out, and wher
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import subprocess
 
 import numpy as np
 import pytest
 
 from data_helpers import BYTES, documents, load, stage, write_folder
+from support.data_sources import rows
 from nanoflow.config import ConfigError
 from nanoflow.data import open_stage
 from nanoflow.data.tokens import DataInputError
@@ -116,24 +114,6 @@ def test_a_hub_id_is_located_on_the_hub_by_the_check_and_by_the_loader(every_kin
 # ---------------------------------------------------------------------------------------------
 # A token cache that cannot be written (issue 21, item 14)
 
-@contextlib.contextmanager
-def small_disk(path, size: str):
-    """A real full disk: a tmpfs of `size` mounted at `path` (root only), unmounted again whatever happens."""
-    path.mkdir(parents=True)
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs needs root")
-    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], check=True)
-    try:
-        yield
-    finally:
-        subprocess.run(["umount", str(path)], check=True)
-
-
-@pytest.fixture
-def rows(tmp_path):
-    (tmp_path / "rows.jsonl").write_text("".join(json.dumps({"text": f"row {i} " * 30}) + "\n" for i in range(600)))
-    return load(tmp_path, [stage("pretrain", 1, {"hf_dataset_or_datasets": "json", "hf_data_files": "rows.jsonl"})])
-
 
 def test_a_file_in_the_way_of_the_token_cache_names_the_cache_and_what_to_do(tmp_path, rows):
     (tmp_path / "cache").mkdir()
@@ -142,24 +122,6 @@ def test_a_file_in_the_way_of_the_token_cache_names_the_cache_and_what_to_do(tmp
                                              r"cache .*cache/nanoflow-tokens/\w+\.npy: .*remove what is in the way"):
         open_stage(rows, 0, BYTES, cache_dir=str(tmp_path / "cache"))
     assert (tmp_path / "cache" / "nanoflow-tokens").read_text() == "not a folder"
-
-
-def test_a_full_disk_under_the_token_cache_names_the_cache_and_leaves_nothing_behind(tmp_path, rows):
-    tokens = tmp_path / "cache" / "nanoflow-tokens"
-    with small_disk(tokens, "16k"):
-        with pytest.raises(DataInputError, match=r"cannot write the token cache .*nanoflow-tokens/\w+\.npy: No space "
-                                                 r"left on device; the tokens need [\d,]+ bytes there: free space"):
-            open_stage(rows, 0, BYTES, cache_dir=str(tmp_path / "cache"))
-        assert os.listdir(tokens) == []
-
-
-def test_a_full_datasets_cache_is_said_and_the_data_files_are_not_blamed(tmp_path, rows):
-    with small_disk(tmp_path / "cache", "64k"):
-        with pytest.raises(DataInputError) as caught:
-            open_stage(rows, 0, BYTES, cache_dir=str(tmp_path / "cache"))
-    message = str(caught.value)
-    assert f"`datasets` cannot write its cache under {tmp_path / 'cache'} (No space left on device" in message
-    assert "the data files are fine" in message and "cannot be read" not in message
 
 
 def test_an_eval_set_reads_one_split_so_a_list_is_refused(every_kind):

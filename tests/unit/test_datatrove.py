@@ -14,25 +14,10 @@ import numpy as np
 import pytest
 
 from data_helpers import eot_tokenizer, stage, write_config
-from process_helpers import run_command
+from support.datatrove import documents, encode
 from nanoflow.config import load_config
 from nanoflow.data import TokenFolder, TokenFolderError, write_token_file
 from nanoflow.training.loop import train
-
-EOT = 1   # <EOT> in eot_tokenizer
-
-
-def documents(count: int = 40, seed: int = 0) -> list[str]:
-    rng = np.random.default_rng(seed)
-    words = "the quick brown fox jumps over lazy dog def return x + 1 = 2 3 and".split()
-    return [" ".join(rng.choice(words, rng.integers(3, 30))) for _ in range(count)]
-
-
-def encode(tokenizer_json: Path, texts: list[str]) -> list[list[int]]:
-    """Each text's ids and <EOT>, by the `tokenizers` package itself."""
-    from tokenizers import Tokenizer
-    tok = Tokenizer.from_file(str(tokenizer_json))
-    return [tok.encode(t, add_special_tokens=False).ids + [EOT] for t in texts]
 
 
 def datatrove_tokenize(output: Path, tokenizer_json: Path, texts: list[str]) -> Path:
@@ -78,35 +63,6 @@ def test_a_folder_datatrove_tokenized_trains_with_a_copy_of_its_tokenizer(tmp_pa
                                                rf"which is not this run's tokenizer {copy}"):
         train(load_config(folder_config(tmp_path, copy, [stage("pretrain", 1, {"dataset_folder": str(folder)})],
                                         name="other.toml")), fresh=True, out=io.StringIO(), progress=False)
-
-
-def test_datatrove_reads_bin_prepare_output_token_for_token(tmp_path):
-    from datatrove.utils.dataset import DatatroveFolderDataset
-
-    tokenizer = eot_tokenizer(tmp_path / "tok" / "tokenizer.json")
-    texts = documents(50, seed=1)
-    docs = tmp_path / "docs.jsonl"
-    docs.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
-    result = run_command("prepare", docs, "--output", tmp_path / "out", "--tokenizer", tokenizer, "--eos-token", "<EOT>",
-                         "--docs-per-shard", "20", "--num-proc", "2", timeout=300)
-    assert result.returncode == 0, result.stderr
-
-    seq = 8
-    dataset = DatatroveFolderDataset(str(tmp_path / "out"), seq_len=seq, token_size=2, return_positions=True)
-    encoded = encode(tokenizer, texts)
-    windows, positions = [], []
-    for first in range(0, len(texts), 20):          # datatrove cuts each file on its own, at stride seq + 1
-        shard = encoded[first:first + 20]
-        stream = sum(shard, [])
-        starts = np.repeat(np.cumsum([0] + [len(d) for d in shard[:-1]]), [len(d) for d in shard])
-        for k in range(len(stream) // (seq + 1)):
-            lo = k * (seq + 1)
-            windows.append(stream[lo:lo + seq + 1])
-            positions.append([g - max(lo, int(starts[g])) for g in range(lo, lo + seq + 1)])
-    assert len(dataset) == len(windows) > 0
-    read = [dataset[i] for i in range(len(dataset))]
-    assert [r["input_ids"].tolist() for r in read] == windows
-    assert [r["positions"].tolist() for r in read] == positions     # from the .index files bin/prepare wrote
 
 
 def test_a_recorded_name_that_cannot_be_resolved_is_refused_unless_accepted(tmp_path):

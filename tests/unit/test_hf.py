@@ -12,43 +12,24 @@ import pytest
 import torch
 import transformers
 
-import helpers
 import nanoflow
 from helpers import TINY
-from process_helpers import run_command, train_args
+from support.hf import checked, hf_folder, tiny, trained
 from nanoflow import ConfigError
 from nanoflow.interop.export import export_hf
 from nanoflow.io import read_hf, read_model
 from nanoflow.io.hf import HFFormatError, HFWeights, is_hf_folder, read_init_weights
 from nanoflow.checkpoint.checkpointer import Checkpointer
-from nanoflow.preflight import preflight
 from nanoflow.training.loop import train
 
 MODEL_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
               "num_key_value_heads", "max_position_embeddings", "rms_norm_eps", "rope_theta", "tie_word_embeddings")
 
 
-def tiny(tmp_path: Path, *overrides: str, run: str = "run"):
-    return helpers.tiny(tmp_path / run, *overrides)
-
-
-def checked(tmp_path: Path, *overrides: str):
-    """tiny(), through the checks bin/train and --plan run first (an HF init_from folder's config.json among them)."""
-    return preflight(tiny(tmp_path, *overrides)).config
-
-
 def hf_logits(folder: Path, ids: torch.Tensor) -> torch.Tensor:
     model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     with torch.no_grad():
         return model(ids).logits
-
-
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    """The tiny schedule trained 3 steps (tied embeddings), and its final state."""
-    tmp_path = tmp_path_factory.mktemp("trained")
-    state = train(tiny(tmp_path, "tokens.train_steps=3"), out=io.StringIO())
-    return tmp_path / "run", state
 
 
 def test_export_gives_transformers_the_same_logits(trained, tmp_path):
@@ -145,20 +126,6 @@ def test_tokenizer_json_run_exports_its_tokenizer(tmp_path):
 # ---------------------------------------------------------------------------------------------
 # Import
 
-def hf_folder(path: Path, *, tied: bool, shard: str | None = None, seed: int = 0) -> dict[str, torch.Tensor]:
-    """An HF Llama folder written by transformers itself, shaped like schedules/tiny.toml's model; its state dict."""
-    config = transformers.LlamaConfig(vocab_size=288, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                                      rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=tied)
-    torch.manual_seed(seed)
-    model = transformers.LlamaForCausalLM(config).float()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.uniform_(0.5, 1.5)
-    model.save_pretrained(path, **({"max_shard_size": shard} if shard else {}))
-    return {k: v.clone() for k, v in model.state_dict().items()}
-
 
 @pytest.mark.parametrize("shard", [None, "20KB"])
 def test_import_then_export_is_an_identity(tmp_path, shard):
@@ -254,44 +221,6 @@ def test_pickle_only_hf_folder_is_refused_clearly(tmp_path):
     (tmp_path / "pytorch_model.bin").write_bytes(b"not read")
     with pytest.raises(HFFormatError, match="safetensors only"):
         read_hf(str(tmp_path))
-
-
-def test_export_and_import_on_s3(trained, s3_bucket):
-    run, state = trained
-    export_hf(str(run), s3_bucket + "/hf", max_shard_size=20_000)
-    assert is_hf_folder(s3_bucket + "/hf")
-    _, tensors = read_hf(s3_bucket + "/hf")
-    params = dict(state.model.named_parameters())
-    assert set(tensors) == set(params)
-    assert all(torch.equal(tensors[k], p.detach()) for k, p in params.items())
-    weights = HFWeights(s3_bucket + "/hf")                     # box reads: ranged GETs of the rows
-    assert all(torch.equal(weights.read("model", k, (1,) + (0,) * (p.dim() - 1), (2, *p.shape[1:])), p.detach()[1:3])
-               for k, p in params.items())
-    # An s3:// HF folder is checked against [model] by the same preflight as a local one, and by --plan.
-    init = f"model.init_from={json.dumps(s3_bucket + '/hf')}"
-    checked(run.parent, init)
-    with pytest.raises(ConfigError, match=r"model.init_from: model.num_hidden_layers = 3, but s3://.*/hf/config.json"):
-        checked(run.parent, init, "model.num_hidden_layers=3")
-    from nanoflow.commands.cli import train_main
-
-    assert train_main([str(TINY), "--plan", "--set", init, "--set", "model.num_hidden_layers=3"]) == 2
-
-
-@pytest.mark.slow
-def test_cli_export_and_mismatch_exit_status(trained, tmp_path):
-    run, _ = trained
-    result = run_command("export", str(run), str(tmp_path / "hf"), "--max-shard-size", "30KB", timeout=120)
-    assert result.returncode == 0, result.stderr
-    assert "exported step 3" in result.stdout and (tmp_path / "hf" / "model.safetensors.index.json").exists()
-
-    result = run_command("train", *train_args(tmp_path / "run2", f"model.init_from={json.dumps(str(tmp_path / 'hf'))}",
-                                              "model.hidden_size=64"), timeout=120)
-    assert result.returncode == 2, result.stderr
-    assert "model.init_from: model.hidden_size = 64, but" in result.stderr and "Traceback" not in result.stderr
-    assert not (tmp_path / "run2").exists()
-
-    result = run_command("export", str(tmp_path / "nothing"), str(tmp_path / "x"), timeout=120)
-    assert result.returncode == 2 and "holds no" in result.stderr, result.stderr
 
 
 # ---------------------------------------------------------------------------------------------
@@ -452,18 +381,6 @@ def test_config_json_keys_that_change_nothing_are_accepted(tmp_path, key, value)
     path = tmp_path / "hf" / "config.json"
     path.write_text(json.dumps({**json.loads(path.read_text()), key: value}))
     checked(tmp_path, f"model.init_from={json.dumps(str(tmp_path / 'hf'))}")
-
-
-@pytest.mark.slow
-def test_cli_refuses_attention_dropout_with_exit_2(tmp_path):
-    hf_folder(tmp_path / "hf", tied=True)
-    path = tmp_path / "hf" / "config.json"
-    path.write_text(json.dumps({**json.loads(path.read_text()), "attention_dropout": 0.1}))
-    result = run_command("train", *train_args(tmp_path / "run", f"model.init_from={json.dumps(str(tmp_path / 'hf'))}"),
-                         timeout=120)
-    assert result.returncode == 2, result.stderr
-    assert f"{path}: attention_dropout = 0.1" in result.stderr and "Traceback" not in result.stderr
-    assert not (tmp_path / "run").exists()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -108,7 +108,6 @@ hf_dataset_or_datasets = "text"
 hf_data_files = "{words}/pretrain.txt"
 """
 
-
 def cooldowns(tmp_path: Path, run: Path, *more: str, tail: int | None = None):
     """cooldowns.toml with "cooldown" from step 7 to 12 (its own decay to its last step), optionally a stage "tail"
     inserted at step `tail`, which ends the cooldown earlier."""

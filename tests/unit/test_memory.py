@@ -2,7 +2,6 @@
 and gradients; the step reads device values once. Multi-process layouts run under torchrun in
 tests/e2e/test_memory_process.py."""
 
-
 import pytest
 import torch
 import torch.nn.functional as F

@@ -145,7 +145,6 @@ tokens:
   val_check_interval: -1
 """
 
-
 def write_data(tmp_path: Path) -> None:
     (tmp_path / "corpus").mkdir()
     (tmp_path / "corpus" / "a.txt").write_text("hello world\n")

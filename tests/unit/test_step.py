@@ -1,6 +1,5 @@
 """train_step: one optimizer step on one global batch, whatever its split into micro-batches."""
 
-
 import pytest
 import torch
 

@@ -13,25 +13,15 @@ import numpy as np
 import pytest
 import transformers
 
-from data_helpers import EOT_TEXTS, eot_tokenizer, stage, write_config
+from data_helpers import EOT_TEXTS, stage, write_config
 from helpers import REPO
-from process_helpers import run_command
+from support.tokenizers import eot_json, raw
 from nanoflow.config import load_config
-from nanoflow.data import TokenFolder, TokenizerError, load_run_tokenizer, load_tokenizer, open_stage
+from nanoflow.data import TokenizerError, load_run_tokenizer, load_tokenizer, open_stage
 from nanoflow.interop.export import export_hf
 from nanoflow.training.loop import train
 
 TEXTS = EOT_TEXTS
-
-
-@pytest.fixture
-def eot_json(tmp_path) -> Path:
-    return eot_tokenizer(tmp_path / "eot" / "tokenizer.json")
-
-
-def raw(path: Path):
-    from tokenizers import Tokenizer
-    return Tokenizer.from_file(str(path))
 
 
 def test_a_non_standard_eos_is_an_error_until_named(eot_json):
@@ -88,25 +78,6 @@ def test_an_hf_tokenizer_folder_names_its_special_tokens(tmp_path, eot_json):
         load_tokenizer(older)
 
 
-def test_bin_prepare_with_a_non_standard_eos(tmp_path, eot_json):
-    docs = tmp_path / "docs.jsonl"
-    docs.write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXTS))
-    failed = run_command("prepare", str(docs), "--output", str(tmp_path / "no"), "--tokenizer",
-                     str(eot_json), "--num-proc", "1")
-    assert failed.returncode == 2 and "Traceback" not in failed.stderr, failed.stderr
-    assert "found no end-of-text token" in failed.stderr and "--eos-token" in failed.stderr
-    assert not (tmp_path / "no").exists()              # refused before anything was written
-
-    done = run_command("prepare", str(docs), "--output", str(tmp_path / "tokens"), "--tokenizer",
-                   str(eot_json), "--eos-token", "<EOT>", "--num-proc", "2", "--docs-per-shard", "2")
-    assert done.returncode == 0, done.stderr
-    tok = raw(eot_json)
-    expected = [i for t in TEXTS for i in tok.encode(t, add_special_tokens=False).ids + [1]]
-    folder = TokenFolder(tmp_path / "tokens")
-    assert folder[0:len(folder)].tolist() == expected
-    assert json.loads((tmp_path / "tokens" / "prepare.json").read_text())["eos_id"] == 1
-
-
 def eot_config(tmp_path: Path, tokenizer: Path, *extra: str, stages=None, name="run.toml"):
     readme = {"hf_dataset_or_datasets": "text", "hf_data_files": str(REPO / "README.md")}
     stages = stages or [stage("pretrain", 1, readme)]
@@ -131,22 +102,6 @@ def test_a_training_stage_ends_documents_with_the_named_eos(tmp_path, eot_json):
     plain = load_config(eot_config(tmp_path, eot_json, name="plain.toml"))
     with pytest.raises(TokenizerError, match="found no end-of-text token"):
         train(plain, out=io.StringIO(), progress=False)
-
-
-def test_plan_loads_the_tokenizer_and_refuses_a_too_small_vocabulary(tmp_path, eot_json):
-    tiny = str(REPO / "schedules" / "tiny.toml")
-    small = run_command("train", tiny, "--plan", "--set", "model.vocab_size=200")
-    assert small.returncode == 2 and "Traceback" not in small.stderr, small.stderr
-    assert "model.vocab_size = 200 is smaller than the tokenizer's vocabulary (257 ids, bytes)" in small.stderr
-    assert small.stdout == ""
-
-    path = json.dumps(str(eot_json))
-    named = run_command("train", tiny, "--plan", "--set", f"tokenizer.tokenizer_name_or_path={path}",
-                    "--set", 'tokenizer.eos_token="<EOT>"')
-    assert named.returncode == 0, named.stderr
-    assert "280 ids, eos <EOT> = 1" in named.stdout
-    unnamed = run_command("train", tiny, "--plan", "--set", f"tokenizer.tokenizer_name_or_path={path}")
-    assert unnamed.returncode == 2 and "Traceback" not in unnamed.stderr and "eos_token" in unnamed.stderr
 
 
 def test_export_declares_the_real_special_tokens(tmp_path, eot_json):

@@ -25,7 +25,6 @@ os.chdir(c)                                               # rmtree names entries
 shutil.rmtree(c.parent / "elsewhere" / "gone")            # the working directory: outside the checkout, fine
 """
 
-
 def stand_in(tmp_path):
     checkout = tmp_path / "checkout"
     for folder in ("hf/tiny", "schedules", "nanoflow", "runs/curriculum"):

@@ -1,0 +1,66 @@
+"""bin/export and bin/train --set model.init_from as commands, and the HF round trip on S3 (tests/unit/test_hf.py: in-process)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from helpers import TINY
+from process_helpers import run_command, train_args
+from support.hf import checked, hf_folder, trained
+from nanoflow import ConfigError
+from nanoflow.interop.export import export_hf
+from nanoflow.io import read_hf
+from nanoflow.io.hf import HFWeights, is_hf_folder
+
+
+def test_export_and_import_on_s3(trained, s3_bucket):
+    run, state = trained
+    export_hf(str(run), s3_bucket + "/hf", max_shard_size=20_000)
+    assert is_hf_folder(s3_bucket + "/hf")
+    _, tensors = read_hf(s3_bucket + "/hf")
+    params = dict(state.model.named_parameters())
+    assert set(tensors) == set(params)
+    assert all(torch.equal(tensors[k], p.detach()) for k, p in params.items())
+    weights = HFWeights(s3_bucket + "/hf")                     # box reads: ranged GETs of the rows
+    assert all(torch.equal(weights.read("model", k, (1,) + (0,) * (p.dim() - 1), (2, *p.shape[1:])), p.detach()[1:3])
+               for k, p in params.items())
+    # An s3:// HF folder is checked against [model] by the same preflight as a local one, and by --plan.
+    init = f"model.init_from={json.dumps(s3_bucket + '/hf')}"
+    checked(run.parent, init)
+    with pytest.raises(ConfigError, match=r"model.init_from: model.num_hidden_layers = 3, but s3://.*/hf/config.json"):
+        checked(run.parent, init, "model.num_hidden_layers=3")
+    from nanoflow.commands.cli import train_main
+
+    assert train_main([str(TINY), "--plan", "--set", init, "--set", "model.num_hidden_layers=3"]) == 2
+
+
+@pytest.mark.slow
+def test_cli_export_and_mismatch_exit_status(trained, tmp_path):
+    run, _ = trained
+    result = run_command("export", str(run), str(tmp_path / "hf"), "--max-shard-size", "30KB", timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "exported step 3" in result.stdout and (tmp_path / "hf" / "model.safetensors.index.json").exists()
+
+    result = run_command("train", *train_args(tmp_path / "run2", f"model.init_from={json.dumps(str(tmp_path / 'hf'))}",
+                                              "model.hidden_size=64"), timeout=120)
+    assert result.returncode == 2, result.stderr
+    assert "model.init_from: model.hidden_size = 64, but" in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "run2").exists()
+
+    result = run_command("export", str(tmp_path / "nothing"), str(tmp_path / "x"), timeout=120)
+    assert result.returncode == 2 and "holds no" in result.stderr, result.stderr
+
+
+@pytest.mark.slow
+def test_cli_refuses_attention_dropout_with_exit_2(tmp_path):
+    hf_folder(tmp_path / "hf", tied=True)
+    path = tmp_path / "hf" / "config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "attention_dropout": 0.1}))
+    result = run_command("train", *train_args(tmp_path / "run", f"model.init_from={json.dumps(str(tmp_path / 'hf'))}"),
+                         timeout=120)
+    assert result.returncode == 2, result.stderr
+    assert f"{path}: attention_dropout = 0.1" in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "run").exists()

@@ -1,0 +1,48 @@
+"""bin/prepare with a non-standard EOS and --plan's tokenizer checks, as commands (tests/unit/test_tokenizers.py: in-process)."""
+
+from __future__ import annotations
+
+import json
+
+from data_helpers import EOT_TEXTS
+from helpers import REPO
+from process_helpers import run_command
+from support.tokenizers import eot_json, raw
+from nanoflow.data import TokenFolder
+
+TEXTS = EOT_TEXTS
+
+
+def test_bin_prepare_with_a_non_standard_eos(tmp_path, eot_json):
+    docs = tmp_path / "docs.jsonl"
+    docs.write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXTS))
+    failed = run_command("prepare", str(docs), "--output", str(tmp_path / "no"), "--tokenizer",
+                     str(eot_json), "--num-proc", "1")
+    assert failed.returncode == 2 and "Traceback" not in failed.stderr, failed.stderr
+    assert "found no end-of-text token" in failed.stderr and "--eos-token" in failed.stderr
+    assert not (tmp_path / "no").exists()              # refused before anything was written
+
+    done = run_command("prepare", str(docs), "--output", str(tmp_path / "tokens"), "--tokenizer",
+                   str(eot_json), "--eos-token", "<EOT>", "--num-proc", "2", "--docs-per-shard", "2")
+    assert done.returncode == 0, done.stderr
+    tok = raw(eot_json)
+    expected = [i for t in TEXTS for i in tok.encode(t, add_special_tokens=False).ids + [1]]
+    folder = TokenFolder(tmp_path / "tokens")
+    assert folder[0:len(folder)].tolist() == expected
+    assert json.loads((tmp_path / "tokens" / "prepare.json").read_text())["eos_id"] == 1
+
+
+def test_plan_loads_the_tokenizer_and_refuses_a_too_small_vocabulary(tmp_path, eot_json):
+    tiny = str(REPO / "schedules" / "tiny.toml")
+    small = run_command("train", tiny, "--plan", "--set", "model.vocab_size=200")
+    assert small.returncode == 2 and "Traceback" not in small.stderr, small.stderr
+    assert "model.vocab_size = 200 is smaller than the tokenizer's vocabulary (257 ids, bytes)" in small.stderr
+    assert small.stdout == ""
+
+    path = json.dumps(str(eot_json))
+    named = run_command("train", tiny, "--plan", "--set", f"tokenizer.tokenizer_name_or_path={path}",
+                    "--set", 'tokenizer.eos_token="<EOT>"')
+    assert named.returncode == 0, named.stderr
+    assert "280 ids, eos <EOT> = 1" in named.stdout
+    unnamed = run_command("train", tiny, "--plan", "--set", f"tokenizer.tokenizer_name_or_path={path}")
+    assert unnamed.returncode == 2 and "Traceback" not in unnamed.stderr and "eos_token" in unnamed.stderr

@@ -1,0 +1,32 @@
+"""What test_async_save.py and its process-level tests share."""
+
+import json
+from pathlib import Path
+
+import pytest
+from helpers import quiet, tiny
+
+from nanoflow.io.marker import METADATA, SEAL
+from nanoflow.training.loop import train
+
+ASYNC = "checkpoints.async_save=true"
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory):
+    """tiny's 12 steps, saved synchronously every 4 (steps 4, 8 and 12)."""
+    run = tmp_path_factory.mktemp("straight")
+    return train(tiny(run), out=quiet(), progress=False), run
+
+
+def committed_steps(run: Path) -> list[int]:
+    return sorted(int(p.parent.name) for p in run.glob(f"*/{METADATA}"))
+
+
+def comparable_metadata(step_folder: Path) -> dict:
+    """A step's metadata without what differs between two runs of the same training: when it was committed (and
+    so its seal) and where the run folder is, and whether it was saved asynchronously."""
+    meta = json.loads((step_folder / METADATA).read_text())
+    del meta["created"], meta[SEAL]
+    del meta["config"]["checkpoints"]["checkpoints_path"], meta["config"]["checkpoints"]["async_save"]
+    return meta
