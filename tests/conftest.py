@@ -6,8 +6,8 @@ in this process and in any bin/train subprocess, which inherits the environment 
 nothing else. Everything is restored when the session ends. `s3_bucket` (function) creates a fresh
 bucket and yields an s3:// prefix inside it.
 
-`tiny_toml` (module) is schedules/tiny.toml (it trains on the committed generated corpus, fixed under every test), and
-`reference` (module) the uninterrupted run of it: what the S3 and lock tests compare their runs with, bit for bit.
+`tiny_toml` (session) is schedules/tiny.toml (it trains on the committed generated corpus, fixed under every test), and
+`reference` (session) the uninterrupted run of it: what the S3 and lock tests compare their runs with, bit for bit.
 
 `checkout_guard` (session, autouse) fails any test that reads the checkout's runs/ or hf/ or writes anywhere in it,
 and the session when its files changed (tests/checkout_guard.py).
@@ -117,14 +117,15 @@ def s3_bucket(s3_endpoint):
         s3_endpoint.start()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def tiny_toml():
     return TINY
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def reference(tmp_path_factory, tiny_toml):
-    """The uninterrupted run: schedules/tiny.toml, 12 steps, locally, saved only at the end."""
+    """The uninterrupted run: schedules/tiny.toml, 12 steps, locally, saved only at the end (once a session: the
+    tests only read it)."""
     run_folder = tmp_path_factory.mktemp("reference") / "run"
     state = train(tiny(run_folder, "checkpoints.checkpoint_interval=100", schedule=tiny_toml), out=quiet(), fresh=True)
     assert state.step == TRAIN_STEPS
