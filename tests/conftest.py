@@ -122,6 +122,49 @@ def tiny_toml():
     return TINY
 
 
+# Runs that several test files read, each built once a session (the imports are lazy: transformers is slow to load).
+
+@pytest.fixture(scope="session")
+def straight(tmp_path_factory):
+    """tiny's 12 steps, saved every 4 (steps 4, 8 and 12): its final state and run folder, which the resume and
+    async-save tests compare with and resume from (never in place)."""
+    run = tmp_path_factory.mktemp("straight")
+    return train(tiny(run), out=quiet(), progress=False), run
+
+
+@pytest.fixture(scope="session")
+def stable(tmp_path_factory):
+    """schedules/cooldowns.toml's stable run, read-only for the session: the branch tests branch off it."""
+    from support.branch import stable_run
+
+    with stable_run(tmp_path_factory.mktemp("stable") / "run") as source_and_digest:
+        yield source_and_digest
+
+
+@pytest.fixture(scope="session")
+def trained(tmp_path_factory):
+    """tiny trained 3 steps (tied embeddings): its run folder and final state, for the HF export tests."""
+    from support.hf import trained_run
+
+    return trained_run(tmp_path_factory.mktemp("trained"))
+
+
+@pytest.fixture(scope="session")
+def run_dir(tmp_path_factory):
+    """The run the averaging tests average (support/average.py)."""
+    from support.average import averaged_run
+
+    return averaged_run(tmp_path_factory.mktemp("average") / "run")
+
+
+@pytest.fixture(scope="session")
+def blend_folders(tmp_path_factory):
+    """Prepared token folders for schedules/blend.toml (support/data_prepare.py)."""
+    from support.data_prepare import prepared_blend
+
+    return prepared_blend(tmp_path_factory.mktemp("blend"))
+
+
 @pytest.fixture(scope="session")
 def reference(tmp_path_factory, tiny_toml):
     """The uninterrupted run: schedules/tiny.toml, 12 steps, locally, saved only at the end (once a session: the

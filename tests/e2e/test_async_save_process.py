@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 from process_helpers import run_command, run_layout, train_args
-from support.async_save import ASYNC, committed_steps, comparable_metadata, straight
+from support.async_save import ASYNC, committed_steps, comparable_metadata
 
 from nanoflow import io
 from nanoflow.errors import EXIT_STORAGE

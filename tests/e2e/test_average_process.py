@@ -6,7 +6,7 @@ import pytest
 
 from helpers import quiet, tiny
 from process_helpers import run_layout
-from support.average import assert_mean, mean_from_files, run_dir, STAGES
+from support.average import assert_mean, mean_from_files, STAGES
 from nanoflow import io
 from nanoflow.commands.cli import average_main
 from nanoflow.io.store import Store

@@ -6,7 +6,7 @@ import os
 import pytest
 
 from process_helpers import run_command, train_args
-from support.data_prepare import blend_folders, inputs
+from support.data_prepare import inputs
 from nanoflow.data.prepare import prepare
 
 

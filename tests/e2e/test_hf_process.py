@@ -9,7 +9,7 @@ import torch
 
 from helpers import TINY
 from process_helpers import run_command, train_args
-from support.hf import checked, hf_folder, trained
+from support.hf import checked, hf_folder
 from nanoflow import ConfigError
 from nanoflow.interop.export import export_hf
 from nanoflow.io import read_hf

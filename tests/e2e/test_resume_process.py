@@ -11,7 +11,7 @@ import pytest
 import torch
 from helpers import REPO, quiet, tiny
 from process_helpers import bin_command, run_command, train_args
-from support.resume import restore, straight
+from support.resume import restore
 
 from nanoflow import io
 from nanoflow.training.loop import train

@@ -3,20 +3,10 @@
 import json
 from pathlib import Path
 
-import pytest
-from helpers import quiet, tiny
 
 from nanoflow.io.marker import METADATA, SEAL
-from nanoflow.training.loop import train
 
 ASYNC = "checkpoints.async_save=true"
-
-
-@pytest.fixture(scope="module")
-def straight(tmp_path_factory):
-    """tiny's 12 steps, saved synchronously every 4 (steps 4, 8 and 12)."""
-    run = tmp_path_factory.mktemp("straight")
-    return train(tiny(run), out=quiet(), progress=False), run
 
 
 def committed_steps(run: Path) -> list[int]:

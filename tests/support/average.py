@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -17,9 +16,8 @@ from nanoflow.training.loop import train
 STAGES = ["tokens.train_steps=8", "data_stages.sft.start_training_step=100", "checkpoints.checkpoint_interval=2"]
 
 
-@pytest.fixture(scope="module")
-def run_dir(tmp_path_factory) -> Path:
-    run = tmp_path_factory.mktemp("average") / "run"
+def averaged_run(run: Path) -> Path:
+    """Pretrain only, 8 steps, committed at 2, 4, 6 and 8: what the averaging tests average."""
     assert train(tiny(run, *STAGES), out=quiet(), fresh=True).step == 8
     return run
 

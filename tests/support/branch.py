@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import stat
 from pathlib import Path
 
-import pytest
 from helpers import REPO, quiet
 from run_helpers import folder_digest
 
@@ -24,10 +24,10 @@ def branch(source: Path, step: int, run: Path, length: int = 3, *more: str) -> l
             f"data_stages.cooldown.start_training_step={step + 1}", f"tokens.train_steps={step + length}", *more]
 
 
-@pytest.fixture(scope="module")
-def stable(tmp_path_factory):
-    """The stable run, finished, and its folder made read-only: any write into it fails loudly."""
-    source = tmp_path_factory.mktemp("stable") / "run"
+@contextlib.contextmanager
+def stable_run(source: Path):
+    """The stable run trained into `source`, its folder read-only while the block runs: any write into it fails
+    loudly."""
     train(load_config(COOLDOWNS, [*STABLE, f"checkpoints.checkpoints_path={json.dumps(str(source))}"]), out=quiet())
     digest = folder_digest(source)
     writable = {}

@@ -1,6 +1,7 @@
 """What test_data_prepare.py and its process-level tests share."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -21,9 +22,9 @@ def inputs(tmp_path):
     return files, str(tmp_path / "in" / "rows.jsonl")
 
 
-@pytest.fixture(scope="module")
-def blend_folders(tmp_path_factory):
-    root = tmp_path_factory.mktemp("blend")
+def prepared_blend(root: Path) -> Path:
+    """Two folders bin/prepare would write (the package's code, the project's prose) and a small SFT file, in
+    `root`: what schedules/blend.toml trains on."""
     code = sorted(str(p) for p in (REPO / "nanoflow").glob("*.py"))
     prose = [str(REPO / "README.md"), str(REPO / "BENCHMARKS.md")]
     prepare(code, str(root / "code"), num_proc=1, cache_dir=str(root / "cache"))

@@ -5,7 +5,6 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
-import pytest
 import torch
 import transformers
 
@@ -38,9 +37,7 @@ def tiny(tmp_path: Path, *overrides: str, run: str = "run"):
     return helpers.tiny(tmp_path / run, *overrides)
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    """The tiny schedule trained 3 steps (tied embeddings), and its final state."""
-    tmp_path = tmp_path_factory.mktemp("trained")
+def trained_run(tmp_path: Path):
+    """The tiny schedule trained 3 steps (tied embeddings) in `tmp_path`/run, and its final state."""
     state = train(tiny(tmp_path, "tokens.train_steps=3"), out=io.StringIO())
     return tmp_path / "run", state

@@ -11,7 +11,7 @@ import pytest
 import torch
 from helpers import quiet, tiny
 from run_helpers import assert_same_training_state, folder_digest
-from support.async_save import ASYNC, committed_steps, comparable_metadata, straight
+from support.async_save import ASYNC, committed_steps, comparable_metadata
 
 from nanoflow import io
 from nanoflow.build import stage_data

@@ -7,7 +7,7 @@ import torch
 from safetensors.torch import load_file
 
 from helpers import quiet, tiny
-from support.average import assert_mean, mean_from_files, run_dir, STAGES
+from support.average import assert_mean, mean_from_files, STAGES
 from nanoflow import io
 from nanoflow.commands.cli import average_main
 from nanoflow.interop.export import export_hf

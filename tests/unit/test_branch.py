@@ -8,7 +8,7 @@ import os
 import pytest
 from helpers import quiet
 from run_helpers import assert_same_checkpoint, metrics
-from support.branch import branch, COOLDOWNS, stable, unchanged
+from support.branch import branch, COOLDOWNS, unchanged
 
 from nanoflow import io, load_config
 from nanoflow.checkpoint.checkpointer import Checkpointer

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from helpers import REPO
-from support.data_prepare import blend_folders, inputs
+from support.data_prepare import inputs
 import nanoflow.data.prepare as prepare_module
 from nanoflow import load_config
 from nanoflow.data import TokenFolder, load_tokenizer

@@ -14,7 +14,7 @@ import transformers
 
 import nanoflow
 from helpers import TINY
-from support.hf import checked, hf_folder, tiny, trained
+from support.hf import checked, hf_folder, tiny
 from nanoflow import ConfigError
 from nanoflow.interop.export import export_hf
 from nanoflow.io import read_hf, read_model

@@ -9,7 +9,7 @@ import torch
 from helpers import quiet, tiny
 from run_helpers import assert_same_training_state
 from log_helpers import logged
-from support.resume import restore, straight
+from support.resume import restore
 
 from nanoflow import io
 from nanoflow.io.marker import FORMAT, sealed
