@@ -112,3 +112,14 @@ def run_layout(layout: str, run: Path, *overrides: str, script: str | None = Non
                            launcher=launcher, env=env, timeout=timeout)
     return subprocess.run([*launcher, str(REPO / script), *map(str, args)], cwd=REPO, env={**os.environ, **env},
                           capture_output=True, text=True, timeout=timeout)
+
+
+def run_in_process(name: str, *args, capsys) -> subprocess.CompletedProcess:
+    """bin/NAME's work in this process, for a test of what the command decides rather than of the process: its main
+    function on `args`, its exit status and what it printed (read through pytest's capsys)."""
+    from nanoflow.commands import cli
+
+    capsys.readouterr()   # what the test printed before is not the command's
+    status = getattr(cli, name.replace("-", "_") + "_main")([str(a) for a in args])
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess([name, *map(str, args)], status, out, err)

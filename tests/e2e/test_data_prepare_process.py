@@ -1,12 +1,10 @@
 """bin/prepare with several processes, and bin/train on bad prepared data (tests/unit/test_data_prepare.py: in-process)."""
 
-import json
 import os
 
 import pytest
 
-from process_helpers import run_command, train_args
-from support.data_prepare import inputs
+from process_helpers import run_command
 from nanoflow.data.prepare import prepare
 
 
@@ -25,31 +23,3 @@ def test_bin_prepare_with_several_processes_writes_the_same_folder(tmp_path, inp
     assert bad.returncode == 2 and 'no column "text"' in bad.stderr and "Traceback" not in bad.stderr
 
 
-@pytest.mark.slow
-def test_bin_train_reports_a_truncated_token_file_before_step_1(blend_folders, tmp_path):
-    import shutil
-
-    broken = tmp_path / "code"
-    shutil.copytree(blend_folders / "code", broken)
-    with open(broken / "00000.ds", "ab") as f:
-        f.write(b"\x01")                                  # half a token
-    folders = json.dumps([str(broken), str(blend_folders / "prose")])
-    result = run_command("train", *train_args(tmp_path / "run", f"data_stages.pretrain.data.dataset.dataset_folder={folders}",
-                                              config="schedules/blend.toml"), timeout=300)
-    assert result.returncode == 2, result.stderr
-    assert "Traceback" not in result.stderr
-    assert f'stage "pretrain" (dataset_folder {broken}): {broken}/00000.ds: ' in result.stderr
-    assert "is not a whole number of 2-byte tokens; the file is truncated" in result.stderr
-    assert not (tmp_path / "run" / "1").exists()
-
-
-@pytest.mark.slow
-def test_bad_data_in_a_later_stage_stops_the_run_before_step_1(blend_folders, tmp_path):
-    folders = json.dumps([str(blend_folders / "code"), str(blend_folders / "prose")])
-    result = run_command("train", *train_args(tmp_path / "run", f"data_stages.pretrain.data.dataset.dataset_folder={folders}",
-                                              'data_stages.sft.data.dataset.prompt_column_name="question"',  # no such column
-                                              config="schedules/blend.toml"), timeout=300)
-    assert result.returncode == 2, result.stderr
-    assert "Traceback" not in result.stderr
-    assert 'stage "sft"' in result.stderr and "question" in result.stderr, result.stderr
-    assert "step 1/" not in result.stdout and not (tmp_path / "run" / "metrics.jsonl").exists()

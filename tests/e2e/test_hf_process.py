@@ -9,7 +9,7 @@ import torch
 
 from helpers import TINY
 from process_helpers import run_command, train_args
-from support.hf import checked, hf_folder
+from support.hf import checked
 from nanoflow import ConfigError
 from nanoflow.interop.export import export_hf
 from nanoflow.io import read_hf
@@ -54,13 +54,3 @@ def test_cli_export_and_mismatch_exit_status(trained, tmp_path):
     assert result.returncode == 2 and "holds no" in result.stderr, result.stderr
 
 
-@pytest.mark.slow
-def test_cli_refuses_attention_dropout_with_exit_2(tmp_path):
-    hf_folder(tmp_path / "hf", tied=True)
-    path = tmp_path / "hf" / "config.json"
-    path.write_text(json.dumps({**json.loads(path.read_text()), "attention_dropout": 0.1}))
-    result = run_command("train", *train_args(tmp_path / "run", f"model.init_from={json.dumps(str(tmp_path / 'hf'))}"),
-                         timeout=120)
-    assert result.returncode == 2, result.stderr
-    assert f"{path}: attention_dropout = 0.1" in result.stderr and "Traceback" not in result.stderr
-    assert not (tmp_path / "run").exists()

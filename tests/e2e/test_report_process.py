@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from process_helpers import run_command
-from support.report import png_size, run
+from support.report import png_size
 from nanoflow.commands.report import HEIGHT, WIDTH
 
 

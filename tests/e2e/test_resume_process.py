@@ -11,7 +11,6 @@ import pytest
 import torch
 from helpers import REPO, quiet, tiny
 from process_helpers import bin_command, run_command, train_args
-from support.resume import restore
 
 from nanoflow import io
 from nanoflow.training.loop import train
@@ -24,17 +23,6 @@ def train_command(run: Path, *overrides: str) -> list[str]:
 
 def save_size(run: Path) -> int:
     return sum(f["bytes"] for f in io.read_metadata(str(run))["files"].values())
-
-
-def test_explicit_resume_path_without_a_checkpoint_is_an_error(tmp_path):
-    (tmp_path / "empty").mkdir()
-    config = tiny(tmp_path / "run", f'checkpoints.resume_checkpoint_path="{tmp_path / "empty"}"')
-    with pytest.raises(io.CheckpointError, match="holds no committed checkpoint"):
-        restore(config, out=quiet())
-    result = run_command("train", *train_args(tmp_path / "run", f'checkpoints.resume_checkpoint_path="{tmp_path / "empty"}"'),
-                         timeout=120)
-    assert result.returncode == 2
-    assert "holds no committed checkpoint" in result.stderr and "Traceback" not in result.stderr
 
 
 @pytest.mark.slow

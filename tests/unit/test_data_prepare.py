@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from helpers import REPO
-from support.data_prepare import inputs
+from process_helpers import run_in_process, train_args
 import nanoflow.data.prepare as prepare_module
 from nanoflow import load_config
 from nanoflow.data import TokenFolder, load_tokenizer
@@ -141,3 +141,31 @@ def test_blend_schedule_trains_on_prepared_folders_and_resumes_bit_exactly(blend
         assert_same_training_state(straight, resumed)
 
 
+@pytest.mark.slow
+def test_bin_train_reports_a_truncated_token_file_before_step_1(blend_folders, tmp_path, capsys):
+    import shutil
+
+    broken = tmp_path / "code"
+    shutil.copytree(blend_folders / "code", broken)
+    with open(broken / "00000.ds", "ab") as f:
+        f.write(b"\x01")                                  # half a token
+    folders = json.dumps([str(broken), str(blend_folders / "prose")])
+    result = run_in_process("train", *train_args(tmp_path / "run", f"data_stages.pretrain.data.dataset.dataset_folder={folders}",
+                                                 config=REPO / "schedules" / "blend.toml"), capsys=capsys)
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    assert f'stage "pretrain" (dataset_folder {broken}): {broken}/00000.ds: ' in result.stderr
+    assert "is not a whole number of 2-byte tokens; the file is truncated" in result.stderr
+    assert not (tmp_path / "run" / "1").exists()
+
+
+@pytest.mark.slow
+def test_bad_data_in_a_later_stage_stops_the_run_before_step_1(blend_folders, tmp_path, capsys):
+    folders = json.dumps([str(blend_folders / "code"), str(blend_folders / "prose")])
+    result = run_in_process("train", *train_args(tmp_path / "run", f"data_stages.pretrain.data.dataset.dataset_folder={folders}",
+                                                 'data_stages.sft.data.dataset.prompt_column_name="question"',  # no such column
+                                                 config=REPO / "schedules" / "blend.toml"), capsys=capsys)
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    assert 'stage "sft"' in result.stderr and "question" in result.stderr, result.stderr
+    assert "step 1/" not in result.stdout and not (tmp_path / "run" / "metrics.jsonl").exists()

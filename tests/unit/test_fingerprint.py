@@ -11,13 +11,31 @@ import torch
 
 from data_helpers import stage, write_config, write_folder, write_word_level_tokenizer
 from helpers import quiet
-from support.fingerprint import run
+from process_helpers import run_in_process
 from nanoflow import io, load_config
 from nanoflow.data import ByteTokenizer
 from nanoflow.data import fingerprint as fp
 from nanoflow.data.fingerprint import DataChangedError, fingerprint_changes, stage_fingerprint
 from nanoflow.checkpoint.checkpointer import Checkpointer
 from nanoflow.training.loop import train
+
+
+@pytest.fixture
+def run(tmp_path):
+    """A run stopped after step 4 of 10: stage "pretrain" (text files) has begun, stage "sft" (step 7 on) has not."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for name in "ab":
+        (corpus / f"{name}.txt").write_text(f"document {name} " * 200)
+    rows = [{"prompt": f"{i}+{i}=", "completion": str(2 * i)} for i in range(40)]
+    (tmp_path / "sft.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    config = write_config(tmp_path, [
+        stage("pretrain", 1, {"hf_dataset_or_datasets": "text", "hf_data_files": "corpus/*.txt"}),
+        stage("sft", 7, {"hf_dataset_or_datasets": "json", "hf_data_files": "sft.jsonl",
+                         "prompt_column_name": "prompt", "completion_column_name": "completion"}),
+    ], train_steps=10)
+    train(load_config(config, ["checkpoints.checkpoint_interval=2"]), until_step=4, out=quiet())
+    return config
 
 
 def resume(config: Path, *overrides: str, out=None):
@@ -72,6 +90,14 @@ def test_the_same_file_with_new_content_is_refused_even_at_the_same_size(run):
         resume(run)
 
 
+def test_bin_train_exits_2_naming_the_change_without_a_traceback(run, capsys):
+    (run.parent / "corpus" / "b.txt").write_text("changed")
+    result = run_in_process("train", run, capsys=capsys)
+    assert result.returncode == 2, result.stderr
+    assert "b.txt: was 2200 bytes" in result.stderr and "Traceback" not in result.stderr
+    assert io.read_metadata(str(run.parent / "checkpoints"))["step"] == 4   # nothing trained, nothing saved
+
+
 def test_a_stage_not_begun_may_change_freely(run):
     (run.parent / "sft.jsonl").write_text(json.dumps({"prompt": "1+1=", "completion": "2"}) + "\n")
     assert resume(run, "data_stages.sft.data.seed=123").step == 4
@@ -120,6 +146,7 @@ def test_token_folder_fingerprint_covers_tokens_index_and_metadata(tmp_path):
     ends.tofile(index)   # same size, another document boundary
     changes = fingerprint_changes({"pretrain": before}, {"pretrain": stage_fingerprint(config, 0, ByteTokenizer())})
     assert len(changes) == 1 and "00001_unshuffled.ds.index: was" in changes[0]
+
 
 
 def test_a_saved_dataset_folder_is_fingerprinted_by_its_files(tmp_path):

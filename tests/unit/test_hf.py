@@ -14,6 +14,7 @@ import transformers
 
 import nanoflow
 from helpers import TINY
+from process_helpers import run_in_process, train_args
 from support.hf import checked, hf_folder, tiny
 from nanoflow import ConfigError
 from nanoflow.interop.export import export_hf
@@ -440,3 +441,15 @@ def test_init_from_a_checkpoint_of_another_shape_is_exit_2_not_a_traceback(train
     with pytest.raises(nanoflow.io.CheckpointError, match=r"the weights do not fit the model:\n  "
                        r"model.layers.0.mlp.gate_proj.weight has shape \[64, 32\], the model expects \[48, 32\]\n"):
         nanoflow.init_state(config)
+
+
+@pytest.mark.slow
+def test_cli_refuses_attention_dropout_with_exit_2(tmp_path, capsys):
+    hf_folder(tmp_path / "hf", tied=True)
+    path = tmp_path / "hf" / "config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "attention_dropout": 0.1}))
+    result = run_in_process("train", *train_args(tmp_path / "run", f"model.init_from={json.dumps(str(tmp_path / 'hf'))}"),
+                            capsys=capsys)
+    assert result.returncode == 2, result.stderr
+    assert f"{path}: attention_dropout = 0.1" in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "run").exists()

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from helpers import tiny
-from support.report import png_size, run
+from support.report import png_size
 from nanoflow.observe import tensorboard as nanoflow_tensorboard
 from nanoflow.training.loop import train
 from nanoflow.observe.metrics import MetricsError, read_metrics, step_seconds, tokens_per_second

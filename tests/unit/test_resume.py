@@ -7,6 +7,7 @@ import re
 import pytest
 import torch
 from helpers import quiet, tiny
+from process_helpers import run_in_process, train_args
 from run_helpers import assert_same_training_state
 from log_helpers import logged
 from support.resume import restore
@@ -362,3 +363,12 @@ def test_nothing_intact_means_no_checkpoint(two_checkpoints):
 # Real processes: SIGTERM saves and exits; kill -9 anywhere, even mid-write, loses nothing committed.
 
 
+def test_explicit_resume_path_without_a_checkpoint_is_an_error(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    config = tiny(tmp_path / "run", f'checkpoints.resume_checkpoint_path="{tmp_path / "empty"}"')
+    with pytest.raises(io.CheckpointError, match="holds no committed checkpoint"):
+        restore(config, out=quiet())
+    result = run_in_process("train", *train_args(tmp_path / "run", f'checkpoints.resume_checkpoint_path="{tmp_path / "empty"}"'),
+                            capsys=capsys)
+    assert result.returncode == 2
+    assert "holds no committed checkpoint" in result.stderr and "Traceback" not in result.stderr

@@ -15,7 +15,7 @@ import transformers
 
 from data_helpers import EOT_TEXTS, stage, write_config
 from helpers import REPO
-from support.tokenizers import eot_json, raw
+from support.tokenizers import raw
 from nanoflow.config import load_config
 from nanoflow.data import TokenizerError, load_run_tokenizer, load_tokenizer, open_stage
 from nanoflow.interop.export import export_hf

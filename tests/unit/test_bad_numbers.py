@@ -7,7 +7,7 @@ import pytest
 
 from data_helpers import stage, write_config
 from helpers import TINY
-from process_helpers import run_command, train_args
+from process_helpers import run_in_process, train_args
 from nanoflow import ConfigError, load_config
 from nanoflow.data import ByteTokenizer, DataInputError, open_stage
 
@@ -29,8 +29,8 @@ def test_bad_numbers_are_refused_at_load_naming_the_key(override, message):
     assert message in str(error.value)
 
 
-def test_bin_train_exits_2_on_a_bad_number_without_a_traceback(tmp_path):
-    result = run_command("train", *train_args(tmp_path, "optimizer.optimizer_factory.adam_beta1=1.5"), timeout=60)
+def test_bin_train_exits_2_on_a_bad_number_without_a_traceback(tmp_path, capsys):
+    result = run_in_process("train", *train_args(tmp_path, "optimizer.optimizer_factory.adam_beta1=1.5"), capsys=capsys)
     assert result.returncode == 2 and "adam_beta1" in result.stderr and "Traceback" not in result.stderr
 
 
@@ -59,12 +59,12 @@ def test_unreadable_jsonl_is_named_with_its_line(tmp_path, content, message):
         open_stage(config, 0, ByteTokenizer()).close()
 
 
-def test_binary_garbage_as_a_text_file_is_named(tmp_path):
+def test_binary_garbage_as_a_text_file_is_named(tmp_path, capsys):
     (tmp_path / "corpus.txt").write_bytes(b"plain text\nmore text\n" + bytes(range(128, 256)) * 20)
     config = load_config(write_config(tmp_path, [
         stage("pretrain", 1, {"hf_dataset_or_datasets": "text", "hf_data_files": "corpus.txt"})]))
     with pytest.raises(DataInputError, match=rf"{tmp_path}/corpus\.txt, line 3: not UTF-8 text"):
         open_stage(config, 0, ByteTokenizer()).close()
-    result = run_command("train", tmp_path / "run.toml", timeout=120)
+    result = run_in_process("train", tmp_path / "run.toml", capsys=capsys)
     assert result.returncode == 2, result.stderr
     assert "corpus.txt, line 3: not UTF-8 text" in result.stderr and "Traceback" not in result.stderr
