@@ -9,6 +9,7 @@ import subprocess
 import pytest
 
 from data_helpers import BYTES
+from support.data_sources import rows
 from nanoflow.data import open_stage
 from nanoflow.data.tokens import DataInputError
 

@@ -5,9 +5,8 @@ from __future__ import annotations
 import json
 
 from data_helpers import EOT_TEXTS
-from helpers import REPO
 from process_helpers import run_command
-from support.tokenizers import raw
+from support.tokenizers import eot_json, raw
 from nanoflow.data import TokenFolder
 
 TEXTS = EOT_TEXTS
@@ -32,17 +31,3 @@ def test_bin_prepare_with_a_non_standard_eos(tmp_path, eot_json):
     assert json.loads((tmp_path / "tokens" / "prepare.json").read_text())["eos_id"] == 1
 
 
-def test_plan_loads_the_tokenizer_and_refuses_a_too_small_vocabulary(tmp_path, eot_json):
-    tiny = str(REPO / "schedules" / "tiny.toml")
-    small = run_command("train", tiny, "--plan", "--set", "model.vocab_size=200")
-    assert small.returncode == 2 and "Traceback" not in small.stderr, small.stderr
-    assert "model.vocab_size = 200 is smaller than the tokenizer's vocabulary (257 ids, bytes)" in small.stderr
-    assert small.stdout == ""
-
-    path = json.dumps(str(eot_json))
-    named = run_command("train", tiny, "--plan", "--set", f"tokenizer.tokenizer_name_or_path={path}",
-                    "--set", 'tokenizer.eos_token="<EOT>"')
-    assert named.returncode == 0, named.stderr
-    assert "280 ids, eos <EOT> = 1" in named.stdout
-    unnamed = run_command("train", tiny, "--plan", "--set", f"tokenizer.tokenizer_name_or_path={path}")
-    assert unnamed.returncode == 2 and "Traceback" not in unnamed.stderr and "eos_token" in unnamed.stderr

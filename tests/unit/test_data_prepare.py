@@ -10,6 +10,7 @@ import pytest
 
 from helpers import REPO
 from process_helpers import run_in_process, train_args
+from support.data_prepare import inputs
 import nanoflow.data.prepare as prepare_module
 from nanoflow import load_config
 from nanoflow.data import TokenFolder, load_tokenizer

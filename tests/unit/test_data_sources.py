@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from data_helpers import BYTES, documents, load, stage, write_folder
+from support.data_sources import rows
 from nanoflow.config import ConfigError
 from nanoflow.data import open_stage
 from nanoflow.data.tokens import DataInputError

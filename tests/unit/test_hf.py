@@ -453,3 +453,20 @@ def test_cli_refuses_attention_dropout_with_exit_2(tmp_path, capsys):
     assert result.returncode == 2, result.stderr
     assert f"{path}: attention_dropout = 0.1" in result.stderr and "Traceback" not in result.stderr
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_cli_export_and_mismatch_exit_status(trained, tmp_path, capsys):
+    run, _ = trained
+    result = run_in_process("export", str(run), str(tmp_path / "hf"), "--max-shard-size", "30KB", capsys=capsys)
+    assert result.returncode == 0, result.stderr
+    assert "exported step 3" in result.stdout and (tmp_path / "hf" / "model.safetensors.index.json").exists()
+
+    result = run_in_process("train", *train_args(tmp_path / "run2", f"model.init_from={json.dumps(str(tmp_path / 'hf'))}",
+                                                 "model.hidden_size=64"), capsys=capsys)
+    assert result.returncode == 2, result.stderr
+    assert "model.init_from: model.hidden_size = 64, but" in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "run2").exists()
+
+    result = run_in_process("export", str(tmp_path / "nothing"), str(tmp_path / "x"), capsys=capsys)
+    assert result.returncode == 2 and "holds no" in result.stderr, result.stderr

@@ -5,15 +5,33 @@ from __future__ import annotations
 
 import io
 import json
+import struct
+from pathlib import Path
 
 import pytest
 
 from helpers import tiny
-from support.report import png_size
+from process_helpers import run_in_process
 from nanoflow.observe import tensorboard as nanoflow_tensorboard
 from nanoflow.training.loop import train
 from nanoflow.observe.metrics import MetricsError, read_metrics, step_seconds, tokens_per_second
 from nanoflow.commands.report import HEIGHT, WIDTH, format_summary, read_run_metadata, stage_spans, stage_summary, write_report
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory) -> Path:
+    """schedules/tiny.toml trained to step 10 of 12 (pretrain 1–7, sft 8–12): the last stage is cut short."""
+    run = tmp_path_factory.mktemp("report") / "run"
+    train(tiny(run), until_step=10, out=io.StringIO())
+    return run
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG signature"
+    length, kind = struct.unpack(">I4s", data[8:16])
+    assert kind == b"IHDR" and length == 13
+    return struct.unpack(">II", data[16:24])
 
 
 def test_report_png_and_table_match_metrics(run):
@@ -109,3 +127,11 @@ def test_tensorboard_is_a_no_op_without_the_package(tmp_path, monkeypatch):
     assert (tmp_path / "run" / "metrics.jsonl").exists() and not list((tmp_path / "run").glob("events.*"))
 
 
+@pytest.mark.slow
+def test_cli_report(run, tmp_path, capsys):
+    result = run_in_process("report", str(run), "--out", str(tmp_path / "r.png"), capsys=capsys)
+    assert result.returncode == 0, result.stderr
+    assert png_size(tmp_path / "r.png") == (WIDTH, HEIGHT)
+    assert "pretrain" in result.stdout and "total: 10 steps" in result.stdout
+    result = run_in_process("report", str(tmp_path / "none"), capsys=capsys)
+    assert result.returncode == 2 and "no such file" in result.stderr

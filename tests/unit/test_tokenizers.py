@@ -15,7 +15,8 @@ import transformers
 
 from data_helpers import EOT_TEXTS, stage, write_config
 from helpers import REPO
-from support.tokenizers import raw
+from process_helpers import run_in_process
+from support.tokenizers import eot_json, raw
 from nanoflow.config import load_config
 from nanoflow.data import TokenizerError, load_run_tokenizer, load_tokenizer, open_stage
 from nanoflow.interop.export import export_hf
@@ -134,3 +135,19 @@ def test_accept_recorded_names_is_a_list_of_names(tmp_path, eot_json):
         load_config(path)
     listed = eot_config(tmp_path, eot_json, 'eos_token = "<EOT>"', 'accept_recorded_names = ["gpt2"]', name="ok.toml")
     assert load_config(listed).tokenizer.accept_recorded_names == ["gpt2"]
+
+
+def test_plan_loads_the_tokenizer_and_refuses_a_too_small_vocabulary(tmp_path, eot_json, capsys):
+    tiny = str(REPO / "schedules" / "tiny.toml")
+    small = run_in_process("train", tiny, "--plan", "--set", "model.vocab_size=200", capsys=capsys)
+    assert small.returncode == 2 and "Traceback" not in small.stderr, small.stderr
+    assert "model.vocab_size = 200 is smaller than the tokenizer's vocabulary (257 ids, bytes)" in small.stderr
+    assert small.stdout == ""
+
+    path = json.dumps(str(eot_json))
+    named = run_in_process("train", tiny, "--plan", "--set", f"tokenizer.tokenizer_name_or_path={path}",
+                           "--set", 'tokenizer.eos_token="<EOT>"', capsys=capsys)
+    assert named.returncode == 0, named.stderr
+    assert "280 ids, eos <EOT> = 1" in named.stdout
+    unnamed = run_in_process("train", tiny, "--plan", "--set", f"tokenizer.tokenizer_name_or_path={path}", capsys=capsys)
+    assert unnamed.returncode == 2 and "Traceback" not in unnamed.stderr and "eos_token" in unnamed.stderr
