@@ -1,4 +1,4 @@
-"""bin/prepare with several processes, and bin/train on bad prepared data (tests/unit/test_data_prepare.py: in-process)."""
+"""bin/prepare with two processes writes what one writes (tests/unit/test_data_prepare.py: in-process)."""
 
 import os
 

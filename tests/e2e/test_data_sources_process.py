@@ -1,4 +1,5 @@
-"""Full disks under the caches, met by bin/train (tests/unit/test_data_sources.py: the sources in-process)."""
+"""Full token and datasets caches, on a real tmpfs mounted for the test (tests/unit/test_data_sources.py: the
+sources)."""
 
 from __future__ import annotations
 

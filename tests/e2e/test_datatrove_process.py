@@ -1,4 +1,4 @@
-"""datatrove reads bin/prepare's output token for token (tests/unit/test_datatrove.py: datatrove's folders in-process)."""
+"""datatrove reads bin/prepare's output token for token (tests/unit/test_datatrove.py: in-process)."""
 
 from __future__ import annotations
 

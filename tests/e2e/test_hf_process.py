@@ -1,4 +1,4 @@
-"""bin/export and bin/train --set model.init_from as commands, and the HF round trip on S3 (tests/unit/test_hf.py: in-process)."""
+"""The HF export and import on S3, against the moto server (tests/unit/test_hf.py: the rest, in-process)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Resume across real processes: SIGTERM, kill -9 mid-save and mid-training, a missing resume path (tests/unit/test_resume.py: in-process)."""
+"""Resume across real processes: SIGTERM, and kill -9 mid-save and mid-training (tests/unit/test_resume.py:
+in-process)."""
 
 import json
 import os

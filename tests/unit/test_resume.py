@@ -10,15 +10,19 @@ from helpers import quiet, tiny
 from process_helpers import run_in_process, train_args
 from run_helpers import assert_same_training_state
 from log_helpers import logged
-from support.resume import restore
 
 from nanoflow import io
+from nanoflow.checkpoint.checkpointer import Checkpointer
 from nanoflow.io.marker import FORMAT, sealed
 from nanoflow.io.store import StoreError
 from nanoflow.training.loop import train
 from nanoflow.observe.metrics import MetricsLog
 from nanoflow.lr import lr_at
 from nanoflow.schedule import ScheduleDriftError
+
+
+def restore(config, *, fresh: bool = False, out):
+    return Checkpointer(config, out=out).restore(fresh=fresh)
 
 
 # Stage "sft" starts at step 8 with its own sequence length and batch: stop before, at and after it.
