@@ -166,6 +166,25 @@ def blend_folders(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def layout_run(tmp_path_factory):
+    """layout_run(name): the folder of tiny's 4 steps trained on that parallel layout (process_helpers: COMMON and
+    LAYOUTS; checkpoints 2 and 4), under torchrun the first time it is asked for, then shared: the parallel,
+    averaging and async-save tests only read these runs."""
+    from process_helpers import run_layout
+
+    root, trained = tmp_path_factory.mktemp("layouts"), {}
+
+    def folder(layout: str):
+        if layout not in trained:
+            result = run_layout(layout, root / layout)
+            assert result.returncode == 0, f"{layout}:\n{result.stdout}\n{result.stderr}"
+            trained[layout] = root / layout
+        return trained[layout]
+
+    return folder
+
+
+@pytest.fixture(scope="session")
 def reference(tmp_path_factory, tiny_toml):
     """The uninterrupted run: schedules/tiny.toml, 12 steps, locally, saved only at the end (once a session: the
     tests only read it)."""

@@ -64,12 +64,12 @@ def test_kill_9_mid_background_write_keeps_the_previous_commit_and_a_rerun_ends_
 
 
 @pytest.mark.slow
-def test_dp2_under_torchrun_ends_equal_to_a_sync_dp2_run(tmp_path):
-    for name, extra in (("sync", ()), ("async", (ASYNC,))):
-        result = run_layout("dp2", tmp_path / name, *extra)
-        assert result.returncode == 0, f"{name}:\n{result.stdout}\n{result.stderr}"
-    assert committed_steps(tmp_path / "sync") == committed_steps(tmp_path / "async") == [2, 4]
+def test_dp2_under_torchrun_ends_equal_to_a_sync_dp2_run(tmp_path, layout_run):
+    sync = layout_run("dp2")   # the synchronous dp=2 run, shared with test_parallel
+    result = run_layout("dp2", tmp_path / "async", ASYNC)
+    assert result.returncode == 0, f"async:\n{result.stdout}\n{result.stderr}"
+    assert committed_steps(sync) == committed_steps(tmp_path / "async") == [2, 4]
     for step in (2, 4):
-        a, b = tmp_path / "sync" / str(step), tmp_path / "async" / str(step)
+        a, b = sync / str(step), tmp_path / "async" / str(step)
         assert first_difference(io.read_checkpoint(str(a)), io.read_checkpoint(str(b))) is None, step
         assert comparable_metadata(a) == comparable_metadata(b), step

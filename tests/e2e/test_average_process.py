@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from helpers import quiet, tiny
-from process_helpers import run_layout
 from support.average import assert_mean, mean_from_files, STAGES
 from nanoflow import io
 from nanoflow.commands.cli import average_main
@@ -29,10 +28,8 @@ def test_s3_to_s3(run_dir, s3_bucket, tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-def test_a_dp2_tp2_checkpoint(tmp_path):
-    trained = tmp_path / "dp2tp2"
-    result = run_layout("dp2tp2", trained)          # torchrun, 4 gloo processes: checkpoints 2 and 4, sharded 2 × 2
-    assert result.returncode == 0, result.stdout + result.stderr
+def test_a_dp2_tp2_checkpoint(tmp_path, layout_run):
+    trained = layout_run("dp2tp2")          # torchrun, 4 gloo processes: checkpoints 2 and 4, sharded 2 × 2
     assert io.read_metadata(str(trained))["topology"] == {"dp": 2, "tp": 2, "world_size": 4}
     out = tmp_path / "avg"
     assert average_main([str(trained), str(out), "--last", "2"]) == 0

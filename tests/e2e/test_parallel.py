@@ -28,12 +28,10 @@ def assert_close_weights(a: dict, b: dict, atol: float = 1e-5):
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def runs(layout_run):
     """Every layout trains the same 4 steps of the same schedule; each run dir holds checkpoints 2 and 4."""
-    root = tmp_path_factory.mktemp("layouts")
     for layout in ("dp1", "dp2", "tp2", "dp2tp2", "tp2sp", "dp2tp2sp"):
-        result = run_layout(layout, root / layout)
-        assert result.returncode == 0, f"{layout}:\n{result.stdout}\n{result.stderr}"
+        root = layout_run(layout).parent
     return root
 
 
