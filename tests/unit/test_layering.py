@@ -8,7 +8,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parent.parent / "nanoflow"
+PACKAGE = Path(__file__).resolve().parents[2] / "nanoflow"   # this file is in tests/unit/ of the checkout
 
 
 def module_name(path: Path) -> str:
