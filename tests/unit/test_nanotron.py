@@ -13,7 +13,7 @@ import yaml
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from process_helpers import run_command
+from process_helpers import run_in_process
 from nanoflow import load_config
 from nanoflow.config import ConfigError
 from nanoflow.lr import lr_at
@@ -240,14 +240,14 @@ def test_legacy_layouts(tmp_path):
     assert any("optimizer_factory" in n for n in report.notes) and any("stable" in n for n in report.notes)
 
 
-def test_cli_writes_toml_to_stdout_and_report_to_stderr(tmp_path):
+def test_cli_writes_toml_to_stdout_and_report_to_stderr(tmp_path, capsys):
     (tmp_path / "config.yaml").write_text(NANOTRON_YAML)
-    result = run_command("convert-nanotron-config", str(tmp_path / "config.yaml"), timeout=60)
+    result = run_in_process("convert-nanotron-config", tmp_path / "config.yaml", capsys=capsys)
     assert result.returncode == 0, result.stderr
     assert tomllib.loads(result.stdout)["tokens"]["train_steps"] == 15
     assert f"{tmp_path / 'config.yaml'}: not carried over: parallelism.pp = 2" in result.stderr
     (tmp_path / "bad.yaml").write_text("a: [b\n")
-    result = run_command("convert-nanotron-config", str(tmp_path / "bad.yaml"), timeout=60)
+    result = run_in_process("convert-nanotron-config", tmp_path / "bad.yaml", capsys=capsys)
     assert result.returncode == 2 and "error:" in result.stderr and not result.stdout
 
 
