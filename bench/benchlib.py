@@ -61,7 +61,7 @@ def filesystem(path: str) -> str:
 
 def parse(parser, argv=None, **smallest):
     """`parser`'s arguments plus --smoke, which makes `smallest` the defaults: the setting in which
-    tests/test_bench.py runs the script (seconds; its figures mean nothing, only that it runs)."""
+    tests/e2e/test_bench.py runs the script (seconds; its figures mean nothing, only that it runs)."""
     parser.add_argument("--smoke", action="store_true", help="the smallest setting: checks that the script runs")
     args = parser.parse_args(argv)
     if args.smoke:

@@ -12,7 +12,7 @@ target token (the completion and its end-of-text, the tokens its loss is taken o
 continues a right prefix with the argmax, so the decoded answer equals the target exactly when, at
 each target position, the argmax given the true prefix is the true token: one teacher-forced forward
 gives the verdict token-by-token decoding would, for every example of a batch at once
-(tests/test_evaluation.py decodes token by token and checks that both agree).
+(tests/unit/test_evaluation.py decodes token by token and checks that both agree).
 
 Evaluation runs under torch.inference_mode and touches no parameter, moment or data order: a run
 with evaluation trains the very weights a run without it trains.

@@ -24,7 +24,7 @@ LOG_VARIABLE = "NANOFLOW_TEST_GUARD_LOG"        # where the subprocesses' hooks 
 USERS = ("runs", "hf")                          # the checkout's folders the README's commands write into
 CACHES = {"__pycache__", ".pytest_cache", ".hypothesis"}
 NOT_WALKED = {".git", ".venv", *CACHES}
-READS_ALLOWED = {("tests/test_curriculum_skill.py", os.path.join("runs", "curriculum"))}
+READS_ALLOWED = {("tests/e2e/test_curriculum_skill.py", os.path.join("runs", "curriculum"))}
 
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 _PATH_WRITES = {  # audit event -> the positions of its path arguments (all of them written)

@@ -5,14 +5,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file
 
-from helpers import REPO
 from nanoflow.parallel.shards import state_blocks
 
 
@@ -44,11 +41,6 @@ def folder_digest(folder: Path) -> dict[str, str]:
             for p in sorted(Path(folder).rglob("*")) if p.is_file()}
 
 
-def bin_train(config: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(REPO / "bin" / "train"), str(config), *args], cwd=REPO,
-                          capture_output=True, text=True, timeout=timeout)
-
-
 def groups_of(state) -> dict[str, dict[str, torch.Tensor]]:
     """A copy of every tensor of a state, by checkpoint group (model, optimizer) and name."""
     groups = state_blocks(state.model, state.optimizer, state.topology)  # one process: every block is whole
@@ -65,10 +57,14 @@ def assert_same(got: dict, want: dict, groups=("model", "optimizer")) -> None:
 
 
 def assert_same_training_state(a, b) -> None:
-    """Two TrainStates hold the same weights, AdamW moments and step counts (torch.equal) and position."""
-    for (name, x), y in zip(a.model.state_dict().items(), b.model.state_dict().values()):
-        assert torch.equal(x, y), name
-    for (name, p), q in zip(a.model.named_parameters(), b.model.parameters()):
-        for key in ("exp_avg", "exp_avg_sq", "step"):
-            assert torch.equal(a.optimizer.state[p][key], b.optimizer.state[q][key]), f"{key} of {name}"
+    """Two TrainStates hold the same weights and buffers, the same AdamW state (every entry: moments and step
+    counts; torch.equal) and the same position."""
+    x, y = a.model.state_dict(), b.model.state_dict()
+    assert list(x) == list(y), "the models' tensors differ in names"
+    for name in x:
+        assert torch.equal(x[name], y[name]), name
+    for (name, p), q in zip(a.model.named_parameters(), b.model.parameters(), strict=True):
+        assert a.optimizer.state[p].keys() == b.optimizer.state[q].keys(), name
+        for key, value in a.optimizer.state[p].items():
+            assert torch.equal(value, b.optimizer.state[q][key]), f"{key} of {name}"
     assert (a.step, a.consumed_samples, a.lr_origin) == (b.step, b.consumed_samples, b.lr_origin)

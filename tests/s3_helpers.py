@@ -1,4 +1,4 @@
-"""Looking at a bucket of the test endpoint (conftest.py) with the tests' own client, not through nanoflow."""
+"""Looking at a bucket of the test endpoint (s3_server.py) with the tests' own client, not through nanoflow."""
 
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ switched off (`_smart_open`); its read retry is not configurable and stays insid
 download that breaks off is asked again from where it stopped, after waits of 1, 2, 4, 8, 16 s
 (back to 1 s after a GET that brought bytes); `_GetBudget` ends the read at its GETS_PER_READth GET. So
 one read makes at most Retries.attempts × GETS_PER_READ GETs; the longest it can wait follows from these
-constants, and tests/test_store_bounds.py derives it and checks the figure docs/s3.md gives.
+constants, and tests/unit/test_store_bounds.py derives it and checks the figure docs/s3.md gives.
 """
 
 from __future__ import annotations

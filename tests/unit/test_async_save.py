@@ -1,0 +1,143 @@
+"""[checkpoints] async_save: checkpoints written by a background thread while training goes on, committed
+with the same protocol — the same bytes as a synchronous save, nothing committed lost to a kill or a failed
+write, and a stop or the run's end waits for the save in flight."""
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+import torch
+from helpers import quiet, tiny
+from run_helpers import assert_same_training_state, folder_digest
+from support.async_save import ASYNC, committed_steps, comparable_metadata
+
+from nanoflow import io
+from nanoflow.build import stage_data
+from nanoflow.checkpoint.checkpointer import Checkpointer, StorageLostError
+from nanoflow.errors import EXIT_STORAGE
+from nanoflow.io.marker import METADATA
+from nanoflow.io.store import Store, StoreError
+from nanoflow.training.loop import train
+from nanoflow.step import train_step
+from nanoflow.commands.verify import first_difference
+
+
+def test_async_run_ends_equal_to_a_sync_run_with_identical_checkpoints(straight, tmp_path):
+    reference, reference_run = straight
+    out = quiet()
+    state = train(tiny(tmp_path, ASYNC), out=out, progress=False)
+    assert_same_training_state(reference, state)
+    assert committed_steps(tmp_path) == committed_steps(reference_run) == [4, 8, 12]
+    assert (tmp_path / "latest.txt").read_text() == "12\n"
+    for step in (4, 8, 12):
+        a, b = reference_run / str(step), tmp_path / str(step)
+        assert comparable_metadata(a) == comparable_metadata(b), step
+        tensors = {name: digest for name, digest in folder_digest(a).items() if name != METADATA}
+        assert tensors == {name: digest for name, digest in folder_digest(b).items() if name != METADATA}, step
+    assert [line.split(":")[0] for line in out.getvalue().splitlines() if line.startswith("saved step")] == \
+        ["saved step 4", "saved step 8", "saved step 12"]
+
+
+def test_save_copies_the_state_and_returns_while_the_files_are_written(tmp_path, monkeypatch):
+    """save() returns before a byte of the tensors is written; training then changes the weights in place,
+    and the checkpoint still holds the ones of the step saved."""
+    import nanoflow.checkpoint.checkpointer as checkpointer_module
+
+    release, writing = threading.Event(), threading.Event()
+    real_write_files = checkpointer_module.write_files
+
+    def held_write_files(*args, **kwargs):
+        writing.set()
+        assert release.wait(60)
+        return real_write_files(*args, **kwargs)
+
+    monkeypatch.setattr(checkpointer_module, "write_files", held_write_files)
+    config = tiny(tmp_path, ASYNC)
+    checkpointer = Checkpointer(config, out=quiet())
+    with checkpointer.locked():
+        state = checkpointer.restore()
+        with stage_data(state) as loader:
+            state, _ = train_step(state, loader.batch_at(1))
+            saved = {name: p.detach().clone() for name, p in state.model.named_parameters()}
+            assert checkpointer.save(state) is None
+            assert writing.wait(60)
+            assert checkpointer.poll() is None                       # not written yet: nothing committed
+            assert not (tmp_path / "1" / METADATA).exists() and not (tmp_path / "latest.txt").exists()
+            state, _ = train_step(state, loader.batch_at(2))          # training goes on meanwhile, in place
+            assert any(not torch.equal(saved[n], p) for n, p in state.model.named_parameters())
+        release.set()
+        assert checkpointer.finish() == f"{tmp_path}/1"
+    committed = io.read_checkpoint(str(tmp_path))
+    assert committed.metadata["step"] == 1 and committed.metadata["training"]["completed"] == 1
+    for name, p in saved.items():
+        assert torch.equal(committed.groups["model"][name], p), name
+
+
+def test_at_most_one_save_is_in_flight(tmp_path, monkeypatch):
+    import nanoflow.checkpoint.checkpointer as checkpointer_module
+
+    real_write_files, writing, most = checkpointer_module.write_files, [], [0]
+
+    def slow_write_files(*args, **kwargs):
+        writing.append(args[1])
+        most[0] = max(most[0], len(writing))
+        time.sleep(0.05)   # longer than a step of tiny: the next save comes while this one is written
+        try:
+            return real_write_files(*args, **kwargs)
+        finally:
+            writing.remove(args[1])
+
+    monkeypatch.setattr(checkpointer_module, "write_files", slow_write_files)
+    state = train(tiny(tmp_path, ASYNC, "checkpoints.checkpoint_interval=1"), out=quiet(), progress=False)
+    assert state.step == 12 and most[0] == 1
+    assert committed_steps(tmp_path) == list(range(1, 13))
+
+
+def test_a_failed_background_write_is_raised_in_the_loop_naming_the_step(straight, tmp_path, monkeypatch):
+    _, reference_run = straight
+    real_write = Store.write
+
+    def write(store, relative, chunks):
+        if relative.startswith("8/optimizer/"):
+            raise StoreError(f"cannot write {store.url(relative)}: [Errno 30] Read-only file system")
+        return real_write(store, relative, chunks)
+
+    monkeypatch.setattr(Store, "write", write)
+    with pytest.raises(StorageLostError, match=r"the checkpoint of step 8 could not be written: StoreError: cannot "
+                                               r"write .*/8/optimizer/.*Read-only file system") as caught:
+        train(tiny(tmp_path, ASYNC), out=quiet(), progress=False)
+    assert caught.value.exit_status == EXIT_STORAGE
+    assert "the last committed checkpoint stands" in str(caught.value)
+    assert committed_steps(tmp_path) == [4] and (tmp_path / "latest.txt").read_text() == "4\n"
+    assert first_difference(io.read_checkpoint(str(reference_run / "4")), io.read_checkpoint(str(tmp_path))) is None
+
+
+def test_a_stop_signal_waits_for_the_save_in_flight(straight, tmp_path, monkeypatch):
+    """SIGTERM arrives while step 4's files are still being written: the run finishes the step, waits for
+    step 4's commit, saves the step it stops after, and says so; both are committed, in that order."""
+    import nanoflow.checkpoint.checkpointer as checkpointer_module
+
+    reference, _ = straight
+    real_write_files, finished = checkpointer_module.write_files, []
+
+    def signalled_write_files(root, step, *args, **kwargs):
+        if step == 4:
+            os.kill(os.getpid(), signal.SIGTERM)   # to the main thread, which is training step 5 by now
+            time.sleep(1.0)                        # a slow write: the stop has to wait for it
+        written = real_write_files(root, step, *args, **kwargs)
+        finished.append(step)
+        return written
+
+    monkeypatch.setattr(checkpointer_module, "write_files", signalled_write_files)
+    out = quiet()
+    state = train(tiny(tmp_path, ASYNC), out=out, progress=False)
+    assert state.step == 5 and finished == [4, 5]
+    text = out.getvalue()
+    assert text.index("saved step 4:") < text.index("saved step 5:") < text.index("stopped by SIGTERM after step 5")
+    assert committed_steps(tmp_path) == [4, 5] and (tmp_path / "latest.txt").read_text() == "5\n"
+    resumed = train(tiny(tmp_path, ASYNC), out=quiet(), progress=False)
+    assert_same_training_state(reference, resumed)
+
+

@@ -1,0 +1,273 @@
+"""Evaluation: fixed eval sets, held-out windows, exact match, eval.jsonl across a kill -9 and a resume,
+evaluation that never changes training, bin/eval on run and step folders, and the sharded score on dp=2 / tp=2."""
+
+from __future__ import annotations
+
+import io as text_io
+import sys
+
+import attrs
+import numpy as np
+import pytest
+import torch
+
+from data_helpers import BYTES
+from support.evaluation import rows_of, SUMS, write_run
+from nanoflow.config import ConfigError, load_config
+from nanoflow.build import build_model
+from nanoflow.data import write_token_file
+from nanoflow.data.loader import StageLoader
+from nanoflow.data.sources import IGNORE_INDEX
+from nanoflow.evaluation import EvalSet, load_eval_set, pick, score
+from nanoflow.observe.metrics import MEASURED
+from nanoflow.parallel.mesh import SINGLE
+from nanoflow.schedule import Schedule
+
+PYTHON = sys.executable
+
+
+# ---------------------------------------------------------------------------------------------
+# Held-out samples
+
+
+def test_held_out_windows_are_never_in_a_training_batch(tmp_path):
+    # One document of distinct tokens: a token's value is its position in the stream, so targets name windows.
+    stream = np.arange(250)
+    write_token_file(tmp_path / "tokens", "00000_unshuffled", [np.append(stream, BYTES.eos_id)],
+                     tokenizer_name="bytes", token_size=2)
+    path = write_run(tmp_path)
+    text = path.read_text().replace('hf_dataset_or_datasets = "text"\nhf_data_files = "corpus.txt"\n'
+                                    "held_out_samples = 10",
+                                    f'dataset_folder = "{tmp_path / "tokens"}"\nheld_out_samples = 5')
+    text = text.replace("sequence_length = 32\ntrain", "sequence_length = 8\ntrain")
+    path.write_text(text)
+    config = load_config(path, ["tokens.train_steps=40", "data_stages.sft.start_training_step=40"])
+    windows = (len(stream) + 1 - 1) // 8                       # 31 windows of 8 targets; the last 5 held out
+    trained = set()
+    with StageLoader(config, 0, BYTES, Schedule.from_config(config)) as loader:             # every sample of the stage: 39 steps × 4, 6 epochs
+        for step in loader.steps:
+            for rank in range(2):
+                trained.update(loader.batch_at(step, rank, 2)["labels"].flatten().tolist())
+    held = load_eval_set(config, config.evaluation.datasets[0], BYTES)
+    evaluated = set(held.labels.flatten().tolist())
+    assert len(held.labels) == 5
+    assert trained.isdisjoint(evaluated)
+    assert trained == set(range(1, (windows - 5) * 8 + 1))    # training reads all the rest, and nothing else
+    assert evaluated == set(range((windows - 5) * 8 + 1, windows * 8 + 1))
+
+
+def test_held_out_sft_rows_are_the_last_rows_and_never_trained(tmp_path):
+    path = write_run(tmp_path)
+    path.write_text(path.read_text().replace('completion_column_name = "completion"\n',
+                                             'completion_column_name = "completion"\nheld_out_samples = 3\n', 1)
+                    + '[[evaluation.datasets]]\nname = "sums-held"\nheld_out_of = "sft"\nmetric = "exact_match"\n')
+    config = load_config(path, ["tokens.train_steps=20"])
+    held = load_eval_set(config, config.evaluation.datasets[2], BYTES)
+    prompts = {bytes(row[:4].tolist()).decode() for row in held.input_ids}
+    assert prompts == {row["prompt"] for row in SUMS[-3:]}
+    with StageLoader(config, 1, BYTES, Schedule.from_config(config)) as loader:
+        seen = {bytes(row[:4].tolist()).decode() for step in loader.steps for row in loader.batch_at(step)["input_ids"]}
+    assert seen == {row["prompt"] for row in SUMS[:-3]}
+
+
+def test_held_out_samples_enters_the_data_fingerprint(tmp_path):
+    from nanoflow.data.fingerprint import fingerprint_changes, stage_fingerprint
+
+    path = write_run(tmp_path)
+    config, other = load_config(path), load_config(path, ["data_stages.pretrain.data.dataset.held_out_samples=20"])
+    with_held = stage_fingerprint(config, 0, BYTES, Schedule.from_config(config))
+    without = stage_fingerprint(other, 0, BYTES, Schedule.from_config(other))
+    assert fingerprint_changes({"pretrain": with_held}, {"pretrain": without}) == [
+        'stage "pretrain": held_out_samples: was 10, now 20']
+
+
+def test_fixed_samples_are_evenly_spread_and_all_of_a_small_set():
+    assert pick(5, 128).tolist() == [0, 1, 2, 3, 4]
+    assert pick(100, 4).tolist() == [0, 25, 50, 75]
+
+
+# ---------------------------------------------------------------------------------------------
+# Exact match
+
+
+def greedy(model, prompt: list[int], length: int) -> list[int]:
+    """Token-by-token greedy decoding, the definition exact match is taken against."""
+    tokens = list(prompt)
+    with torch.inference_mode():
+        for _ in range(length):
+            tokens.append(int(model(torch.tensor([tokens]))[0, -1].argmax()))
+    return tokens[len(prompt):]
+
+
+def test_exact_match_counts_the_answers_greedy_decoding_gets_right(tmp_path):
+    config = load_config(write_run(tmp_path))
+    model = build_model(config)
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(0, 256, 5).tolist() for _ in range(6)]
+    answers = [greedy(model, p, 3) for p in prompts]
+    # Right: the model's own greedy answer. Wrong: its first, middle or last token changed.
+    cases = [(answers[0], True), (answers[1], True), (answers[2], True),
+             ([(answers[3][0] + 1) % 256, *answers[3][1:]], False),
+             ([answers[4][0], (answers[4][1] + 1) % 256, answers[4][2]], False),
+             ([*answers[5][:2], (answers[5][2] + 1) % 256], False)]
+    width = 12
+    inputs = torch.zeros(len(cases), width, dtype=torch.long)
+    labels = torch.full((len(cases), width), IGNORE_INDEX, dtype=torch.long)
+    for row, (prompt, (answer, _)) in enumerate(zip(prompts, cases)):
+        sequence = torch.tensor(prompt + answer)
+        inputs[row, :len(sequence) - 1] = sequence[:-1]
+        labels[row, len(prompt) - 1:len(sequence) - 1] = sequence[len(prompt):]
+    result = score(model, EvalSet("hand", "exact_match", inputs, labels, micro_batch_size=4), SINGLE)
+    assert result["correct"] == 3 and result["accuracy"] == 0.5
+    assert result["tokens"] == 18
+    for (answer, right), prompt in zip(cases, prompts):   # the verdict is the decoder's, case by case
+        alone = score(model, EvalSet("one", "exact_match", *_row(prompt, answer, width), 1), SINGLE)
+        assert alone["correct"] == right == (greedy(model, prompt, 3) == answer)
+
+
+def _row(prompt, answer, width):
+    sequence = torch.tensor(prompt + answer)
+    inputs = torch.zeros(1, width, dtype=torch.long)
+    labels = torch.full((1, width), IGNORE_INDEX, dtype=torch.long)
+    inputs[0, :len(sequence) - 1] = sequence[:-1]
+    labels[0, len(prompt) - 1:len(sequence) - 1] = sequence[len(prompt):]
+    return inputs, labels
+
+
+# ---------------------------------------------------------------------------------------------
+# In the loop
+
+
+def test_evaluation_never_changes_training_and_writes_a_row_per_step_and_set(tmp_path):
+    from nanoflow.training.loop import train
+
+    config = load_config(write_run(tmp_path))
+    with_eval = train(config, fresh=True, out=text_io.StringIO())
+    without = train(attrs.evolve(config, evaluation=None, checkpoints=attrs.evolve(
+        config.checkpoints, checkpoints_path=str(tmp_path / "plain"))), fresh=True, out=text_io.StringIO())
+    a, b = dict(with_eval.model.named_parameters()), dict(without.model.named_parameters())
+    assert a.keys() == b.keys() and all(torch.equal(a[name], b[name]) for name in a)
+    assert rows_of(tmp_path / "run" / "metrics.jsonl") == [
+        {**m, **{k: n[k] for k in MEASURED}} for m, n in zip(rows_of(tmp_path / "plain" / "metrics.jsonl"),
+                                                        rows_of(tmp_path / "run" / "metrics.jsonl"))]
+    rows = rows_of(tmp_path / "run" / "eval.jsonl")
+    # interval 3, and each stage's last step (4: pretrain's, 6: sft's and the run's)
+    assert [(r["step"], r["stage"], r["dataset"]) for r in rows] == [
+        (3, "pretrain", "text"), (3, "pretrain", "sums"), (4, "pretrain", "text"), (4, "pretrain", "sums"),
+        (6, "sft", "text"), (6, "sft", "sums")]
+    assert all(r["tokens"] == 10 * 32 for r in rows if r["dataset"] == "text")   # the 10 held-out windows
+    assert all(set(r) == {"step", "stage", "dataset", "loss", "tokens", "accuracy", "correct"}
+               for r in rows if r["dataset"] == "sums")
+    assert not (tmp_path / "plain" / "eval.jsonl").exists()
+
+
+def test_a_progress_line_per_evaluation(tmp_path):
+    from nanoflow.training.loop import train
+
+    config = load_config(write_run(tmp_path), ["tokens.train_steps=4", "data_stages.sft.start_training_step=10"])
+    out = text_io.StringIO()   # train(out=) sends every message of the run there (nanoflow/console.py)
+    train(config, fresh=True, out=out)
+    lines = [line for line in out.getvalue().splitlines() if line.startswith("eval step")]
+    assert len(lines) == 2 and lines[0].startswith("eval step 3 (pretrain): text loss ")
+    assert " sums loss " in lines[1] and " exact " in lines[1]
+
+
+def test_tensorboard_gets_the_eval_curves(tmp_path):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from nanoflow.training.loop import train
+
+    train(load_config(write_run(tmp_path)), fresh=True, out=text_io.StringIO())
+    events = EventAccumulator(str(tmp_path / "run"))
+    events.Reload()
+    assert [e.step for e in events.Scalars("eval/sums/accuracy")] == [3, 4, 6]
+    assert [e.step for e in events.Scalars("eval/text/loss")] == [3, 4, 6]
+
+
+def test_report_draws_the_eval_curves(tmp_path):
+    pytest.importorskip("matplotlib")
+    from nanoflow.training.loop import train
+    from nanoflow.observe.metrics import read_eval
+    from nanoflow.commands.report import write_report
+
+    train(load_config(write_run(tmp_path)), fresh=True, out=text_io.StringIO())
+    run = tmp_path / "run"
+    with open(run / "eval.jsonl", "a") as f:
+        f.write('{"step": 7, "sta')   # a line cut by a kill is skipped
+    assert [r["step"] for r in read_eval(run)] == [3, 3, 4, 4, 6, 6]
+    path, _ = write_report(run)
+    assert path.stat().st_size > 0
+
+
+def test_the_eval_panel_shows_its_axes_whole_and_hides_no_curve_under_its_legend(tmp_path):
+    pytest.importorskip("matplotlib")
+    from nanoflow.training.loop import train
+    from nanoflow.observe.metrics import read_eval, read_metrics
+    from nanoflow.commands.report import draw, stage_spans
+
+    train(load_config(write_run(tmp_path)), fresh=True, out=text_io.StringIO())
+    run = tmp_path / "run"
+    metrics = read_metrics(run)
+    figure = draw(metrics, stage_spans(metrics), title="t", eval_rows=read_eval(run))
+    figure.canvas.draw()
+    renderer = figure.canvas.get_renderer()
+    inside = figure.bbox
+    eval_ax = figure.axes[3]
+    accuracy_ax = next(ax for ax in figure.axes[4:] if ax.get_ylabel() == "exact match %")
+    label = accuracy_ax.yaxis.label.get_window_extent(renderer)
+    assert inside.x0 <= label.x0 and label.x1 <= inside.x1, (label, inside)   # the label is in the picture
+    ticks = [t for t in accuracy_ax.get_yticklabels() if t.get_text() and 0 <= t.get_position()[1] <= 100]
+    assert "100" in [t.get_text().replace("−", "-") for t in ticks]
+    for tick in ticks:   # every tick label (100 among them) whole inside the picture
+        box = tick.get_window_extent(renderer)
+        assert inside.x0 <= box.x0 and box.x1 <= inside.x1 and inside.y0 <= box.y0 and box.y1 <= inside.y1, tick
+    legend = eval_ax.get_legend().get_window_extent(renderer)
+    assert not legend.overlaps(eval_ax.get_window_extent(renderer)) and legend.x1 <= inside.x1, legend
+    assert not legend.overlaps(label)
+
+
+# ---------------------------------------------------------------------------------------------
+# Resume, and bin/eval: real processes
+
+
+# ---------------------------------------------------------------------------------------------
+# Config
+
+
+@pytest.mark.parametrize("override, expected", [
+    ("evaluation.datasets.text.held_out_of=nope", 'held_out_of: no stage is named "nope"'),
+    ("data_stages.pretrain.data.dataset.held_out_samples=0", "held_out_samples"),
+    ("evaluation.datasets.text.metric=exact_match", 'metric = "exact_match" needs prompt/completion data'),
+    ("evaluation.datasets.sums.name=text", 'names must be unique'),
+    ("evaluation.datasets.text.sequence_length=16", 'cuts its windows (and so the held-out ones) at 32'),
+    ("evaluation.datasets.sums.sequence_length=128", "exceeds model.max_position_embeddings = 64"),
+    ("evaluation.datasets.text.dataset={hf_dataset_or_datasets='text', hf_data_files='corpus.txt'}",
+     "give exactly one of"),
+    ("evaluation.datasets.sums.dataset.held_out_samples=2", "an eval set reads all of its dataset"),
+    ("evaluation.datasets.sums.dataset.hf_data_files=missing.jsonl", "missing.jsonl matches no file"),
+    ("evaluation.datasets=[]", "no [[evaluation.datasets]]"),
+])
+def test_bad_evaluation_config_names_the_key(tmp_path, override, expected):
+    with pytest.raises(ConfigError) as caught:
+        load_config(write_run(tmp_path), [override])
+    assert expected in str(caught.value)
+    assert "run.toml" in str(caught.value)
+
+
+def test_stages_sharing_a_source_must_hold_out_the_same(tmp_path):
+    path = write_run(tmp_path)
+    sft = ('hf_dataset_or_datasets = "json"\nhf_data_files = "sums.jsonl"\nprompt_column_name = "prompt"\n'
+           'completion_column_name = "completion"\n')
+    assert sft in path.read_text()
+    path.write_text(path.read_text().replace(sft, 'hf_dataset_or_datasets = "text"\nhf_data_files = "corpus.txt"\n', 1))
+    with pytest.raises(ConfigError, match='stage "pretrain" reads the same source with held_out_samples = 10'):
+        load_config(path)
+    assert load_config(path, ["data_stages.sft.data.dataset.held_out_samples=10"])   # the same reservation: fine
+
+
+def test_no_held_out_stage_reserves_nothing(tmp_path):
+    path = write_run(tmp_path)
+    path.write_text(path.read_text().replace("held_out_samples = 10\n", ""))
+    with pytest.raises(ConfigError, match='stage "pretrain" reserves nothing; set its data.dataset.held_out_samples'):
+        load_config(path)

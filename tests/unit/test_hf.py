@@ -1,0 +1,472 @@
+"""HF interop: export → transformers gives nanoflow's logits; HF folders (sharded or not) import exactly;
+`[model] init_from = <HF folder>` trains, and a [model] section that disagrees with config.json is refused."""
+
+from __future__ import annotations
+
+import io
+import re
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+
+import nanoflow
+from helpers import TINY
+from process_helpers import run_in_process, train_args
+from support.hf import checked, hf_folder, tiny
+from nanoflow import ConfigError
+from nanoflow.interop.export import export_hf
+from nanoflow.io import read_hf, read_model
+from nanoflow.io.hf import HFFormatError, HFWeights, is_hf_folder, read_init_weights
+from nanoflow.checkpoint.checkpointer import Checkpointer
+from nanoflow.training.loop import train
+
+MODEL_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+              "num_key_value_heads", "max_position_embeddings", "rms_norm_eps", "rope_theta", "tie_word_embeddings")
+
+
+def hf_logits(folder: Path, ids: torch.Tensor) -> torch.Tensor:
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    with torch.no_grad():
+        return model(ids).logits
+
+
+def test_export_gives_transformers_the_same_logits(trained, tmp_path):
+    run, state = trained
+    summary = export_hf(str(run), str(tmp_path / "hf"))
+    assert summary["step"] == 3 and summary["dtype"] == "float32"
+    names = sorted(p.name for p in (tmp_path / "hf").iterdir())
+    assert names == ["config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
+                     "tokenizer_config.json"]
+    generation = transformers.GenerationConfig.from_pretrained(tmp_path / "hf")
+    assert (generation.bos_token_id, generation.eos_token_id, generation.pad_token_id) == (None, 256, None)
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert config["rope_scaling"] is None and config["rope_parameters"]["rope_type"] == "default"
+    assert config["architectures"] == ["LlamaForCausalLM"] and config["model_type"] == "llama"
+    assert config["torch_dtype"] == "float32" and config["eos_token_id"] == 256 and config["tie_word_embeddings"]
+    for key in MODEL_KEYS:
+        assert config[key] == getattr(state.config.model, key), key
+
+    ids = torch.randint(0, 288, (2, 40), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ours = state.model(ids)
+    theirs = hf_logits(tmp_path / "hf", ids)
+    assert ours.abs().max() > 0.1
+    assert (ours - theirs).abs().max().item() <= 1e-4
+
+
+def test_export_untied_from_a_step_folder_sharded(tmp_path):
+    state = train(tiny(tmp_path, "tokens.train_steps=2", "model.tie_word_embeddings=false"), out=io.StringIO())
+    out = tmp_path / "hf"
+    export_hf(str(tmp_path / "run" / "2"), str(out), max_shard_size=20_000)   # the step folder, tiny shards
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    shards = sorted(p.name for p in out.glob("model-*.safetensors"))
+    n = len(shards)
+    assert n > 2 and shards == [f"model-{i:05d}-of-{n:05d}.safetensors" for i in range(1, n + 1)]
+    assert not (out / "model.safetensors").exists()
+    assert set(index["weight_map"].values()) == set(shards)
+    assert "lm_head.weight" in index["weight_map"]
+    params = dict(state.model.named_parameters())
+    assert set(index["weight_map"]) == set(params)
+    assert index["metadata"]["total_size"] == sum(p.numel() * 4 for p in params.values())
+    for shard in out.glob("model-*.safetensors"):   # each shard within the limit, unless one tensor alone exceeds it
+        names = [k for k, v in index["weight_map"].items() if v == shard.name]
+        assert len(names) == 1 or sum(params[k].numel() * 4 for k in names) <= 20_000
+
+    ids = torch.randint(0, 288, (1, 24), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ours = state.model(ids)
+    assert (ours - hf_logits(out, ids)).abs().max().item() <= 1e-4
+
+
+def test_export_bfloat16(trained, tmp_path):
+    run, state = trained
+    export_hf(str(run), str(tmp_path / "hf"), dtype="bfloat16")
+    assert json.loads((tmp_path / "hf" / "config.json").read_text())["torch_dtype"] == "bfloat16"
+    _, tensors = read_hf(str(tmp_path / "hf"))
+    for name, p in state.model.named_parameters():
+        assert tensors[name].dtype == torch.bfloat16 and torch.equal(tensors[name], p.detach().to(torch.bfloat16))
+
+
+def test_byte_tokenizer_exports_as_an_equivalent_autotokenizer(trained, tmp_path):
+    run, _ = trained
+    export_hf(str(run), str(tmp_path / "hf"))
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+    text = "héllo, wörld 🙂\n\t12+30=42"
+    assert tokenizer(text)["input_ids"] == list(text.encode())
+    assert tokenizer.eos_token == "<|endoftext|>" and tokenizer.eos_token_id == 256
+    assert tokenizer.decode(list(text.encode())) == text
+
+
+def test_tokenizer_json_run_exports_its_tokenizer(tmp_path):
+    import tokenizers  # a test extra
+    from tokenizers import models, pre_tokenizers, trainers
+
+    tok = tokenizers.Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    trainer = trainers.BpeTrainer(vocab_size=280, special_tokens=["<s>", "<|endoftext|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(["def f(x): return x + 1", "1+2=3", "the quick brown fox"] * 20, trainer)
+    tok.save(str(tmp_path / "tokenizer.json"))
+    path = json.dumps(str(tmp_path / "tokenizer.json"))
+    train(tiny(tmp_path, "tokens.train_steps=1", f"tokenizer.tokenizer_name_or_path={path}"), out=io.StringIO())
+    summary = export_hf(str(tmp_path / "run"), str(tmp_path / "hf"))
+    assert summary["tokenizer"].endswith("tokenizer.json")
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert (config["bos_token_id"], config["eos_token_id"]) == (0, 1)
+    generation = json.loads((tmp_path / "hf" / "generation_config.json").read_text())
+    assert generation == {"_from_model_config": True, "bos_token_id": 0, "eos_token_id": 1}
+    loaded = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+    text = "def g(y): return y + 2"
+    assert loaded(text)["input_ids"] == tok.encode(text, add_special_tokens=False).ids
+    assert loaded.eos_token_id == 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Import
+
+
+@pytest.mark.parametrize("shard", [None, "20KB"])
+def test_import_then_export_is_an_identity(tmp_path, shard):
+    expected = hf_folder(tmp_path / "hf_in", tied=True, shard=shard)
+    assert (tmp_path / "hf_in" / "model.safetensors.index.json").exists() == (shard is not None)
+    assert is_hf_folder(str(tmp_path / "hf_in"))
+    config, tensors = read_hf(str(tmp_path / "hf_in"))
+    assert config["model_type"] == "llama"
+    assert set(tensors) == set(expected) - {"lm_head.weight"}   # a tied head is stored once
+    for name, t in tensors.items():
+        assert torch.equal(t, expected[name]), name
+
+    config = checked(tmp_path, f"model.init_from={json.dumps(str(tmp_path / 'hf_in'))}")
+    state = nanoflow.init_state(config)   # step 0: the HF weights, untouched
+    Checkpointer(config).save(state)
+    export_hf(str(tmp_path / "run"), str(tmp_path / "hf_out"), max_shard_size=20_000 if shard else 5 * 10**9)
+    _, exported = read_hf(str(tmp_path / "hf_out"))
+    assert set(exported) == set(tensors)
+    for name, t in exported.items():
+        assert t.dtype == expected[name].dtype and torch.equal(t, expected[name]), name
+
+
+def test_init_from_hf_folder_trains(tmp_path):
+    expected = hf_folder(tmp_path / "hf", tied=True)
+    config = tiny(tmp_path, "tokens.train_steps=2", f"model.init_from={json.dumps(str(tmp_path / 'hf'))}")
+    assert nanoflow.init_state(config).model.model.norm.weight.tolist() == expected["model.norm.weight"].tolist()
+    state = train(config, out=io.StringIO())
+    assert state.step == 2
+    metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [1, 2] and all(m["loss"] == m["loss"] for m in metrics)
+    trained = read_model(str(tmp_path / "run"))
+    assert not torch.equal(trained["model.norm.weight"], expected["model.norm.weight"])   # it did train
+
+
+def test_init_from_hf_folder_with_another_model_names_every_mismatch(tmp_path):
+    hf_folder(tmp_path / "hf", tied=False)
+    with pytest.raises(ConfigError) as error:
+        checked(tmp_path, f"model.init_from={json.dumps(str(tmp_path / 'hf'))}", "model.hidden_size=64",
+             "model.num_key_value_heads=4", "model.rope_theta=500000.0")
+    message = str(error.value)
+    for key in ("hidden_size", "num_key_value_heads", "rope_theta", "tie_word_embeddings"):
+        assert f"model.{key} = " in message, message
+    assert "config.json has hidden_size = 32" in message
+    assert "vocab_size" not in message and "num_hidden_layers" not in message
+
+
+def test_unsupported_hf_architecture_is_named(tmp_path):
+    hf_folder(tmp_path / "hf", tied=True)
+    path = tmp_path / "hf" / "config.json"
+    config = json.loads(path.read_text())
+    path.write_text(json.dumps({**config, "hidden_act": "gelu", "attention_bias": True}))
+    with pytest.raises(ConfigError, match=r"hidden_act = 'gelu'.*\n.*attention_bias"):
+        checked(tmp_path, f"model.init_from={json.dumps(str(tmp_path / 'hf'))}")
+
+
+def test_init_state_checks_too_and_read_init_weights_reads_checkpoints(trained, tmp_path):
+    run, state = trained
+    reader = read_init_weights(str(run))   # a nanoflow run folder: its latest checkpoint
+    assert torch.equal(reader.read("model", "model.norm.weight"), state.model.model.norm.weight.detach())
+    hf_folder(tmp_path / "hf", tied=True)
+    other = tiny(tmp_path, "model.num_hidden_layers=3", f"model.init_from={json.dumps(str(tmp_path / 'hf'))}")
+    with pytest.raises(ConfigError, match="num_hidden_layers = 3, but .*config.json has num_hidden_layers = 2"):
+        nanoflow.init_state(other)   # a notebook that skips preflight is still told, before a weight is read
+
+
+def test_init_from_an_hf_folder_reads_only_the_rows_of_a_box(trained, tmp_path):
+    run, state = trained
+    export_hf(str(run), str(tmp_path / "hf"), max_shard_size=30_000)   # sharded: the index says where
+    weights = HFWeights(str(tmp_path / "hf"))
+    asked, read_range = [], weights.store.read_range
+    weights.store.read_range = lambda f, start, length: asked.append(length) or read_range(f, start, length)
+    name = "model.layers.1.mlp.down_proj.weight"
+    full = dict(state.model.named_parameters())[name].detach()
+    assert weights.shape("model", name) == tuple(full.shape)
+    assert torch.equal(weights.read("model", name, (2, 4), (3, 8)), full[2:5, 4:12])
+    assert asked[-1] == 3 * full.shape[1] * full.element_size()     # three rows' bytes, not the whole weight
+    assert torch.equal(weights.read("model", name), full)
+
+
+def test_hf_weights_with_a_header_longer_than_the_first_read(tmp_path):
+    from safetensors.torch import save_file
+
+    many = {f"model.layers.{i}.input_layernorm.weight": torch.full((4,), float(i)) for i in range(1500)}
+    save_file(many, str(tmp_path / "model.safetensors"))               # a header of > 64 KiB
+    weights = HFWeights(str(tmp_path))
+    assert len(weights.names()) == 1500
+    assert torch.equal(weights.read("model", "model.layers.1499.input_layernorm.weight", (1,), (2,)),
+                       torch.full((2,), 1499.0))
+
+
+def test_pickle_only_hf_folder_is_refused_clearly(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    (tmp_path / "pytorch_model.bin").write_bytes(b"not read")
+    with pytest.raises(HFFormatError, match="safetensors only"):
+        read_hf(str(tmp_path))
+
+
+# ---------------------------------------------------------------------------------------------
+# RoPE scaling through init_from → train → export, and what an HF config.json may not say
+
+LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+          "original_max_position_embeddings": 32}
+LINEAR = {"rope_type": "linear", "factor": 4.0}
+# hidden 64 / 4 heads: head_dim 16, theta 10000: wavelengths 6.3, 20, 63, ... positions, so with L = 32
+# llama3 keeps the first frequency (< L/4), blends the second and divides the rest (> L/1).
+SCALED_MODEL = ("model.hidden_size=64", "model.max_position_embeddings=128", "tokens.sequence_length=64")
+
+
+def toml_table(table: dict) -> str:
+    return "{" + ", ".join(f"{k} = {json.dumps(v)}" for k, v in table.items()) + "}"
+
+
+def scaled_hf_folder(path: Path, rope_scaling: dict) -> transformers.LlamaForCausalLM:
+    """A random transformers Llama with `rope_scaling`, shaped like tiny.toml with SCALED_MODEL, saved to `path`."""
+    config = transformers.LlamaConfig(vocab_size=288, hidden_size=64, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                                      rms_norm_eps=1e-5, rope_theta=10000.0, rope_scaling=dict(rope_scaling),
+                                      initializer_range=0.1, tie_word_embeddings=True)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).float().eval()
+    model.save_pretrained(path)
+    return model
+
+
+@pytest.mark.parametrize("rope_scaling", [LLAMA3, LINEAR], ids=["llama3", "linear"])
+def test_rope_scaled_hf_folder_trains_and_exports_with_its_scaling(tmp_path, rope_scaling):
+    source = scaled_hf_folder(tmp_path / "hf_in", rope_scaling)
+    init = f"model.init_from={json.dumps(str(tmp_path / 'hf_in'))}"
+    with pytest.raises(ConfigError, match=r"model.rope_scaling.rope_type = 'default' \(unset: plain RoPE\), but "
+                                          rf".*config.json has rope_parameters.rope_type = '{rope_scaling['rope_type']}'"):
+        checked(tmp_path, init, *SCALED_MODEL)
+    config = checked(tmp_path, init, *SCALED_MODEL, "tokens.train_steps=3",
+                  f"model.rope_scaling={toml_table(rope_scaling)}")
+    ids = torch.randint(0, 288, (2, 100), generator=torch.Generator().manual_seed(0))   # past L = 32
+    with torch.no_grad():
+        assert (nanoflow.init_state(config).model(ids) - source(ids).logits).abs().max().item() <= 1e-5
+
+    state = train(config, out=io.StringIO())
+    assert state.step == 3 and state.config.model.rope_scaling.rope_type == rope_scaling["rope_type"]
+    export_hf(str(tmp_path / "run"), str(tmp_path / "hf_out"))
+    exported = json.loads((tmp_path / "hf_out" / "config.json").read_text())
+    assert exported["rope_scaling"] == rope_scaling
+    assert exported["rope_parameters"] == {**rope_scaling, "rope_theta": 10000.0}
+    reloaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf_out", dtype=torch.float32).eval()
+    assert reloaded.config.rope_parameters["rope_type"] == rope_scaling["rope_type"]
+    with torch.no_grad():
+        ours, theirs = state.model(ids), reloaded(ids).logits
+        assert (ours - source(ids).logits).abs().max().item() > 1e-3   # it trained
+    assert ours.abs().max() > 1.0
+    assert (ours - theirs).abs().max().item() <= 1e-5
+    # The exported folder is itself a valid init_from for the same [model].
+    checked(tmp_path, f"model.init_from={json.dumps(str(tmp_path / 'hf_out'))}", *SCALED_MODEL,
+         f"model.rope_scaling={toml_table(rope_scaling)}")
+
+
+def test_published_llama3_config_json_is_read_as_transformers_reads_it(tmp_path):
+    """Llama 3.1/3.2 publish rope_scaling + a top-level rope_theta (transformers 4's layout)."""
+    scaled_hf_folder(tmp_path / "hf", LLAMA3)
+    path = tmp_path / "hf" / "config.json"
+    config = json.loads(path.read_text())
+    del config["rope_parameters"]
+    path.write_text(json.dumps({**config, "rope_scaling": LLAMA3, "rope_theta": 10000.0}))
+    init = f"model.init_from={json.dumps(str(tmp_path / 'hf'))}"
+    checked(tmp_path, init, *SCALED_MODEL, f"model.rope_scaling={toml_table(LLAMA3)}")   # accepted
+    with pytest.raises(ConfigError) as error:
+        checked(tmp_path, init, *SCALED_MODEL, "model.rope_theta=500000.0",
+             f"model.rope_scaling={toml_table({**LLAMA3, 'factor': 32.0})}")
+    assert "model.rope_scaling.factor = 32.0, but" in str(error.value)
+    assert "config.json has rope_scaling.factor = 8.0" in str(error.value)
+    assert "model.rope_theta = 500000.0, but" in str(error.value) and "has rope_theta = 10000.0" in str(error.value)
+    # Without original_max_position_embeddings transformers uses max_position_embeddings (128), and so does the check.
+    path.write_text(json.dumps({**config, "rope_scaling": {k: v for k, v in LLAMA3.items()
+                                                           if k != "original_max_position_embeddings"}}))
+    with pytest.raises(ConfigError, match="original_max_position_embeddings = 32, but .* = 128"):
+        checked(tmp_path, init, *SCALED_MODEL, f"model.rope_scaling={toml_table(LLAMA3)}")
+
+
+def test_legacy_type_key_and_default_rope_type(tmp_path):
+    hf_folder(tmp_path / "hf", tied=True)
+    path = tmp_path / "hf" / "config.json"
+    config = json.loads(path.read_text())
+    init = f"model.init_from={json.dumps(str(tmp_path / 'hf'))}"
+    path.write_text(json.dumps({**config, "rope_scaling": {"rope_type": "default"}}))
+    assert checked(tmp_path, init).model.rope_scaling is None                        # plain RoPE, as HF reads it
+    assert checked(tmp_path, init, 'model.rope_scaling={rope_type = "default"}').model.rope_scaling.rope_type == "default"
+    path.write_text(json.dumps({**config, "rope_scaling": {"type": "linear", "factor": 2.0}}))   # HF's legacy key
+    assert checked(tmp_path, init, 'model.rope_scaling={type = "linear", factor = 2.0}').model.rope_scaling.factor == 2.0
+    with pytest.raises(ConfigError, match=r"model.rope_scaling.factor = 3.0, but .*has rope_scaling.factor = 2.0"):
+        checked(tmp_path, init, 'model.rope_scaling={rope_type = "linear", factor = 3.0}')
+
+
+@pytest.mark.parametrize("table, message", [
+    ('{rope_type = "llama3", factor = 8.0}', 'model.rope_scaling.low_freq_factor: required with rope_type = "llama3"'),
+    ('{rope_type = "linear"}', 'model.rope_scaling.factor: required with rope_type = "linear"'),
+    ('{rope_type = "default", factor = 2.0}', 'model.rope_scaling.factor: not used by rope_type = "default"'),
+    ('{rope_type = "linear", factor = -2.0}', "factor"),
+    ('{rope_type = "llama3", factor = 8.0, low_freq_factor = 4.0, high_freq_factor = 1.0, '
+     'original_max_position_embeddings = 32}', "low_freq_factor = 4.0 must be below high_freq_factor = 1.0"),
+    ('{rope_type = "yarn", factor = 4.0}', "model.rope_scaling.rope_type = 'yarn': nanoflow implements"),
+    ('{rope_type = "lama3"}', 'did you mean "llama3"'),
+    ('{rope_type = "linear", factor = 2.0, beta_fast = 32}', "unknown key 'beta_fast'"),
+    ('{type = "linear", rope_type = "llama3", factor = 2.0}', "disagree"),
+])
+def test_bad_rope_scaling_is_named_at_load(tmp_path, table, message):
+    with pytest.raises(ConfigError) as error:
+        tiny(tmp_path, f"model.rope_scaling={table}")
+    assert message in str(error.value) and "tiny.toml" in str(error.value), str(error.value)
+
+
+REFUSED = [   # config.json key, value, what the message says
+    ("attention_dropout", 0.1, "attention_dropout = 0.1"),
+    ("attention_bias", True, "attention_bias = true"),
+    ("mlp_bias", True, "mlp_bias = true"),
+    ("head_dim", 16, "head_dim = 16 != hidden_size / num_attention_heads"),
+    ("hidden_act", "gelu", "hidden_act = 'gelu'"),
+    ("pretraining_tp", 2, "pretraining_tp = 2"),
+    ("rope_scaling", {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32},
+     "rope_scaling.rope_type = 'yarn'"),
+    ("rope_scaling", {"type": "dynamic", "factor": 2.0}, "rope_scaling.rope_type = 'dynamic'"),
+    ("rope_scaling", {"rope_type": "longrope", "short_factor": [1.0] * 4, "long_factor": [2.0] * 4},
+     "rope_scaling.rope_type = 'longrope'"),
+    ("partial_rotary_factor", 0.5, "partial_rotary_factor = 0.5"),
+    ("sliding_window", 16, "sliding_window = 16"),
+    ("layer_types", ["sliding_attention", "full_attention"], "layer_types = ['full_attention', 'sliding_attention']"),
+    ("quantization_config", {"quant_method": "bitsandbytes", "load_in_4bit": True}, "quantization_config"),
+    ("model_type", "mistral", "model_type = 'mistral'"),
+    ("architectures", ["LlamaForSequenceClassification"], "architectures = ['LlamaForSequenceClassification']"),
+]
+
+
+@pytest.mark.parametrize("key, value, message", REFUSED, ids=[f"{k}={v}"[:40] for k, v, _ in REFUSED])
+def test_config_json_key_that_changes_the_numbers_is_refused(tmp_path, capsys, key, value, message):
+    from nanoflow.commands.cli import train_main
+
+    hf_folder(tmp_path / "hf", tied=True)
+    path = tmp_path / "hf" / "config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), key: value}))
+    status = train_main([str(TINY), "--set", f"checkpoints.checkpoints_path={json.dumps(str(tmp_path / 'run'))}",
+                         "--set", f"model.init_from={json.dumps(str(tmp_path / 'hf'))}"])
+    err = capsys.readouterr().err
+    assert status == 2, err
+    assert f"model.init_from: {path}: {message}" in err and "not supported" in err, err
+    assert "Traceback" not in err and not (tmp_path / "run").exists()
+    # The same check when a notebook builds the state without preflight.
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        nanoflow.init_state(tiny(tmp_path, f"model.init_from={json.dumps(str(tmp_path / 'hf'))}"))
+
+
+@pytest.mark.parametrize("key, value", [("attention_dropout", 0.0), ("pretraining_tp", 1), ("sliding_window", None),
+                                        ("hidden_act", "swish"), ("partial_rotary_factor", 1.0)])
+def test_config_json_keys_that_change_nothing_are_accepted(tmp_path, key, value):
+    hf_folder(tmp_path / "hf", tied=True)
+    path = tmp_path / "hf" / "config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), key: value}))
+    checked(tmp_path, f"model.init_from={json.dumps(str(tmp_path / 'hf'))}")
+
+
+# ---------------------------------------------------------------------------------------------
+# An HF folder whose tensors are not the ones its config.json describes: refused from the headers
+
+def damaged(folder: Path, change) -> None:
+    """Rewrite folder/model.safetensors with change(tensors) applied, as safetensors itself writes it."""
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(folder / "model.safetensors"))
+    change(tensors)
+    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+
+
+def llamafied_biases(tensors):
+    for layer in range(2):
+        for proj, width in (("q", 32), ("k", 16), ("v", 16)):
+            tensors[f"model.layers.{layer}.self_attn.{proj}_proj.bias"] = torch.zeros(width)
+
+
+DAMAGE = [
+    ("no lm_head", False, lambda t: t.pop("lm_head.weight"),
+     ["missing lm_head.weight", "tie_word_embeddings = false, so the output head lm_head.weight must be stored"]),
+    ("q/k/v biases", True, llamafied_biases,
+     ["unexpected model.layers.0.self_attn.k_proj.bias, model.layers.0.self_attn.q_proj.bias",
+      "model.layers.1.self_attn.v_proj.bias", "nanoflow's Llama has no biases"]),
+    ("a shape", True, lambda t: t.update({"model.norm.weight": torch.ones(16)}),
+     ["model.norm.weight has shape [16], the model expects [32]"]),
+    ("a dtype", True, lambda t: t.update({"model.norm.weight": torch.ones(32, dtype=torch.int8)}),
+     ["model.norm.weight is stored as I8, not a floating-point type"]),
+]
+
+
+@pytest.mark.parametrize("tied, damage, lines", [d[1:] for d in DAMAGE], ids=[d[0] for d in DAMAGE])
+def test_hf_folder_whose_tensors_do_not_match_its_config_json_is_refused_before_training(tmp_path, capsys, tied,
+                                                                                            damage, lines):
+    from nanoflow.commands.cli import train_main
+
+    hf_folder(tmp_path / "hf", tied=tied)
+    damaged(tmp_path / "hf", damage)
+    settings = ["--set", f"checkpoints.checkpoints_path={json.dumps(str(tmp_path / 'run'))}", "--set",
+                f"model.init_from={json.dumps(str(tmp_path / 'hf'))}"]
+    if not tied:
+        settings += ["--set", "model.tie_word_embeddings=false"]
+    for plan in (["--plan"], []):
+        status = train_main([str(TINY), *settings, *plan])
+        err = capsys.readouterr().err
+        assert status == 2, err
+        assert f"model.init_from: {tmp_path / 'hf'}: its safetensors files do not hold the weights" in err, err
+        assert all(line in err for line in lines), err
+        assert "Traceback" not in err and not (tmp_path / "run").exists()
+
+
+def test_init_from_a_checkpoint_of_another_shape_is_exit_2_not_a_traceback(trained, tmp_path):
+    run, _ = trained
+    config = tiny(tmp_path, "model.intermediate_size=48", f"model.init_from={json.dumps(str(run))}")
+    with pytest.raises(nanoflow.io.CheckpointError, match=r"the weights do not fit the model:\n  "
+                       r"model.layers.0.mlp.gate_proj.weight has shape \[64, 32\], the model expects \[48, 32\]\n"):
+        nanoflow.init_state(config)
+
+
+@pytest.mark.slow
+def test_cli_refuses_attention_dropout_with_exit_2(tmp_path, capsys):
+    hf_folder(tmp_path / "hf", tied=True)
+    path = tmp_path / "hf" / "config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "attention_dropout": 0.1}))
+    result = run_in_process("train", *train_args(tmp_path / "run", f"model.init_from={json.dumps(str(tmp_path / 'hf'))}"),
+                            capsys=capsys)
+    assert result.returncode == 2, result.stderr
+    assert f"{path}: attention_dropout = 0.1" in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_cli_export_and_mismatch_exit_status(trained, tmp_path, capsys):
+    run, _ = trained
+    result = run_in_process("export", str(run), str(tmp_path / "hf"), "--max-shard-size", "30KB", capsys=capsys)
+    assert result.returncode == 0, result.stderr
+    assert "exported step 3" in result.stdout and (tmp_path / "hf" / "model.safetensors.index.json").exists()
+
+    result = run_in_process("train", *train_args(tmp_path / "run2", f"model.init_from={json.dumps(str(tmp_path / 'hf'))}",
+                                                 "model.hidden_size=64"), capsys=capsys)
+    assert result.returncode == 2, result.stderr
+    assert "model.init_from: model.hidden_size = 64, but" in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "run2").exists()
+
+    result = run_in_process("export", str(tmp_path / "nothing"), str(tmp_path / "x"), capsys=capsys)
+    assert result.returncode == 2 and "holds no" in result.stderr, result.stderr
