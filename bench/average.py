@@ -29,17 +29,10 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.join(HERE, "..")
 sys.path.insert(0, REPO)  # this checkout's nanoflow, also without `pip install -e .`
+from benchlib import status  # noqa: E402  (bench/benchlib.py)
 CONFIG = os.path.join(REPO, "schedules", "tiny.toml")
 MB = 1e6
 
-
-def status(key: str) -> int:
-    """A /proc/self/status memory figure (VmHWM, VmRSS) in bytes."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(key + ":"):
-                return int(line.split()[1]) * 1024
-    raise KeyError(key)
 
 
 def make_checkpoints(run: str, args) -> None:

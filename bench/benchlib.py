@@ -68,3 +68,13 @@ def parse(parser, argv=None, **smallest):
         parser.set_defaults(**smallest)
         args = parser.parse_args(argv)
     return args
+
+
+def status(key: str) -> int:
+    """A /proc/self/status memory figure (VmHWM, VmRSS, …) in bytes."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+    raise KeyError(key)
+

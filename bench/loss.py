@@ -24,15 +24,9 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))  # this checkout's nanoflow, also without `pip install -e .`
+from benchlib import status  # noqa: E402  (bench/benchlib.py)
 MB = 1e6
 
-
-def status(key: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(key + ":"):
-                return int(line.split()[1]) * 1024
-    raise KeyError(key)
 
 
 def reset_peak() -> int:
