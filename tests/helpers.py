@@ -33,3 +33,18 @@ def tiny(run: Path | str, *overrides: str, schedule: Path = TINY):
 def quiet() -> io.StringIO:
     """An `out` for train() and the Checkpointer whose text a test may read, or ignore."""
     return io.StringIO()
+
+
+def assert_same_steps(results) -> None:
+    """Each (loss, grad_norm, named parameters) step result equals the first one's in loss, gradient norm and
+    every gradient, to float32 rounding: the same step taken another way (micro-batches, loss path)."""
+    import pytest
+    import torch
+
+    loss, grad_norm, params = results[0]
+    for other_loss, other_norm, other_params in results[1:]:
+        assert other_loss == pytest.approx(loss, abs=1e-6)
+        assert other_norm == pytest.approx(grad_norm, abs=1e-6)
+        for name, p in params.items():
+            torch.testing.assert_close(other_params[name].grad, p.grad, rtol=0, atol=1e-6, msg=name)
+

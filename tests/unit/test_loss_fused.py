@@ -7,7 +7,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import nanoflow.loss
-from helpers import TINY
+from helpers import TINY, assert_same_steps
 from nanoflow import init_state, load_config, train_step
 from nanoflow.loss import cross_entropy_sum, describe, lm_loss, plain_cross_entropy_sum
 from nanoflow.model import Llama
@@ -172,12 +172,7 @@ def test_train_step_fused_with_accumulation_equals_plain_in_one_micro_batch(mask
         state.model.loss_method = method
         state, metrics = train_step(state, batch)
         results.append((metrics["loss"], metrics["grad_norm"], dict(state.model.named_parameters())))
-    loss, grad_norm, params = results[0]
-    for other_loss, other_norm, other_params in results[1:]:
-        assert other_loss == pytest.approx(loss, abs=1e-6)
-        assert other_norm == pytest.approx(grad_norm, abs=1e-6)
-        for name, p in params.items():
-            torch.testing.assert_close(other_params[name].grad, p.grad, rtol=0, atol=1e-6, msg=name)
+    assert_same_steps(results)
 
 
 def test_with_the_step_s_grad_scale_the_gradients_are_the_former_chunked_loss_s_bit_for_bit():
