@@ -1,6 +1,6 @@
 """The checks that need more than the config file, which nanoflow.run.open_run makes before any work starts
 (what `bin/train` and `bin/train --plan` both go through): the model's size against this machine's memory
-and, when `[model] init_from` is an HF model folder (local or s3://), its config.json compared with
+and `[model] init_from`: a local one must exist, and an HF model folder (local or s3://) has its config.json compared with
 `[model]` and its safetensors headers with the weights that model has (the tokenizer is loaded and
 measured against model.vocab_size by nanoflow.data.load_run_tokenizer, between the two). The process count
 is checked where the processes join: nanoflow.parallel.mesh.init_topology.
@@ -13,6 +13,7 @@ import os
 from nanoflow.config import Config, ConfigError, hf_config_mismatches
 from nanoflow.flops import matmul_parameters
 from nanoflow.io.hf import CONFIG, HFFormatError, HFWeights, is_hf_folder, read_hf_config
+from nanoflow.io.store import is_remote
 
 # float32 weights, their gradients and AdamW's two moments: the least a training rank holds per parameter
 BYTES_PER_PARAMETER = 16
@@ -25,6 +26,8 @@ def check_init_from(config: Config) -> None:
     a ConfigError names the folder and each tensor missing, unexpected, misshapen or not floating-point.
     A nanoflow checkpoint (run or step folder) is checked when it is read, like a resume."""
     path = config.model.init_from
+    if path is not None and not is_remote(path) and not os.path.exists(path):
+        raise ConfigError(f"model.init_from: {path} does not exist")
     if path is None or not is_hf_folder(path):
         return
     try:

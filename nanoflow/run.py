@@ -51,7 +51,7 @@ class Run:
         path = self.config.checkpoints.checkpoints_path
         if not self.is_remote:
             return Path(path)
-        return Path("runs", "s3", *path.partition("://")[2].rstrip("/").split("/"))
+        return Path("runs", "s3", *path.removeprefix("s3://").rstrip("/").split("/"))
 
 
 def open_run(config: Config, *, topology: Topology | None = None, join: bool = True) -> Run:

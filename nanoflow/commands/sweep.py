@@ -19,6 +19,7 @@ from typing import Callable
 
 from nanoflow.config import ConfigError
 from nanoflow.errors import EXIT_DONE
+from nanoflow.io.store import is_remote
 
 try:
     import tomllib
@@ -40,7 +41,7 @@ def load_study(path: str) -> dict:
     for key in ("base", "runs_dir"):
         if not isinstance(study.get(key), str):
             raise ConfigError(f"{path}: {key} must be a path (relative to the study file)")
-        study[key] = str((here / study[key]).resolve()) if "://" not in study[key] else study[key]
+        study[key] = study[key] if is_remote(study[key]) else str((here / study[key]).resolve())
     names = set()
     for i, run in enumerate(study.get("runs", [])):
         if not isinstance(run.get("name"), str) or run["name"] in names:

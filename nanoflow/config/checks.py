@@ -70,8 +70,6 @@ def validate(config: Config) -> list[str]:
         problems.extend(f"{stage_label(i)}.data.continue_from: {p}" for p in continue_from_problems(config, i))
     if config.tokenizer.tokenizer_name_or_path != "bytes" and not os.path.exists(config.tokenizer.tokenizer_name_or_path):
         problems.append(f"tokenizer.tokenizer_name_or_path: {config.tokenizer.tokenizer_name_or_path} does not exist")
-    if model.init_from is not None and "://" not in model.init_from and not os.path.exists(model.init_from):
-        problems.append(f"model.init_from: {model.init_from} does not exist")
     problems.extend(rope_scaling_problems(model.rope_scaling))
     problems.extend(_run_place_problems(config))
     problems.extend(held_out_problems(config))

@@ -36,6 +36,7 @@ from nanoflow.interop.nanotron_keys import (
     REASONS,
 )
 from nanoflow.interop.toml_writer import to_toml
+from nanoflow.io.store import is_remote
 
 __all__ = ["Report", "convert", "to_toml"]
 
@@ -509,7 +510,7 @@ def _path_notes(record: _Conversion, out: dict) -> None:
             record.notes.append(f"data_stages[{i}].data.dataset: a {{name = weight}} table names each part's files in "
                                 'its key (e.g. "sft/*.jsonl" = 1.0), without hf_data_files or a bare builder name '
                                 "such as json: rewrite it so, or the config will not load")
-    if any(isinstance(p, str) and "://" not in p and not p.startswith("/") for p in paths):
+    if any(isinstance(p, str) and not is_remote(p) and not p.startswith("/") for p in paths):
         record.notes.append("relative paths are carried verbatim: nanoflow reads them relative to the TOML file, "
                             "nanotron relative to the working directory")
     name = tokenizer.get("tokenizer_name_or_path")

@@ -8,19 +8,24 @@ without copies; `hf` is the transformers Llama folder: its files, and reading su
 `[model] init_from`; nanoflow.interop.export writes checkpoints as such folders).
 """
 
-from nanoflow.io.checkpoint import (
-    Block,
-    CheckpointError,
-    DamagedCheckpointError,
-    checkpoints_to_try,
-    latest,
-    read_metadata,
-    save_checkpoint,
-)
-from nanoflow.io.hf import read_hf, read_init_weights
-from nanoflow.io.lock import LockLostError, RunLock, RunLockedError, confirm_held
-from nanoflow.io.reader import Checkpoint, CheckpointReader, open_checkpoint, read_checkpoint, read_model
+import importlib
 
-__all__ = ["Block", "Checkpoint", "CheckpointError", "CheckpointReader", "DamagedCheckpointError",
-           "LockLostError", "RunLock", "RunLockedError", "checkpoints_to_try", "confirm_held", "latest", "open_checkpoint", "read_checkpoint", "read_metadata", "read_model",
-           "save_checkpoint", "read_hf", "read_init_weights"]
+# Each public name → the module that defines it, imported on first use: `nanoflow.io.store` (the one spelling
+# of "is this a URL?") is then importable without torch, by the converter and the config's commands.
+_HOMES = {
+    "checkpoint": ("Block", "CheckpointError", "DamagedCheckpointError", "checkpoints_to_try", "latest",
+                   "read_metadata", "save_checkpoint"),
+    "hf": ("read_hf", "read_init_weights"),
+    "lock": ("LockLostError", "RunLock", "RunLockedError", "confirm_held"),
+    "reader": ("Checkpoint", "CheckpointReader", "open_checkpoint", "read_checkpoint", "read_model"),
+}
+_HOME_OF = {name: module for module, names in _HOMES.items() for name in names}
+__all__ = sorted(_HOME_OF)
+
+
+def __getattr__(name: str):
+    if name not in _HOME_OF:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_HOME_OF[name]}"), name)
+    globals()[name] = value
+    return value

@@ -29,7 +29,6 @@ import time
 
 import attrs
 import numpy
-import torch
 
 from nanoflow.errors import StoreError
 
@@ -129,6 +128,8 @@ class Store:
         """Bytes [start, start + length) of an object, in one writable uint8 array; on S3 ranged GETs for just them."""
         # Not bytearray(length), which first writes zeros over it all, nor numpy.empty, which asks for huge
         # pages (their compaction made loads 4× slower here): torch's own allocation, seen as a numpy array.
+        # Imported here so that this module, and is_remote with it, loads without torch.
+        import torch
         buffer = torch.empty(length, dtype=torch.uint8).numpy()
         if self.is_s3:
             view, got = memoryview(buffer), 0

@@ -28,6 +28,14 @@ def test_a_bad_config_is_reported_before_torch_is_imported(tmp_path, extra):
     assert result.stdout.split() == ["torch", "not", "imported", "2"], result.stdout + result.stderr
 
 
+def test_the_remote_question_and_the_converter_load_without_torch():
+    # "Is this a URL?" is asked by the nanotron converter and the study runner before any training:
+    # answering it must not cost torch's start-up.
+    probe = "import sys, nanoflow.io.store, nanoflow.interop.nanotron; print('torch' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert result.stdout.strip() == "False", result.stdout + result.stderr
+
+
 def _deep(levels: int) -> bytes:
     return b"a = " + b"[" * levels + b"]" * levels + b"\n"
 

@@ -10,6 +10,7 @@ import pytest
 import nanoflow.run
 from helpers import REPO, quiet, tiny
 from nanoflow import Checkpointer, init_state, stage_data
+from nanoflow.config import ConfigError
 from nanoflow.data import TokenizerError
 from nanoflow.parallel.mesh import SINGLE
 from nanoflow.run import Run, as_run, open_run
@@ -36,9 +37,15 @@ def test_the_schedule_is_built_by_open_run_and_the_config_checks_alone():
 
 
 def test_remote_is_asked_in_one_place():
+    # Any spelling of the bare separator counts ("://" in, not in, partition("://")): the question is asked once.
     spelled = [f"{path.relative_to(PACKAGE)}" for path in PACKAGE.rglob("*.py")
-               if '"://" in' in path.read_text() or "'://' in" in path.read_text()]
+               if '"://"' in path.read_text() or "'://'" in path.read_text()]
     assert spelled == ["io/store.py"]
+
+
+def test_a_missing_init_from_is_refused_when_the_run_opens(tmp_path):
+    with pytest.raises(ConfigError, match=f"model.init_from: {tmp_path / 'absent'} does not exist"):
+        open_run(tiny(tmp_path, f'model.init_from="{tmp_path / "absent"}"'), join=False)
 
 
 def test_the_tokenizer_is_loaded_once_for_a_whole_run(tmp_path, monkeypatch):
