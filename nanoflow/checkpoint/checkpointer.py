@@ -30,12 +30,12 @@ import attrs
 from nanoflow import console, io
 from nanoflow.checkpoint.async_save import BackgroundWork, HostCopy
 from nanoflow.build import build_model, build_optimizer, init_state
-from nanoflow.config import Config, model_changes
-from nanoflow.data.fingerprint import DataChangedError
-from nanoflow.errors import NanoflowError, StorageLostError
+from nanoflow.config import Config
+from nanoflow.errors import StorageLostError
 from nanoflow.io.checkpoint import commit, new_save, no_intact_checkpoint, write_files
 from nanoflow.io.store import StoreError
-from nanoflow.checkpoint.lineage import Lineage, LRChangedError, begun_from_start, flags_note, lr_schedule_change
+from nanoflow.checkpoint.lineage import Lineage, begun_from_start, flags_note
+from nanoflow.checkpoint.resume_checks import Findings, check_data, check_lr, check_model
 from nanoflow.parallel.agree import any_failed, every_rank, on_every_rank, on_main
 from nanoflow.parallel.mesh import Topology, gather_objects
 from nanoflow.run import Run, as_run
@@ -251,8 +251,8 @@ class Checkpointer:
         reader = on_every_rank(lambda: io.CheckpointReader(folder), self.topology)
         trained = TrainingMetadata.from_dict(reader.metadata["training"])
         point = resume_point(self.run.schedule, trained)  # raises ScheduleDriftError if the config rewrites history
-        self._check_architecture(reader)
-        self._check_data(reader)
+        self._tell(check_model(reader, self.run))
+        self._tell(check_data(reader, self.run))
         checkpoints, saved_origin = self.config.checkpoints, int(reader.metadata.get("lr_origin", 0))
         saved = Lineage.of(reader.metadata) or Lineage()
         if start is None:
@@ -263,7 +263,7 @@ class Checkpointer:
                               start.rstrip("/"), trained.completed)
             moments = checkpoints.load_optimizer
         if lr_origin == saved_origin:  # (a restarted schedule was asked for: its LR is new by design)
-            self._check_lr(reader, trained, lr_origin)
+            self._tell(check_lr(reader, self.run, trained.completed, lr_origin))
         state = on_every_rank(lambda: self._read_state(reader, trained, lr_origin, moments), self.topology)
         return state, reader, point, lineage
 
@@ -279,55 +279,11 @@ class Checkpointer:
         return TrainState.create(step=trained.completed, model=model, optimizer=optimizer, lr_origin=lr_origin,
                                  run=self.run)
 
-    def _check_lr(self, reader: io.CheckpointReader, trained: TrainingMetadata, lr_origin: int) -> None:
-        """Refuse, before any tensor is read, a config that gives the next step of a begun stage another LR than
-        the checkpoint's config did (unless checkpoints.ignore_lr_schedule_change, then warn)."""
-        change = lr_schedule_change(reader.metadata["config"], self.config, self.run.schedule, trained.completed,
-                                    lr_origin)
-        if change is None:
-            return
-        if not self.config.checkpoints.ignore_lr_schedule_change:
-            raise LRChangedError(f"{reader.path}: {change}\nTo resume with the LR re-fitted anyway, set [checkpoints] "
-                                 "ignore_lr_schedule_change = true; to keep it, leave the stage's length (the next "
-                                 "stage's start, train_steps) and LR keys as the checkpoint has them")
-        self._warn(f"{reader.path}: {change}\n  resuming anyway, as checkpoints.ignore_lr_schedule_change = true "
-                   "says; the next checkpoint records the new schedule")
-
-    def _check_architecture(self, reader: io.CheckpointReader) -> None:
-        """Refuse, on every rank alike and before any tensor is read, a [model] whose weights would not fit the
-        checkpoint's or would compute something else than they were trained to; warn of the deliberate changes
-        (RoPE, dtype) and say the harmless ones (nanoflow.config.MODEL_KEYS says which keys are which)."""
-        changes = model_changes(reader.metadata["config"]["model"], self.config.to_dict()["model"])
-        refused = changes["shape"] + changes["numbers"]
-        if refused:
-            raise io.CheckpointError(
-                f"{reader.path} holds a different model:\n  " + "\n  ".join(refused)
-                + ("" if changes["shape"] else "\nSet it back to resume; to train these weights on under the new "
-                   f"settings, start a new run with [model] init_from = {reader.path}"))
-        for line in changes["changes"]:
-            self._warn(f"resuming with {line}")
-        for line in changes["free"]:
-            self._say(f"resuming with {line}")
-
-    def _check_data(self, reader: io.CheckpointReader) -> None:
-        """Refuse, before any tensor is read, to resume a begun stage on other data, tokenizer or seeds
-        (unless checkpoints.ignore_fingerprint_mismatch, then warn). A checkpoint without fingerprints
-        (written before nanoflow recorded them) is not checked."""
-        saved = reader.metadata.get("data_fingerprint")
-        if not isinstance(saved, dict):
-            return
-        changes, moves = self.run.fingerprints.compare(saved)
-        for line in moves:
-            self._say(f"data moved: {line}")
-        if not changes:
-            return
-        text = (f"{reader.path}: the data of stages this checkpoint has trained differs from what they trained on:\n  "
-                + "\n  ".join(changes[:20]) + (f"\n  … and {len(changes) - 20} more" if len(changes) > 20 else ""))
-        if not self.config.checkpoints.ignore_fingerprint_mismatch:
-            raise DataChangedError(text + "\nTo resume on the changed data anyway, set [checkpoints] "
-                                          "ignore_fingerprint_mismatch = true (or start a new run)")
-        self._warn(f"{text}\n  resuming anyway, as checkpoints.ignore_fingerprint_mismatch = true says; "
-                   "the next checkpoint records the new fingerprints")
+    def _tell(self, findings: Findings) -> None:
+        for line in findings.warnings:
+            self._warn(line)
+        for line in findings.notes:
+            self._say(line)
 
     # -- saving ----------------------------------------------------------------------------------
 

@@ -1,0 +1,77 @@
+"""What may change on a resume: the checks a checkpoint's metadata meets before any of its tensors is read.
+
+Each check compares what the checkpoint recorded with the run resuming it, raises the error of a change that
+would make the resumed run compute something else than the one saved (unless the config says to go on), and
+returns what it found that does not refuse the resume: the Checkpointer says it (docs/resume.md lists the keys).
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from nanoflow import io
+from nanoflow.checkpoint.lineage import LRChangedError, lr_schedule_change
+from nanoflow.config import model_changes
+from nanoflow.data.fingerprint import DataChangedError
+from nanoflow.run import Run
+
+MOST_CHANGES_SHOWN = 20   # of the data changes one refusal lists; the rest are counted
+
+
+@attrs.frozen
+class Findings:
+    """What a check found that lets the resume go on: `warnings` (a deliberate change, to be seen) and `notes`."""
+
+    warnings: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+
+
+def check_model(reader: io.CheckpointReader, run: Run) -> Findings:
+    """Refuse a [model] whose weights would not fit the checkpoint's, or would compute something else than they
+    were trained to; warn of the deliberate changes (RoPE, dtype), note the harmless ones (nanoflow.config's
+    MODEL_KEYS says which keys are which)."""
+    changes = model_changes(reader.metadata["config"]["model"], run.config.to_dict()["model"])
+    refused = changes["shape"] + changes["numbers"]
+    if refused:
+        raise io.CheckpointError(
+            f"{reader.path} holds a different model:\n  " + "\n  ".join(refused)
+            + ("" if changes["shape"] else "\nSet it back to resume; to train these weights on under the new "
+               f"settings, start a new run with [model] init_from = {reader.path}"))
+    return Findings(tuple(f"resuming with {line}" for line in changes["changes"]),
+                    tuple(f"resuming with {line}" for line in changes["free"]))
+
+
+def check_data(reader: io.CheckpointReader, run: Run) -> Findings:
+    """Refuse to resume a begun stage on other data, tokenizer or seeds (unless
+    checkpoints.ignore_fingerprint_mismatch, then warn). A checkpoint without fingerprints (written before
+    nanoflow recorded them) is not checked; data that only moved is noted."""
+    saved = reader.metadata.get("data_fingerprint")
+    if not isinstance(saved, dict):
+        return Findings()
+    changes, moves = run.fingerprints.compare(saved)
+    notes = tuple(f"data moved: {line}" for line in moves)
+    if not changes:
+        return Findings(notes=notes)
+    more = len(changes) - MOST_CHANGES_SHOWN
+    text = (f"{reader.path}: the data of stages this checkpoint has trained differs from what they trained on:\n  "
+            + "\n  ".join(changes[:MOST_CHANGES_SHOWN]) + (f"\n  … and {more} more" if more > 0 else ""))
+    if not run.config.checkpoints.ignore_fingerprint_mismatch:
+        raise DataChangedError(text + "\nTo resume on the changed data anyway, set [checkpoints] "
+                                      "ignore_fingerprint_mismatch = true (or start a new run)")
+    return Findings((f"{text}\n  resuming anyway, as checkpoints.ignore_fingerprint_mismatch = true says; "
+                     "the next checkpoint records the new fingerprints",), notes)
+
+
+def check_lr(reader: io.CheckpointReader, run: Run, completed: int, lr_origin: int) -> Findings:
+    """Refuse a config that gives the next step of a begun stage another LR than the checkpoint's config did
+    (unless checkpoints.ignore_lr_schedule_change, then warn); `completed` steps are done, the LR schedule
+    counts from `lr_origin`."""
+    change = lr_schedule_change(reader.metadata["config"], run.config, run.schedule, completed, lr_origin)
+    if change is None:
+        return Findings()
+    if not run.config.checkpoints.ignore_lr_schedule_change:
+        raise LRChangedError(f"{reader.path}: {change}\nTo resume with the LR re-fitted anyway, set [checkpoints] "
+                             "ignore_lr_schedule_change = true; to keep it, leave the stage's length (the next "
+                             "stage's start, train_steps) and LR keys as the checkpoint has them")
+    return Findings((f"{reader.path}: {change}\n  resuming anyway, as checkpoints.ignore_lr_schedule_change = true "
+                     "says; the next checkpoint records the new schedule",))
