@@ -76,6 +76,9 @@ def config_from_dict(raw: dict, where: str, overrides: list[str] = ()) -> Config
 def _structure(raw: dict, where: str, base: Path | None = None) -> Config:
     """The config `raw` describes, its paths resolved against `base` (a recorded config's are already absolute),
     validated."""
+    shape = shape_problems(raw, Config)
+    if shape:   # a value where a table belongs: structuring it would only say that 'str' has no 'keys'
+        raise ConfigError(f"{where}:\n  " + "\n  ".join(shape))
     try:
         config = converter.structure(raw, Config)
     except Exception as e:  # cattrs gathers every problem into one exception group
@@ -228,6 +231,54 @@ def _describe_structure_errors(exc: BaseException, raw: dict) -> list[str]:
     return lines
 
 
+_KINDS = {str: "a string", bool: "true or false", int: "a number", float: "a number", list: "an array", dict: "a table"}
+
+
+def _kind(value) -> str:
+    return next((name for kind, name in _KINDS.items() if isinstance(value, kind)), "a date or time")
+
+
+def _table_types(type_) -> tuple[type | None, type | None]:
+    """(the section class, the entry class of an array of sections) that a schema type asks for: one of them or
+    neither (a value, or a value that may also be a table)."""
+    members = [m for m in (typing.get_args(type_) if typing.get_origin(type_) is typing.Union else (type_,))
+               if m is not type(None)]
+    if members and all(attrs.has(m) for m in members):
+        return members[0], None
+    if len(members) == 1 and typing.get_origin(members[0]) is tuple:
+        entry = typing.get_args(members[0])[0]
+        return (None, entry) if attrs.has(entry) else (None, None)
+    return None, None
+
+
+def shape_problems(raw: dict, cls: type, prefix: str = "") -> list[str]:
+    """Each key of `raw` that holds a value where `cls` has a section ([name]) or an array of sections
+    ([[name]]), or a section where it has an array: the one line that says what to write instead."""
+    problems, hints = [], typing.get_type_hints(cls)
+    for key, value in raw.items():
+        if key not in hints:   # an unknown key: structuring names it, with the keys it might have meant
+            continue
+        section, entry = _table_types(hints[key])
+        dotted = f"{prefix}{key}"
+        if section is not None and isinstance(value, dict):
+            problems += shape_problems(value, section, f"{dotted}.")
+        elif section is not None:
+            table = re.sub(r"\[\d+\]", "", dotted)   # data_stages[0].data is written [data_stages.data]
+            problems.append(f"{dotted}: {_kind(value)}, but it is a table: write [{table}] and its keys below it")
+        elif entry is not None and isinstance(value, list):
+            for i, item in enumerate(value):
+                if isinstance(item, dict):
+                    problems += shape_problems(item, entry, f"{dotted}[{i}].")
+                else:
+                    problems.append(f"{dotted}[{i}]: {_kind(item)}, but each entry is a table: write [[{dotted}]] "
+                                    "and its keys below it, once per entry")
+        elif entry is not None:
+            problems.append(f"{dotted}: {_kind(value)}, but it is an array of tables: write [[{dotted}]] "
+                            f"(two brackets) once per entry, and its keys below it"
+                            + (f" ([{dotted}.…] sections belong to an entry)" if isinstance(value, dict) else ""))
+    return problems
+
+
 _EXAMPLE_VALUES = {"hf_dataset_or_datasets": '"text"', "name": '"sft"', "dataset_folder": '"tokens/"'}
 _EXAMPLE_OF_TYPE = {int: "1", float: "1.0", str: '"..."', bool: "true"}
 
@@ -237,18 +288,33 @@ def _how_to_add(where: str, type_) -> str:
     dotted = re.sub(r"\[\d+\]", "", where.removeprefix("$").lstrip("."))
     table, _, key = dotted.rpartition(".")
     type_ = _first_of(type_)   # a table of one of several kinds: the first is the example
+    _, entry = _table_types(type_)
+    if entry is not None:
+        return f"add a [[{dotted}]] table for each entry, with {_required_keys(entry, dotted)}"
     if not attrs.has(type_):
         example = _EXAMPLE_VALUES.get(key, _EXAMPLE_OF_TYPE.get(type_, '"..."'))
         return f"add {key} = {example}" + (f" under [{table}]" if table else "")
     while True:   # down to the table whose own keys are values: that is what a config spells out
-        required = [f for f in attrs.fields(type_) if f.default is attrs.NOTHING]
-        nested = [f for f in required if attrs.has(_first_of(f.type))]
+        hints = typing.get_type_hints(type_)
+        nested = [f for f in attrs.fields(type_) if f.default is attrs.NOTHING and attrs.has(_first_of(hints[f.name]))]
         if not nested:
             break
-        dotted, type_ = f"{dotted}.{nested[0].name}", _first_of(nested[0].type)
-    keys = " and ".join(f"{f.name} = {_EXAMPLE_VALUES.get(f.name, _EXAMPLE_OF_TYPE.get(_first_of(f.type), '...'))}"
-                        for f in required)
+        dotted, type_ = f"{dotted}.{nested[0].name}", _first_of(hints[nested[0].name])
+    keys = _required_keys(type_, dotted)
     return f"add the table [{dotted}]" + (f" with {keys}" if keys else "")
+
+
+def _required_keys(cls: type, dotted: str) -> str:
+    """The keys a [dotted] section of `cls` must have, each with an example value, its required sections named."""
+    hints = typing.get_type_hints(cls)
+    parts = []
+    for f in attrs.fields(cls):
+        if f.default is not attrs.NOTHING:
+            continue
+        type_ = _first_of(hints[f.name])
+        parts.append(f"a [{dotted}.{f.name}] table" if attrs.has(type_) else
+                     f"{f.name} = {_EXAMPLE_VALUES.get(f.name, _EXAMPLE_OF_TYPE.get(type_, '...'))}")
+    return " and ".join(parts)
 
 
 def _first_of(type_):

@@ -407,6 +407,32 @@ def test_a_missing_key_is_named_with_what_to_add(tmp_path):
            'with hf_dataset_or_datasets = "text"' in str(info.value)
 
 
+@pytest.mark.parametrize("text, expected", [
+    # a stage written as one table: each [[data_stages]] entry, two brackets
+    ('[tokens]\ntrain_steps = 10\n[data_stages.data]\nseed = 1\n',
+     "data_stages: a table, but it is an array of tables: write [[data_stages]] (two brackets) once per entry"),
+    ('data_stages = ["pretrain"]\n', "data_stages[0]: a string, but each entry is a table: write [[data_stages]]"),
+    ('[[tokens]]\ntrain_steps = 1\n', "tokens: an array, but it is a table: write [tokens] and its keys below it"),
+    ('[[data_stages]]\nname = "a"\nstart_training_step = 1\ndata = 3\n',
+     "data_stages[0].data: a number, but it is a table: write [data_stages.data]"),
+])
+def test_a_value_where_a_table_belongs_is_named_with_what_to_write(tmp_path, text, expected):
+    path = tmp_path / "shape.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert expected in str(info.value) and "attribute" not in str(info.value), str(info.value)
+
+
+def test_missing_stages_are_asked_for_as_an_array_of_tables(tmp_path):
+    path = tmp_path / "no_stages.toml"
+    path.write_text("[tokens]\ntrain_steps = 10\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert ('data_stages: required key missing: add a [[data_stages]] table for each entry, with name = "sft" and '
+            "start_training_step = 1 and a [data_stages.data] table") in str(info.value), str(info.value)
+
+
 def test_an_unknown_eval_set_in_set_is_called_an_eval_set(tmp_path):
     path = REPO / "schedules" / "curriculum.toml"
     with pytest.raises(ConfigError) as info:
