@@ -170,3 +170,14 @@ def test_bad_data_in_a_later_stage_stops_the_run_before_step_1(blend_folders, tm
     assert "Traceback" not in result.stderr
     assert 'stage "sft"' in result.stderr and "question" in result.stderr, result.stderr
     assert "step 1/" not in result.stdout and not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_the_help_of_bin_prepare_gives_the_default_shard_size_the_code_uses(capsys):
+    # The help is built without importing nanoflow.data.prepare (bin/* answer before torch loads), so it spells the
+    # default out: this holds the two together.
+    from nanoflow.commands import cli
+
+    with pytest.raises(SystemExit):
+        cli.prepare_main(["--help"])
+    assert f"(default {prepare_module.DOCS_PER_SHARD})" in " ".join(capsys.readouterr().out.split())
+
