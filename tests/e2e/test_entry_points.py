@@ -26,6 +26,7 @@ def test_each_bin_command_is_a_console_script_calling_the_same_function():
         text = (REPO / "bin" / name).read_text()
         assert f"from nanoflow.commands.cli import {function}" in text and f"    {function}()" in text, name
         assert "sys.path" not in text, name
+        assert "except KeyboardInterrupt:" in text, f"bin/{name}: a Ctrl-C during its imports is a traceback"
 
 
 def test_a_console_script_function_exits_with_the_front_ends_status(tmp_path):
