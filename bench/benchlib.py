@@ -11,6 +11,12 @@ import sys
 REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, REPO)  # this checkout's nanoflow, also without `pip install -e .`
 CONFIG = os.path.join(REPO, "schedules", "curriculum.toml")
+# --smoke's model and batch for the scripts that run the curriculum's: steps of milliseconds, so that a smoke
+# run costs its processes' start-up and little more
+SMOKE_MODEL = ["model.hidden_size=32", "model.intermediate_size=64", "model.num_hidden_layers=1",
+               "model.num_attention_heads=2", "model.num_key_value_heads=2"]
+SMOKE_SHAPE = [*SMOKE_MODEL, "tokens.sequence_length=32", "tokens.micro_batch_size=2",
+               "data_stages.sft.micro_batch_size=2"]
 
 
 def state_with_moments(hidden: int, intermediate: int, layers: int, heads: int = 8):
