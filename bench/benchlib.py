@@ -73,7 +73,17 @@ def parse(parser, argv=None, **smallest):
     if args.smoke:
         parser.set_defaults(**smallest)
         args = parser.parse_args(argv)
+        one_thread()
     return args
+
+
+def one_thread() -> None:
+    """One intra-op thread here and in every process started from here (OMP_NUM_THREADS is inherited). On
+    --smoke's tiny shapes a second thread only adds waits, and where the cores are busy (a shared machine,
+    overlapping smoke processes) a descheduled thread stalls every operator: seconds for a step of milliseconds."""
+    os.environ["OMP_NUM_THREADS"] = "1"
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(1)
 
 
 def status(key: str) -> int:

@@ -197,7 +197,8 @@ def main() -> None:
     if args.smoke:
         rounds, batches, repeats = 1, 2, 1
     scale = args.scale or scale
-    torch.set_num_threads(os.cpu_count() or 1)
+    if not args.smoke:   # --smoke keeps benchlib's one thread
+        torch.set_num_threads(os.cpu_count() or 1)
     rng = np.random.default_rng(0)
     with tempfile.TemporaryDirectory(prefix="bench-dataloader-") as tmp:
         root = Path(tmp)

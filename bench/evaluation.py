@@ -111,7 +111,8 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2, help="untimed rounds of each before the timed ones")
     args = parse(parser, None, rounds=1, steps=2, interval=1, samples=2, warmup=1)
     shape = SMOKE_SHAPE if args.smoke else []
-    torch.set_num_threads(min(2, os.cpu_count() or 1))
+    if not args.smoke:   # --smoke keeps benchlib's one thread
+        torch.set_num_threads(min(2, os.cpu_count() or 1))
     train_rate, eval_rate = throughput(args.rounds, shape, args.warmup)
     print(f"training {train_rate:,.0f} tok/s, evaluation {eval_rate:,.0f} tok/s: eval / train = "
           f"{eval_rate / train_rate:.2f} (median of {args.rounds} rounds, threads {torch.get_num_threads()})")
