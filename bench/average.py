@@ -29,7 +29,7 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.join(HERE, "..")
 sys.path.insert(0, REPO)  # this checkout's nanoflow, also without `pip install -e .`
-from benchlib import status  # noqa: E402  (bench/benchlib.py)
+from benchlib import one_thread, status  # noqa: E402  (bench/benchlib.py)
 CONFIG = os.path.join(REPO, "schedules", "tiny.toml")
 MB = 1e6
 
@@ -96,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.smoke:
         args.k, args.hidden, args.intermediate, args.layers = 2, 64, 128, 2
+        one_thread()
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         run, out = os.path.join(tmp, "run"), os.path.join(tmp, "avg")
         make_checkpoints(run, args)

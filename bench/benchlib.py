@@ -11,6 +11,12 @@ import sys
 REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, REPO)  # this checkout's nanoflow, also without `pip install -e .`
 CONFIG = os.path.join(REPO, "schedules", "curriculum.toml")
+# --smoke's model and batch for the scripts that run the curriculum's: steps of milliseconds, so that a smoke
+# run costs its processes' start-up and little more
+SMOKE_MODEL = ["model.hidden_size=32", "model.intermediate_size=64", "model.num_hidden_layers=1",
+               "model.num_attention_heads=2", "model.num_key_value_heads=2"]
+SMOKE_SHAPE = [*SMOKE_MODEL, "tokens.sequence_length=32", "tokens.micro_batch_size=2",
+               "data_stages.sft.micro_batch_size=2"]
 
 
 def state_with_moments(hidden: int, intermediate: int, layers: int, heads: int = 8):
@@ -67,7 +73,17 @@ def parse(parser, argv=None, **smallest):
     if args.smoke:
         parser.set_defaults(**smallest)
         args = parser.parse_args(argv)
+        one_thread()
     return args
+
+
+def one_thread() -> None:
+    """One intra-op thread here and in every process started from here (OMP_NUM_THREADS is inherited). On
+    --smoke's tiny shapes a second thread only adds waits, and where the cores are busy (a shared machine,
+    overlapping smoke processes) a descheduled thread stalls every operator: seconds for a step of milliseconds."""
+    os.environ["OMP_NUM_THREADS"] = "1"
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(1)
 
 
 def status(key: str) -> int:

@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchlib import parse  # noqa: E402  (bench/benchlib.py)
+from benchlib import SMOKE_MODEL, parse  # noqa: E402  (bench/benchlib.py)
 
 import torch  # noqa: E402
 
@@ -175,8 +175,8 @@ def against_memmap(root: Path, seq: int, rows: int, batches: int, rng, profile: 
     return batches * rows / seconds["loader"], batches * rows / seconds["bare"], top
 
 
-def train_tokens_per_second(steps: int) -> float:
-    state = init_state(curriculum_at_2048([]))
+def train_tokens_per_second(steps: int, model: list[str]) -> float:
+    state = init_state(curriculum_at_2048(model))
     generator = torch.Generator().manual_seed(0)
     batch = {"input_ids": torch.randint(0, 256, (2, SEQ), generator=generator)}
     batch["labels"] = torch.roll(batch["input_ids"], -1, 1)
@@ -193,11 +193,12 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true", help="where the loader's time goes against a bare memmap read")
     parser.add_argument("--scale", type=float, default=None, help=argparse.SUPPRESS)
     args = parse(parser, None, quick=True, scale=0.02)
-    scale, rounds, batches = (0.1, 3, 10) if args.quick else (1.0, 15, 60)
+    scale, rounds, batches, repeats = (0.1, 3, 10, 5) if args.quick else (1.0, 15, 60, 5)
     if args.smoke:
-        rounds, batches = 1, 2
+        rounds, batches, repeats = 1, 2, 1
     scale = args.scale or scale
-    torch.set_num_threads(os.cpu_count() or 1)
+    if not args.smoke:   # --smoke keeps benchlib's one thread
+        torch.set_num_threads(os.cpu_count() or 1)
     rng = np.random.default_rng(0)
     with tempfile.TemporaryDirectory(prefix="bench-dataloader-") as tmp:
         root = Path(tmp)
@@ -226,14 +227,14 @@ def main() -> None:
             print(f"{stage.name:<30} {size:>10,} {first_open:>10.2f}s {rate:>10,.0f} {rate * SEQ:>12,.0f} "
                   f"{build * 1e3:>8.2f}ms")
 
-        print(f"\nseek: open_stage + first batch_at, median of {rounds} rounds of 5")
+        print(f"\nseek: open_stage + first batch_at, median of {rounds} rounds of {repeats}")
         print(f"{'source':<30} {'offset 0':>10} {'offset 1e8':>11} {'1e8 / 0':>8}")
         ratios = []
         for index, stage in enumerate(config.data_stages):
             times = {0: [], FAR: []}
             for r in range(rounds):
                 for offset in ((0, FAR) if r % 2 == 0 else (FAR, 0)):
-                    times[offset].append(seek_seconds(config, index, schedule, offset, cache))
+                    times[offset].append(seek_seconds(config, index, schedule, offset, cache, repeats))
             near, far = statistics.median(times[0]), statistics.median(times[FAR])
             ratios.append(far / near)
             print(f"{stage.name:<30} {near * 1e3:>8.2f}ms {far * 1e3:>9.2f}ms {far / near:>8.3f}")
@@ -248,11 +249,12 @@ def main() -> None:
                 print("  the loader's top functions by own time (ncalls tottime percall cumtime percall):")
                 print("\n".join("    " + line.strip() for line in top.splitlines()))
 
-        train_rate = train_tokens_per_second(1 if args.smoke else 2 if args.quick else 8)
+        model = SMOKE_MODEL if args.smoke else []   # the curriculum's model, in --smoke a smaller one
+        train_rate = train_tokens_per_second(1 if args.smoke else 2 if args.quick else 8, model)
         loop_steps = 1 if args.smoke else 3 if args.quick else 10
         print(f"\ntraining loop (curriculum model, token folder, 2 × {SEQ} tokens a step, {loop_steps} steps):")
         for workers in (0, 2):
-            wait, step_time = training_loop(root, workers, loop_steps)
+            wait, step_time = training_loop(root, workers, loop_steps, model)
             print(f"  num_loading_workers = {workers}: waits {wait * 1e3:.2f}ms a step in batch_at, "
                   f"step {step_time * 1e3:.0f}ms")
         slowest = min(rates.values()) * SEQ
@@ -261,10 +263,10 @@ def main() -> None:
               f"(target >= 20×); seek ratio worst {max(ratios):.3f} (target <= 1.2)")
 
 
-def training_loop(root: Path, workers: int, steps: int) -> tuple[float, float]:
+def training_loop(root: Path, workers: int, steps: int, model: list[str]) -> tuple[float, float]:
     """(mean seconds a step waits in batch_at, mean seconds a step takes) for the curriculum's model training
     on the token folder at sequence length 2048, 2 samples a step, with `workers` background loading threads."""
-    config = curriculum_at_2048([f'data_stages.0.data.dataset={{dataset_folder = "{root / "web"}"}}',
+    config = curriculum_at_2048([*model, f'data_stages.0.data.dataset={{dataset_folder = "{root / "web"}"}}',
                                  f"data_stages.0.data.num_loading_workers={workers}", "tokens.train_steps=200"])
     state = init_state(config)
     loader = open_stage(config, 0, BYTES, state.schedule)

@@ -1,6 +1,6 @@
 """What does evaluation cost? Eval tokens/s against training tokens/s, and evaluation's share of a run's wall time.
 
-    python bench/evaluation.py [--rounds N] [--steps S --interval I --samples M]
+    python bench/evaluation.py [--rounds N] [--warmup W] [--steps S --interval I --samples M]
 
 1. Throughput: the curriculum's model (schedules/curriculum.toml) and its pretrain batch (16 × 256 tokens), one
    fixed random batch. A training step (nanoflow.train_step: forward, backward, AdamW) and an evaluation of the
@@ -23,7 +23,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # works without `pip install -e .`
 
-from benchlib import parse  # noqa: E402  (bench/benchlib.py)
+from benchlib import SMOKE_SHAPE, parse  # noqa: E402  (bench/benchlib.py)
 import attrs  # noqa: E402
 import torch  # noqa: E402
 
@@ -37,9 +37,9 @@ from nanoflow.step import train_step  # noqa: E402
 CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "schedules", "curriculum.toml")
 
 
-def throughput(rounds: int) -> tuple[float, float]:
+def throughput(rounds: int, shape: list[str], warmup: int) -> tuple[float, float]:
     """Median training and eval tokens/s on the curriculum's pretrain batch."""
-    config = load_config(CONFIG, [f"tokens.train_steps={10 * rounds}"])
+    config = load_config(CONFIG, [*shape, f"tokens.train_steps={10 * rounds}"])
     tokens = config.stage_tokens(0)
     rows = tokens.micro_batch_size * tokens.batch_accumulation_per_replica
     generator = torch.Generator().manual_seed(0)
@@ -60,7 +60,7 @@ def throughput(rounds: int) -> tuple[float, float]:
         score(state.model, eval_set, SINGLE)
         return time.perf_counter() - start
 
-    for _ in range(2):   # warm-up
+    for _ in range(warmup):
         train_once(), eval_once()
     for r in range(rounds):
         first, second = (train_once, eval_once) if r % 2 == 0 else (eval_once, train_once)
@@ -71,12 +71,12 @@ def throughput(rounds: int) -> tuple[float, float]:
     return per_batch / statistics.median(train_times), per_batch / statistics.median(eval_times)
 
 
-def share(steps: int, interval: int, samples: int) -> tuple[float, float, int]:
+def share(steps: int, interval: int, samples: int, shape: list[str]) -> tuple[float, float, int]:
     """(seconds in evaluation, the loop's wall seconds, evaluations) of a curriculum run of `steps` steps."""
     from nanoflow.training.loop import train
 
     with tempfile.TemporaryDirectory(prefix="bench-eval-") as folder:
-        config = load_config(CONFIG, [f"tokens.train_steps={steps}", f'checkpoints.checkpoints_path="{folder}"',
+        config = load_config(CONFIG, [*shape, f"tokens.train_steps={steps}", f'checkpoints.checkpoints_path="{folder}"',
                                       f"checkpoints.checkpoint_interval={steps}"])
         pretrain = config.data_stages[0].data.dataset
         config = attrs.evolve(config, evaluation=EvaluationArgs(interval=interval, datasets=(
@@ -108,12 +108,15 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--interval", type=int, default=20)
     parser.add_argument("--samples", type=int, default=64)
-    args = parse(parser, None, rounds=1, steps=2, interval=1, samples=2)
-    torch.set_num_threads(min(2, os.cpu_count() or 1))
-    train_rate, eval_rate = throughput(args.rounds)
+    parser.add_argument("--warmup", type=int, default=2, help="untimed rounds of each before the timed ones")
+    args = parse(parser, None, rounds=1, steps=2, interval=1, samples=2, warmup=1)
+    shape = SMOKE_SHAPE if args.smoke else []
+    if not args.smoke:   # --smoke keeps benchlib's one thread
+        torch.set_num_threads(min(2, os.cpu_count() or 1))
+    train_rate, eval_rate = throughput(args.rounds, shape, args.warmup)
     print(f"training {train_rate:,.0f} tok/s, evaluation {eval_rate:,.0f} tok/s: eval / train = "
           f"{eval_rate / train_rate:.2f} (median of {args.rounds} rounds, threads {torch.get_num_threads()})")
-    spent, wall, calls = share(args.steps, args.interval, args.samples)
+    spent, wall, calls = share(args.steps, args.interval, args.samples, shape)
     print(f"{args.steps} steps, {calls} evaluations of {args.samples} × 256 tokens (every {args.interval} steps): "
           f"{spent:.1f} s of {wall:.1f} s in evaluation = {100 * spent / wall:.1f} % of the wall time")
 

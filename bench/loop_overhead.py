@@ -44,7 +44,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # works without `pip install -e .`
 
-from benchlib import parse  # noqa: E402  (bench/benchlib.py)
+from benchlib import SMOKE_SHAPE, parse  # noqa: E402  (bench/benchlib.py)
 import attrs  # noqa: E402
 import torch  # noqa: E402
 
@@ -58,9 +58,9 @@ from nanoflow.schedule import Schedule, active_stage  # noqa: E402
 CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "schedules", "curriculum.toml")
 
 
-def load_config(steps: int, run: str, evaluation: bool):
+def load_config(steps: int, run: str, evaluation: bool, shape: list[str]):
     anneal, sft = int(steps * 0.6) + 1, int(steps * 0.8) + 1
-    config = nanoflow.load_config(CONFIG, overrides=[
+    config = nanoflow.load_config(CONFIG, overrides=[*shape,
         f"tokens.train_steps={steps}", f"data_stages.anneal.start_training_step={anneal}",
         f"data_stages.sft.start_training_step={sft}",
         f"optimizer.learning_rate_scheduler.lr_decay_starting_step={anneal - 1}",
@@ -178,14 +178,14 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=200, help="steps of the shortened curriculum (default 200)")
     parser.add_argument("--plain", action="store_true", help="plain progress lines instead of the tqdm bar")
     parser.add_argument("--evaluation", action="store_true", help="keep the curriculum's [evaluation] (timed apart)")
-    args = parse(parser, None, steps=5, plain=True)
+    args = parse(parser, None, steps=3, plain=True)  # 3 steps: one in each stage
 
     date = datetime.date.today().isoformat()
     print(f"{date}  torch {torch.__version__}  {os.cpu_count()} CPU cores "
           f"({platform.processor() or platform.machine()}), {torch.get_num_threads()} torch threads  "
           f"load average {os.getloadavg()[0]:.1f}")
     with tempfile.TemporaryDirectory(prefix="loop-overhead-") as folder:
-        config = load_config(args.steps, os.path.join(folder, "run"), args.evaluation)
+        config = load_config(args.steps, os.path.join(folder, "run"), args.evaluation, SMOKE_SHAPE if args.smoke else [])
         schedule = Schedule.from_config(config)
         started = time.perf_counter()
         batches = build_batches(config)

@@ -43,6 +43,7 @@ peak reset before each measurement (`echo 5 > /proc/self/clear_refs`):
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import datetime
 import json
 import os
@@ -346,9 +347,12 @@ def main() -> int:
         modules_file = os.path.join(folder, "modules.json")
         with open(modules_file, "w") as f:
             json.dump([m for m in fresh["modules"] if m != "__main__"], f)
-        resumed = launch(args, "resume", "--run", run)
-        baseline = launch(args, "baseline", "--modules", modules_file)
-        bare = launch(args, "bare", "--modules", modules_file)
+        rest = [("resume", "--run", run), ("baseline", "--modules", modules_file), ("bare", "--modules", modules_file)]
+        if args.smoke:  # each process has its own peak, so in --smoke (figures that mean nothing) they may overlap
+            with concurrent.futures.ThreadPoolExecutor(len(rest)) as pool:
+                resumed, baseline, bare = pool.map(lambda job: launch(args, *job), rest)
+        else:  # measured one after the other, on a machine otherwise idle
+            resumed, baseline, bare = (launch(args, *job) for job in rest)
     activations = activation_bytes(args)
 
     state = fresh["model_bytes"] + fresh["grad_bytes"] + fresh["moment_bytes"]

@@ -37,7 +37,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # works without `pip install -e .`
-from benchlib import parse  # noqa: E402  (bench/benchlib.py)
+from benchlib import SMOKE_SHAPE, parse  # noqa: E402  (bench/benchlib.py)
 
 import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile, record_function  # noqa: E402
@@ -132,7 +132,8 @@ def main() -> int:
     python_window.install()
 
     with tempfile.TemporaryDirectory(prefix="profile-step-") as folder:
-        config = nanoflow.load_config(CONFIG, [f'checkpoints.checkpoints_path="{folder}"'])
+        config = nanoflow.load_config(CONFIG, [*(SMOKE_SHAPE if args.smoke else []),
+                                               f'checkpoints.checkpoints_path="{folder}"'])
         with open(os.devnull, "w") as out:
             loop.train(config, fresh=True, until_step=python_window.last, out=out, progress=False)
 

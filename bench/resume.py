@@ -45,7 +45,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.join(HERE, "..")
 sys.path.insert(0, REPO)  # this checkout's nanoflow, also without `pip install -e .`
-from benchlib import parse  # noqa: E402  (bench/benchlib.py)
+from benchlib import SMOKE_SHAPE, parse  # noqa: E402  (bench/benchlib.py)
 CONFIG = os.path.join(REPO, "schedules", "curriculum.toml")
 LATE = 1_000_000
 EARLY = 10
@@ -246,7 +246,8 @@ def main() -> int:
           f"({platform.processor() or platform.machine()})  load average {os.getloadavg()[0]:.1f}")
     with tempfile.TemporaryDirectory(prefix="resume-bench-") as folder:
         started = time.perf_counter()
-        runs = {step: make_run(os.path.join(folder, f"at{step}"), step, [], args.lines_after)
+        shape = SMOKE_SHAPE if args.smoke else []
+        runs = {step: make_run(os.path.join(folder, f"at{step}"), step, shape, args.lines_after)
                 for step in (EARLY, late_step)}
         sizes = {step: os.path.getsize(os.path.join(runs[step][0], "metrics.jsonl")) for step in runs}
         print(f"fixtures in {time.perf_counter() - started:.1f}s: metrics.jsonl of {sizes[EARLY]:,} B (step {EARLY}) "

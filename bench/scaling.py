@@ -19,13 +19,13 @@ import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # works without `pip install -e .`
-from benchlib import parse  # noqa: E402  (bench/benchlib.py)
+from benchlib import SMOKE_SHAPE, parse  # noqa: E402  (bench/benchlib.py)
 
 REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 COLLECTIVE_MARKERS = ("c10d", "gloo", "nccl", "all_gather", "reduce_scatter", "allreduce", "all_reduce")
 
 
-def worker(config_path: str, steps: int, dp: int) -> None:
+def worker(config_path: str, steps: int, dp: int, shape: list[str]) -> None:
     """Runs in each process: warm up, time `steps` steps, then profile two more for the communication share."""
     from torch.profiler import ProfilerActivity, profile
 
@@ -34,7 +34,7 @@ def worker(config_path: str, steps: int, dp: int) -> None:
     from nanoflow.parallel.mesh import exit_process, init_topology, shutdown
 
     accumulation = 2
-    config = nanoflow.load_config(config_path, [
+    config = nanoflow.load_config(config_path, [*shape,
         f"parallelism.dp={dp}", f"tokens.batch_accumulation_per_replica={accumulation // dp}",
         f"tokens.train_steps={steps + 4}"])
     topology = init_topology(config)
@@ -61,8 +61,8 @@ def worker(config_path: str, steps: int, dp: int) -> None:
     exit_process(0)
 
 
-def launch(config: str, steps: int, dp: int) -> dict:
-    args = [__file__, "--worker", "--config", config, "--steps", str(steps), "--dp", str(dp)]
+def launch(config: str, steps: int, dp: int, smoke: bool) -> dict:
+    args = [__file__, "--worker", "--config", config, "--steps", str(steps), "--dp", str(dp), *(["--smoke"] * smoke)]
     command = [sys.executable, *args] if dp == 1 else \
         [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(dp), *args]
     env = {**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 2) // dp))}
@@ -78,12 +78,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--dp", type=int, default=1, help=argparse.SUPPRESS)
-    args = parse(parser, None, steps=2)
+    args = parse(parser, None, steps=1)
     if args.worker:
-        return worker(args.config, args.steps, args.dp)
+        return worker(args.config, args.steps, args.dp, SMOKE_SHAPE if args.smoke else [])
 
     import torch
-    results = [launch(args.config, args.steps, dp) for dp in (1, 2)]
+    results = [launch(args.config, args.steps, dp, args.smoke) for dp in (1, 2)]
     base = results[0]["tokens_per_s"]
     print(f"date {datetime.date.today()}, {os.cpu_count()} CPU cores, torch {torch.__version__}, "
           f"config {os.path.relpath(args.config, REPO)}, {args.steps} timed steps per run")

@@ -27,7 +27,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # works without `pip install -e .`
 
-from benchlib import parse  # noqa: E402  (bench/benchlib.py)
+from benchlib import SMOKE_SHAPE, parse  # noqa: E402  (bench/benchlib.py)
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
@@ -38,11 +38,11 @@ CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "schedul
 IGNORE_INDEX = -100
 
 
-def load_config(measured_steps: int, compile_model: bool = False):
+def load_config(measured_steps: int, shape: list[str], compile_model: bool = False):
     # Enough steps for warm-up and measurement, all in the pretrain stage: the later stages are pushed
     # past train_steps ("not reached"), so every step has the pretrain stage's batch shape.
     steps = measured_steps + 100
-    return nanoflow.load_config(CONFIG, overrides=[
+    return nanoflow.load_config(CONFIG, overrides=[*shape,
         f"tokens.train_steps={steps}",
         f"data_stages.anneal.start_training_step={steps + 1}",
         f"data_stages.sft.start_training_step={steps + 2}",
@@ -125,7 +125,8 @@ def main() -> int:
     parser.add_argument("--compile", action="store_true", help="also compare with torch.compile on both sides")
     args = parse(parser, None, steps=2, warmup=1)
 
-    config = load_config(args.steps + args.warmup)
+    shape = SMOKE_SHAPE if args.smoke else []
+    config = load_config(args.steps + args.warmup, shape)
     tokens = config.stage_tokens(0)
     rows = tokens.micro_batch_size * tokens.batch_accumulation_per_replica * config.parallelism.dp
     generator = torch.Generator().manual_seed(0)
@@ -146,7 +147,7 @@ def main() -> int:
     for variant, compile_model in variants:
         start = time.perf_counter()
         try:
-            result = compare(load_config(args.steps + args.warmup, compile_model), batch, steps=args.steps,
+            result = compare(load_config(args.steps + args.warmup, shape, compile_model), batch, steps=args.steps,
                              warmup=args.warmup)
         except Exception as e:  # torch.compile needs a working C++ toolchain and inductor support on this CPU
             if not compile_model:
