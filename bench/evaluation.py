@@ -71,8 +71,9 @@ def throughput(rounds: int, shape: list[str], warmup: int) -> tuple[float, float
     return per_batch / statistics.median(train_times), per_batch / statistics.median(eval_times)
 
 
-def share(steps: int, interval: int, samples: int, shape: list[str]) -> tuple[float, float, int]:
-    """(seconds in evaluation, the loop's wall seconds, evaluations) of a curriculum run of `steps` steps."""
+def share(steps: int, interval: int, samples: int, shape: list[str]) -> tuple[float, float, int, int]:
+    """(seconds in evaluation, the loop's wall seconds, evaluations, their sequence length) of a curriculum run of
+    `steps` steps."""
     from nanoflow.training.loop import train
 
     with tempfile.TemporaryDirectory(prefix="bench-eval-") as folder:
@@ -99,7 +100,7 @@ def share(steps: int, interval: int, samples: int, shape: list[str]) -> tuple[fl
             wall = time.perf_counter() - start
         finally:
             evaluation.Evaluator.maybe_run = original
-    return spent[0], wall, calls[0]
+    return spent[0], wall, calls[0], config.eval_sequence_length(config.evaluation.datasets[0])
 
 
 def main() -> None:
@@ -116,8 +117,8 @@ def main() -> None:
     train_rate, eval_rate = throughput(args.rounds, shape, args.warmup)
     print(f"training {train_rate:,.0f} tok/s, evaluation {eval_rate:,.0f} tok/s: eval / train = "
           f"{eval_rate / train_rate:.2f} (median of {args.rounds} rounds, threads {torch.get_num_threads()})")
-    spent, wall, calls = share(args.steps, args.interval, args.samples, shape)
-    print(f"{args.steps} steps, {calls} evaluations of {args.samples} × 256 tokens (every {args.interval} steps): "
+    spent, wall, calls, sequence = share(args.steps, args.interval, args.samples, shape)
+    print(f"{args.steps} steps, {calls} evaluations of {args.samples} × {sequence} tokens (every {args.interval} steps): "
           f"{spent:.1f} s of {wall:.1f} s in evaluation = {100 * spent / wall:.1f} % of the wall time")
 
 

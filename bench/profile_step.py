@@ -136,13 +136,15 @@ def main() -> int:
                                                f'checkpoints.checkpoints_path="{folder}"'])
         with open(os.devnull, "w") as out:
             loop.train(config, fresh=True, until_step=python_window.last, out=out, progress=False)
+        tokens = config.tokens   # what the profiled (pretrain) steps are made of
 
     events = prof.key_averages()
     ranges = (LABEL, "Optimizer.")  # ours, and the ones torch.optim opens itself
     ours = {e.key: e for e in events if e.key.startswith(ranges)}
     ops = sorted((e for e in events if not e.key.startswith(ranges)), key=lambda e: -e.self_cpu_time_total)
     step_ms = torch_window.seconds * 1e3 / k
-    print(f"\npretrain step (16 × 256 tokens, 2 micro-batches), profiled steps "
+    print(f"\npretrain step ({tokens.micro_batch_size * tokens.batch_accumulation_per_replica} × "
+          f"{tokens.sequence_length} tokens, {tokens.batch_accumulation_per_replica} micro-batches), profiled steps "
           f"{torch_window.first}–{torch_window.last}: "
           f"{step_ms:.0f} ms per loop iteration under torch.profiler\n")
     print("| operator (torch.profiler) | calls / step | self ms / step | share of the step |")

@@ -10,7 +10,7 @@ import pytest
 from helpers import REPO
 
 
-@pytest.mark.slow   # five processes (two measurements, three loop runs): ≈ 45 s of CPU
+@pytest.mark.slow   # five processes (two measurements, three loop runs): ≈ 25 s of CPU
 def test_gpu_smoke_tiny_runs_end_to_end_and_prints_every_result_line():
     result = subprocess.run(["bash", "bench/gpu_smoke.sh", "--tiny", "--no-compile", "--steps", "2", "--warmup", "1"],
                             cwd=REPO, capture_output=True, text=True, timeout=600,
