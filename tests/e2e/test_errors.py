@@ -409,18 +409,6 @@ def test_fresh_says_which_checkpoints_it_ignores_and_keeps_them(tmp_path):
 
 
 @pytest.mark.slow
-def test_verify_resume_prints_no_raw_python_warnings(tmp_path):
-    # bin/verify-resume, the command, passes on tiny.toml. Its kills land mid-step and mid-save; whatever the runs
-    # warn about comes out as plain lines (the plain line itself is tested with guarded() above): no raw Python
-    # warning with its source file and line. (verify_resume's own kills are counted in test_verify.py.)
-    result = run_command("verify-resume", TINY, "--kills", "2", "--seed", "0", "--workdir", str(tmp_path), timeout=600)
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "PASS: after 2 kills" in result.stdout
-    assert "Warning:" not in result.stderr, result.stderr
-    assert "CheckpointWarning" not in result.stderr and "verify.py:" not in result.stderr, result.stderr
-
-
-@pytest.mark.slow
 def test_until_step_is_a_planned_stop_not_a_signal(tmp_path):
     import io as text_io
 
