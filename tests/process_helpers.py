@@ -114,6 +114,14 @@ def run_layout(layout: str, run: Path, *overrides: str, script: str | None = Non
                           capture_output=True, text=True, timeout=timeout)
 
 
+def assert_every_rank_reports(stderr: str, message: str, ranks: int = 2) -> None:
+    """Under torchrun, each of `ranks` workers said `message`, except those torchrun itself stopped once a first
+    rank had failed (it sends the others SIGTERM at once: one that had not reached its report yet never makes it,
+    whatever nanoflow does). At least one rank said it, and none fell silent any other way."""
+    said, stopped = stderr.count(message), stderr.count(" closing signal SIGTERM")
+    assert said >= 1 and said + stopped >= ranks, (said, stopped, stderr)
+
+
 def run_in_process(name: str, *args, capsys) -> subprocess.CompletedProcess:
     """bin/NAME's work in this process, for a test of what the command decides rather than of the process: its main
     function on `args`, its exit status and what it printed (read through pytest's capsys)."""

@@ -21,7 +21,7 @@ import pytest
 
 from helpers import REPO, TRAIN_STEPS
 from log_helpers import logged
-from process_helpers import bin_command, run_command, run_layout, train_args
+from process_helpers import assert_every_rank_reports, bin_command, run_command, run_layout, train_args
 from nanoflow.io import CheckpointError, LockLostError, RunLock, RunLockedError, confirm_held, read_checkpoint
 from nanoflow.io.lock import LEASE_ENV, LOCK
 from run_helpers import assert_same
@@ -287,7 +287,7 @@ def test_under_torchrun_every_rank_fails_with_the_holders_name(tmp_path):
     finally:
         lock.release()
     assert result.returncode != 0
-    assert result.stderr.count(f"{url}/{LOCK} is held by run 'holder', pid {os.getpid()}") == 2, result.stderr
+    assert_every_rank_reports(result.stderr, f"{url}/{LOCK} is held by run 'holder', pid {os.getpid()}")
     assert "]: Traceback" not in result.stderr
     assert not (url / "metrics.jsonl").exists() and not [p for p in url.iterdir() if p.name != LOCK]
 
