@@ -238,17 +238,17 @@ def _kind(value) -> str:
     return next((name for kind, name in _KINDS.items() if isinstance(value, kind)), "a date or time")
 
 
-def _table_types(type_) -> tuple[type | None, type | None]:
-    """(the section class, the entry class of an array of sections) that a schema type asks for: one of them or
-    neither (a value, or a value that may also be a table)."""
+def _table_types(type_) -> tuple[tuple[type, ...], type | None]:
+    """(the section classes, the entry class of an array of sections) that a schema type asks for: one of them
+    or neither (a value, or a value that may also be a table)."""
     members = [m for m in (typing.get_args(type_) if typing.get_origin(type_) is typing.Union else (type_,))
                if m is not type(None)]
     if members and all(attrs.has(m) for m in members):
-        return members[0], None
+        return tuple(members), None
     if len(members) == 1 and typing.get_origin(members[0]) is tuple:
         entry = typing.get_args(members[0])[0]
-        return (None, entry) if attrs.has(entry) else (None, None)
-    return None, None
+        return ((), entry) if attrs.has(entry) else ((), None)
+    return (), None
 
 
 def shape_problems(raw: dict, cls: type, prefix: str = "") -> list[str]:
@@ -258,11 +258,11 @@ def shape_problems(raw: dict, cls: type, prefix: str = "") -> list[str]:
     for key, value in raw.items():
         if key not in hints:   # an unknown key: structuring names it, with the keys it might have meant
             continue
-        section, entry = _table_types(hints[key])
+        sections, entry = _table_types(hints[key])
         dotted = f"{prefix}{key}"
-        if section is not None and isinstance(value, dict):
-            problems += shape_problems(value, section, f"{dotted}.")
-        elif section is not None:
+        if len(sections) == 1 and isinstance(value, dict):
+            problems += shape_problems(value, sections[0], f"{dotted}.")
+        elif sections and not isinstance(value, dict):
             table = re.sub(r"\[\d+\]", "", dotted)   # data_stages[0].data is written [data_stages.data]
             problems.append(f"{dotted}: {_kind(value)}, but it is a table: write [{table}] and its keys below it")
         elif entry is not None and isinstance(value, list):
