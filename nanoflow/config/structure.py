@@ -72,12 +72,16 @@ def _structure_weight(value, where: str) -> float:
     return float(value)
 
 
+def _weights_by_name(table: dict) -> dict[str, float]:
+    return {str(name): _structure_weight(weight, repr(name)) for name, weight in table.items()}
+
+
 def _structure_datasets(value, _cls):
     """hf_dataset_or_datasets: a name, or a table {name = weight}."""
     if isinstance(value, str):
         return value
     if isinstance(value, dict) and value:
-        return {str(name): _structure_weight(weight, repr(name)) for name, weight in value.items()}
+        return _weights_by_name(value)
     raise TypeError(f"expected a dataset name or a table {{name = weight}}, got {value!r}")
 
 
@@ -86,7 +90,7 @@ def _structure_weight_table(value, _cls):
     if value is None:
         return None
     if isinstance(value, dict) and value:
-        return {str(name): _structure_weight(weight, repr(name)) for name, weight in value.items()}
+        return _weights_by_name(value)
     raise TypeError(f"expected a table {{name = weight}} of the names in hf_dataset_or_datasets, got {value!r}")
 
 

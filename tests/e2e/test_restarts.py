@@ -125,16 +125,21 @@ def reference(tmp_path_factory) -> io.Checkpoint:
     return checkpoint
 
 
+def wait_for_kill_point(launcher: subprocess.Popen, run_dir: Path, log: Path) -> None:
+    """Until the run under `launcher` has logged KILL_AFTER steps; its torchrun log in the failure if it never does."""
+    deadline = time.monotonic() + TIMEOUT
+    while steps_logged(run_dir) < KILL_AFTER:
+        assert launcher.poll() is None, f"torchrun ended before step {KILL_AFTER}:\n{log.read_text()}"
+        assert time.monotonic() < deadline, f"step {KILL_AFTER} not reached within {TIMEOUT} s:\n{log.read_text()}"
+        time.sleep(0.01)
+
+
 @pytest.mark.parametrize("rank", [0, 1])   # rank 0 holds the run lock and commits; rank 1 only writes its shards
 def test_a_worker_killed_mid_run_is_restarted_and_resumes_exactly(reference, tmp_path, rank):
     run_dir, log = tmp_path / "run", tmp_path / "torchrun.log"
     launcher = torchrun(run_dir, log, "--standalone", "--nproc_per_node=2", "--max-restarts=2")
     try:
-        deadline = time.monotonic() + TIMEOUT
-        while steps_logged(run_dir) < KILL_AFTER:
-            assert launcher.poll() is None, f"torchrun ended before step {KILL_AFTER}:\n{log.read_text()}"
-            assert time.monotonic() < deadline, f"step {KILL_AFTER} not reached within {TIMEOUT} s:\n{log.read_text()}"
-            time.sleep(0.01)
+        wait_for_kill_point(launcher, run_dir, log)
         victim = worker_of_rank(launcher, rank)
         assert victim is not None, f"no worker of rank {rank} under torchrun:\n{log.read_text()}"
         os.kill(victim, signal.SIGKILL)
@@ -163,11 +168,7 @@ def test_a_signal_to_torchrun_saves_and_the_same_command_resumes_exactly(referen
                 "--signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"]
     first = torchrun(run_dir, tmp_path / "first.log", *launcher)
     try:
-        deadline = time.monotonic() + TIMEOUT
-        while steps_logged(run_dir) < KILL_AFTER:
-            assert first.poll() is None, f"torchrun ended before step {KILL_AFTER}:\n{(tmp_path / 'first.log').read_text()}"
-            assert time.monotonic() < deadline, f"step {KILL_AFTER} not reached within {TIMEOUT} s"
-            time.sleep(0.01)
+        wait_for_kill_point(first, run_dir, tmp_path / "first.log")
         first.send_signal(signal.SIGUSR1)
         code = first.wait(TIMEOUT)
     finally:
