@@ -34,9 +34,9 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # works without `pip install -e .`
 
 import torch  # noqa: E402
+from benchlib import parse  # noqa: E402
 
 import nanoflow  # noqa: E402
-from benchlib import parse  # noqa: E402
 from nanoflow.checkpoint.checkpointer import Checkpointer  # noqa: E402
 
 CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "schedules", "curriculum.toml")
@@ -101,7 +101,7 @@ def main() -> None:
         lost = {"sync": [], "async": []}
         base_steps = []
         with checkpointers["sync"].locked(), checkpointers["async"].locked():
-            for mode, checkpointer in checkpointers.items():  # warm-up: the first save allocates what later ones reuse
+            for checkpointer in checkpointers.values():  # warm-up: the first save allocates what later ones reuse
                 state, _, _ = segment(state, batch, 1, checkpointer)
             for round_ in range(args.rounds):
                 order = ("sync", "async") if round_ % 2 == 0 else ("async", "sync")

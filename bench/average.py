@@ -30,6 +30,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.join(HERE, "..")
 sys.path.insert(0, REPO)  # this checkout's nanoflow, also without `pip install -e .`
 from benchlib import one_thread, status  # noqa: E402  (bench/benchlib.py)
+
 CONFIG = os.path.join(REPO, "schedules", "tiny.toml")
 MB = 1e6
 
@@ -37,9 +38,10 @@ MB = 1e6
 
 def make_checkpoints(run: str, args) -> None:
     """K committed checkpoints (steps 1..K) of the bigger model, one a step."""
+    import io
+
     from nanoflow.config import load_config
     from nanoflow.training.loop import train
-    import io
 
     heads = max(1, args.hidden // 64)
     config = load_config(CONFIG, [

@@ -40,17 +40,16 @@ import sys
 import tempfile
 import time
 
-from benchlib import filesystem, load_average, parse, state_with_moments  # noqa: E402  (bench/benchlib.py; puts the repo on sys.path)
-
 import torch  # noqa: E402
+from benchlib import filesystem, load_average, parse, state_with_moments  # noqa: E402  (bench/benchlib.py; puts the repo on sys.path)
 
 import nanoflow.io.checkpoint as checkpoint_module  # noqa: E402
 import nanoflow.io.marker as marker_module  # noqa: E402
 import nanoflow.io.reader as reader_module  # noqa: E402
 import nanoflow.io.store as store_module  # noqa: E402
 import nanoflow.io.tensorfile as tensorfile_module  # noqa: E402
-from nanoflow.io import read_checkpoint, save_checkpoint  # noqa: E402
 from nanoflow.checkpoint.checkpointer import checkpoint_info  # noqa: E402
+from nanoflow.io import read_checkpoint, save_checkpoint  # noqa: E402
 from nanoflow.parallel.shards import state_blocks  # noqa: E402
 
 MB = 1e6
@@ -210,11 +209,12 @@ def main(argv=None) -> int:
             root = os.path.join(work, f"nanoflow-{round_}")
             torch_file, torch_fsync_file = (os.path.join(work, f"torch-{round_}{s}.pt") for s in ("", "-fsync"))
             parts = {}  # the nanoflow sides run instrumented: their totals are the timings, their parts the breakdown
-            saves = [("nanoflow save", lambda: parts.update(save=save_breakdown(root, step, groups, info))),
-                     ("torch.save", lambda: torch_save(torch_file, tensors, fsync=False)),
-                     ("torch.save + fsync", lambda: torch_save(torch_fsync_file, tensors, fsync=True))]
-            loads = [("nanoflow load", lambda: parts.update(load=load_breakdown(os.path.join(root, str(step))))),
-                     ("torch.load", lambda: torch.load(torch_file, weights_only=True))]
+            # Each lambda runs in this round, before the names it reads are rebound: the defaults say so.
+            saves = [("nanoflow save", lambda parts=parts, root=root: parts.update(save=save_breakdown(root, step, groups, info))),
+                     ("torch.save", lambda f=torch_file: torch_save(f, tensors, fsync=False)),
+                     ("torch.save + fsync", lambda f=torch_fsync_file: torch_save(f, tensors, fsync=True))]
+            loads = [("nanoflow load", lambda parts=parts, root=root: parts.update(load=load_breakdown(os.path.join(root, str(step))))),
+                     ("torch.load", lambda f=torch_file: torch.load(f, weights_only=True))]
             if round_ % 2:
                 saves.reverse()
                 loads.reverse()

@@ -29,9 +29,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchlib import SMOKE_MODEL, parse  # noqa: E402  (bench/benchlib.py)
-
 import torch  # noqa: E402
+from benchlib import SMOKE_MODEL, parse  # noqa: E402  (bench/benchlib.py)
 
 from nanoflow import init_state, load_config, train_step  # noqa: E402
 from nanoflow.data import ByteTokenizer, open_stage, write_token_file  # noqa: E402
@@ -64,7 +63,7 @@ def write_inputs(root: Path, scale: float, rng) -> None:
     for k in range(8):
         (root / "text" / f"{k}.txt").write_text(" ".join(rng.choice(words, int(200_000 * scale))))
     with open(root / "sft.jsonl", "w") as f:
-        for i in range(int(4000 * scale)):
+        for _ in range(int(4000 * scale)):
             prompt = " ".join(rng.choice(words, int(rng.integers(20, 400))))
             f.write(json.dumps({"prompt": prompt, "completion": " ".join(rng.choice(words, 200))}) + "\n")
 

@@ -23,15 +23,15 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # works without `pip install -e .`
 
-from benchlib import SMOKE_SHAPE, parse  # noqa: E402  (bench/benchlib.py)
 import attrs  # noqa: E402
 import torch  # noqa: E402
+from benchlib import SMOKE_SHAPE, parse  # noqa: E402  (bench/benchlib.py)
 
 from nanoflow import evaluation  # noqa: E402
+from nanoflow.build import init_state  # noqa: E402
 from nanoflow.config import EvalDatasetArgs, EvaluationArgs, load_config  # noqa: E402
 from nanoflow.evaluation import EvalSet, score  # noqa: E402
 from nanoflow.parallel.mesh import SINGLE  # noqa: E402
-from nanoflow.build import init_state  # noqa: E402
 from nanoflow.step import train_step  # noqa: E402
 
 CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "schedules", "curriculum.toml")

@@ -44,14 +44,14 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # works without `pip install -e .`
 
-from benchlib import SMOKE_SHAPE, parse  # noqa: E402  (bench/benchlib.py)
 import attrs  # noqa: E402
 import torch  # noqa: E402
+from benchlib import SMOKE_SHAPE, parse  # noqa: E402  (bench/benchlib.py)
 
 import nanoflow  # noqa: E402
-import nanoflow.training.loop as loop  # noqa: E402
 import nanoflow.observe.progress as progress  # noqa: E402
 import nanoflow.run  # noqa: E402
+import nanoflow.training.loop as loop  # noqa: E402
 from nanoflow.data import load_tokenizer, open_stage  # noqa: E402
 from nanoflow.schedule import Schedule, active_stage  # noqa: E402
 
@@ -205,7 +205,7 @@ def main() -> int:
         loop_seconds, looped, differed = run_loop(config, timers, args.plain, alone)
         tokens, alone_seconds = alone.tokens, alone.seconds
 
-        same = all(torch.equal(a, b) for a, b in zip(looped.model.parameters(), alone.state.model.parameters()))
+        same = all(torch.equal(a, b) for a, b in zip(looped.model.parameters(), alone.state.model.parameters(), strict=True))
         loop_rate, alone_rate = tokens / loop_seconds, tokens / alone_seconds
         print(f"\n{args.steps} steps, {tokens:,} tokens; final weights of both sides identical: {same}")
         print(f"loop (nanoflow.training.loop.train)  {loop_seconds:7.2f} s  {loop_rate:9,.0f} tokens/s")

@@ -25,6 +25,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))  # this checkout's nanoflow, also without `pip install -e .`
 from benchlib import status  # noqa: E402  (bench/benchlib.py)
+
 MB = 1e6
 
 

@@ -56,6 +56,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.join(HERE, "..")
 sys.path.insert(0, REPO)  # this checkout's nanoflow, also without `pip install -e .`
 from benchlib import parse, status  # noqa: E402  (bench/benchlib.py)
+
 CONFIG = os.path.join(REPO, "schedules", "curriculum.toml")
 MB = 1e6
 

@@ -216,7 +216,7 @@ def compare(args, vocab: int, pythons: dict[str, str], work: str) -> list[dict]:
                     rows.append({"peer": peer, "failed": f"{e}: {_last_line(open(log_path).read())}"})
                     workers.pop(peer).close()
                     if peer == "nanoflow":
-                        raise SystemExit(f"nanoflow's side did not start: {rows[-1]['failed']}")
+                        raise SystemExit(f"nanoflow's side did not start: {rows[-1]['failed']}") from None
             results = {peer: [] for peer in workers}
             order = list(workers)
             for index in range(shape["steps"]):
@@ -240,7 +240,7 @@ def compare(args, vocab: int, pythons: dict[str, str], work: str) -> list[dict]:
         seconds = statistics.median(r["seconds"] for r in theirs[args.warmup:])
         cpu = statistics.median(r["cpu"] for r in theirs[args.warmup:])
         ours_cpu = statistics.median(r["cpu"] for r in ours[args.warmup:])
-        gap = max(abs(a["loss"] - b["loss"]) for a, b in zip(theirs, ours))
+        gap = max(abs(a["loss"] - b["loss"]) for a, b in zip(theirs, ours, strict=True))
         rows.append({"peer": peer, "version": workers[peer].ready["version"], "seconds": seconds,
                      "nanoflow_seconds": ours_s, "speed": ours_s / seconds, "tokens_per_s": tokens / seconds,
                      "loss_gap": gap, "first_loss": theirs[0]["loss"], "last_loss": theirs[-1]["loss"],

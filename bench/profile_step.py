@@ -37,15 +37,14 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # works without `pip install -e .`
-from benchlib import SMOKE_SHAPE, parse  # noqa: E402  (bench/benchlib.py)
-
 import torch  # noqa: E402
+from benchlib import SMOKE_SHAPE, parse  # noqa: E402  (bench/benchlib.py)
 from torch.profiler import ProfilerActivity, profile, record_function  # noqa: E402
 
 import nanoflow  # noqa: E402
-import nanoflow.training.loop as loop  # noqa: E402
 import nanoflow.model  # noqa: E402
 import nanoflow.step  # noqa: E402
+import nanoflow.training.loop as loop  # noqa: E402
 
 CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "schedules", "curriculum.toml")
 NANOFLOW = os.path.dirname(os.path.abspath(nanoflow.__file__))

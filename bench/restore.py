@@ -33,9 +33,8 @@ import sys
 import tempfile
 import time
 
-from benchlib import load_average, machine_line, parse, state_with_moments  # noqa: E402  (bench/benchlib.py; puts the repo on sys.path)
-
 import torch  # noqa: E402
+from benchlib import load_average, machine_line, parse, state_with_moments  # noqa: E402  (bench/benchlib.py; puts the repo on sys.path)
 
 from nanoflow.build import build_model, build_optimizer  # noqa: E402
 from nanoflow.checkpoint.checkpointer import checkpoint_info  # noqa: E402
@@ -63,9 +62,9 @@ def torch_restore(config, path: str):
 
 def same(a, b) -> bool:
     (model_a, opt_a), (model_b, opt_b) = a, b
-    weights = all(torch.equal(x, y) for x, y in zip(model_a.state_dict().values(), model_b.state_dict().values()))
+    weights = all(torch.equal(x, y) for x, y in zip(model_a.state_dict().values(), model_b.state_dict().values(), strict=True))
     moments = all(torch.equal(opt_a.state[p][k], opt_b.state[q][k])
-                  for p, q in zip(model_a.parameters(), model_b.parameters()) for k in ("exp_avg", "exp_avg_sq"))
+                  for p, q in zip(model_a.parameters(), model_b.parameters(), strict=True) for k in ("exp_avg", "exp_avg_sq"))
     return weights and moments
 
 

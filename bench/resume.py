@@ -46,6 +46,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.join(HERE, "..")
 sys.path.insert(0, REPO)  # this checkout's nanoflow, also without `pip install -e .`
 from benchlib import SMOKE_SHAPE, parse  # noqa: E402  (bench/benchlib.py)
+
 CONFIG = os.path.join(REPO, "schedules", "curriculum.toml")
 LATE = 1_000_000
 EARLY = 10
@@ -82,6 +83,7 @@ def worker(argv: list[str]) -> None:
     """Run bin/train's main with timers; print the marks (CLOCK_MONOTONIC) once the first step is done."""
     marks = {}
     import torch._dynamo  # noqa: F401 - torch.optim imports it when the first optimizer is built (0.4 s); done
+
     # here, up front, so that the restore phase shows the restore's own work. The total is the same.
     import nanoflow.commands.cli as cli
     import nanoflow.training.loop as loop
@@ -263,7 +265,7 @@ def main() -> int:
         early = median_of(results[EARLY], lambda r: r["marks"]["first_step"])
         late = median_of(results[late_step], lambda r: r["marks"]["first_step"])
         paired = statistics.median(b["marks"]["first_step"] / a["marks"]["first_step"]
-                                   for a, b in zip(results[EARLY], results[late_step]))
+                                   for a, b in zip(results[EARLY], results[late_step], strict=True))
         print(f"\ntime from process start to the first completed step (median of {args.rounds}):")
         print(f"  resume at step {EARLY}: {early:.3f} s;  at step {late_step:,}: {late:.3f} s;  "
               f"late / early {late / early:.3f} (median of paired rounds {paired:.3f}; target ≤ 1.2)\n")

@@ -27,9 +27,9 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # works without `pip install -e .`
 
-from benchlib import SMOKE_SHAPE, parse  # noqa: E402  (bench/benchlib.py)
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+from benchlib import SMOKE_SHAPE, parse  # noqa: E402  (bench/benchlib.py)
 
 import nanoflow  # noqa: E402
 from nanoflow.model import Llama  # noqa: E402
@@ -88,7 +88,7 @@ class Bare:
     def step(self, batch) -> None:
         input_ids, labels = batch["input_ids"], batch["labels"]
         target_tokens = int((labels != IGNORE_INDEX).sum())
-        for ids, targets in zip(input_ids.split(self.micro), labels.split(self.micro)):
+        for ids, targets in zip(input_ids.split(self.micro), labels.split(self.micro), strict=True):
             logits = self.model(ids)
             loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX,
                                    reduction="sum") / target_tokens
@@ -113,7 +113,7 @@ def compare(config, batch, *, steps: int, warmup: int) -> dict:
             side.step(batch)
             rates[side.name].append(tokens / (time.perf_counter() - start))
     nano, bare = statistics.median(rates["nanoflow"]), statistics.median(rates["bare"])
-    paired = statistics.median(x / y for x, y in zip(rates["nanoflow"], rates["bare"]))
+    paired = statistics.median(x / y for x, y in zip(rates["nanoflow"], rates["bare"], strict=True))
     return {"nanoflow": nano, "bare": bare, "ratio": nano / bare, "paired": paired,
             "spread": {k: (min(v), max(v)) for k, v in rates.items()}}
 

@@ -56,7 +56,7 @@ with tempfile.TemporaryDirectory() as tmp:
     with checkpointer.locked():
         folder = checkpointer.save(state)
     restored = checkpointer.restore()
-    same = all(torch.equal(p, q) for p, q in zip(state.model.parameters(), restored.model.parameters()))
+    same = all(torch.equal(p, q) for p, q in zip(state.model.parameters(), restored.model.parameters(), strict=True))
     print(f"saved {folder}; restored step {restored.step}, the same weights: {same}")
 
     # 6. train_step consumes the state it is given (the model and optimizer are updated in place):

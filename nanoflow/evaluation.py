@@ -37,9 +37,9 @@ from nanoflow.io import read_init_weights
 from nanoflow.observe.metrics import EVAL_FILE, MetricsLog
 from nanoflow.parallel.agree import on_every_rank
 from nanoflow.parallel.mesh import Topology, all_reduce_sum
+from nanoflow.parallel.shards import load_weights
 from nanoflow.run import Run, open_run
 from nanoflow.schedule import Schedule, active_stage, stage_steps
-from nanoflow.parallel.shards import load_weights
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +119,7 @@ def score(model: torch.nn.Module, eval_set: EvalSet, topology: Topology, dtype: 
     target_device = next(model.parameters()).device
     sums = torch.zeros(3, dtype=torch.float64, device=target_device)   # loss, target tokens, right answers
     with torch.inference_mode():
-        for x, y in zip(ids.split(eval_set.micro_batch_size), labels.split(eval_set.micro_batch_size)):
+        for x, y in zip(ids.split(eval_set.micro_batch_size), labels.split(eval_set.micro_batch_size), strict=True):
             x, y = x.to(target_device), y.to(target_device)
             with _autocast(dtype, target_device):
                 logits = model(x)

@@ -163,12 +163,12 @@ def steps_trained(schedule: Schedule, completed: int) -> tuple[int, ...]:
 
 def consumed_samples(schedule: Schedule, completed: int) -> tuple[int, ...]:
     """Per stage, the samples read after `completed` steps."""
-    return tuple(n * s.global_batch_size for n, s in zip(steps_trained(schedule, completed), schedule.stages))
+    return tuple(n * s.global_batch_size for n, s in zip(steps_trained(schedule, completed), schedule.stages, strict=True))
 
 
 def consumed_tokens(schedule: Schedule, completed: int) -> tuple[int, ...]:
     """Per stage, the tokens read after `completed` steps."""
-    return tuple(n * s.tokens_per_step for n, s in zip(steps_trained(schedule, completed), schedule.stages))
+    return tuple(n * s.tokens_per_step for n, s in zip(steps_trained(schedule, completed), schedule.stages, strict=True))
 
 
 def begun_stages(schedule: Schedule, completed: int) -> tuple[Stage, ...]:

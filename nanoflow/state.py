@@ -13,6 +13,8 @@ the seed and the sample index; the model has no dropout), so there is nothing to
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import attrs
 import torch
 from attrs import define, field, frozen
@@ -25,6 +27,14 @@ from nanoflow.schedule import Schedule, consumed_samples
 
 class StaleStateError(RuntimeError):
     """A TrainState that `train_step` has already consumed was used again."""
+
+
+class RunFacts(Protocol):
+    """What a state reads of its nanoflow.run.Run (not imported here: the run sits above the state)."""
+
+    config: Config
+    schedule: Schedule
+    topology: Topology
 
 
 @define
@@ -40,7 +50,7 @@ class TrainState:
     model: Llama
     optimizer: torch.optim.Optimizer
     lr_origin: int                         # the step the LR schedule counts from (0, or a resume that restarts it)
-    run: Run = field(repr=False)           # a nanoflow.run.Run (not imported here: the run sits above the state)
+    run: RunFacts = field(repr=False)      # the nanoflow.run.Run it belongs to
     _lineage: _Lineage = field(repr=False)
 
     @property
@@ -75,5 +85,5 @@ class TrainState:
 
     @classmethod
     def create(cls, *, step: int, model: Llama, optimizer: torch.optim.Optimizer, lr_origin: int,
-               run: Run) -> TrainState:
+               run: RunFacts) -> TrainState:
         return cls(step, model, optimizer, lr_origin, run, _Lineage(step))

@@ -57,7 +57,7 @@ def train_step(state: TrainState, batch) -> tuple[TrainState, dict]:
     # loss scales each chunk's gradient by it before rounding, as the unfused order does.
     grad_scale = torch.ones((), dtype=torch.float32, device=input_ids.device) / denominator
     loss_sum = torch.zeros((), dtype=torch.float32, device=input_ids.device)
-    for ids, targets in zip(input_ids.split(tokens.micro_batch_size), labels.split(tokens.micro_batch_size)):
+    for ids, targets in zip(input_ids.split(tokens.micro_batch_size), labels.split(tokens.micro_batch_size), strict=True):
         with _autocast(config.model.dtype, ids.device):
             loss = model(ids, targets, ignore_index=IGNORE_INDEX, grad_scale=grad_scale) / denominator
         loss.backward()

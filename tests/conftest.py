@@ -27,13 +27,16 @@ import sys
 # bit-identical with either. A count set outside the tests is kept.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-import pytest
+# Fixtures that tests in both trees share, declared where they live (a test names them as arguments, no import).
+pytest_plugins = ["support.tokenizers", "support.data_prepare", "support.data_sources"]
 
 import checkout_guard as guard
+import pytest
 from helpers import REPO, TINY, TRAIN_STEPS, quiet, tiny
-from nanoflow.training.loop import train
 from run_helpers import groups_of
 from s3_server import AWS_ENVIRONMENT, AWS_UNSET, S3Endpoint, free_port
+
+from nanoflow.training.loop import train
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -16,9 +16,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+from helpers import TINY  # noqa: E402 - tests/ is on sys.path: this script's folder, or pytest's
 
 import nanoflow  # noqa: E402
-from helpers import TINY  # noqa: E402 - tests/ is on sys.path: this script's folder, or pytest's
 from nanoflow.model import Llama  # noqa: E402
 from nanoflow.parallel.mesh import Topology, init_topology, parallelize  # noqa: E402
 

@@ -8,6 +8,7 @@ The re-saved checkpoint must hold exactly the tensors of the source: what a layo
 import sys
 
 from helpers import TINY
+
 from nanoflow import load_config
 from nanoflow.checkpoint.checkpointer import Checkpointer
 from nanoflow.parallel.mesh import exit_process, init_topology, shutdown

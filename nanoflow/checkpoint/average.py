@@ -94,7 +94,7 @@ def average_checkpoints(run_dir: str, out_dir: str, *, last: int | None = None, 
     tensors = {}
     for name in newest.names("model"):
         total = None
-        for reader, weight in zip(readers, weights):
+        for reader, weight in zip(readers, weights, strict=True):
             part = reader.read("model", name).to(torch.float32)   # may be a view of the bytes read: never written to
             total = part * weight if total is None else total.add_(part, alpha=weight)
             del part
@@ -104,7 +104,7 @@ def average_checkpoints(run_dir: str, out_dir: str, *, last: int | None = None, 
             if key in newest.metadata}
     info["topology"] = SINGLE_PROCESS
     info["averaged_from"] = [{"checkpoint": r.path, "step": r.metadata["step"], "weight": w}
-                             for r, w in zip(readers, weights)]
+                             for r, w in zip(readers, weights, strict=True)]
     suffix = new_save(out_dir, step)
     written = write_files(out_dir, step, {"model": tensors}, suffix, rank=0)
     path = commit(out_dir, step, [written], info)

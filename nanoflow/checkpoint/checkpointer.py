@@ -28,19 +28,19 @@ from typing import TextIO
 import attrs
 
 from nanoflow import console, io
-from nanoflow.checkpoint.async_save import BackgroundWork, HostCopy
 from nanoflow.build import build_model, build_optimizer, init_state
+from nanoflow.checkpoint.async_save import BackgroundWork, HostCopy
+from nanoflow.checkpoint.lineage import Lineage, begun_from_start, flags_note
+from nanoflow.checkpoint.resume_checks import Findings, check_data, check_lr, check_model
 from nanoflow.config import Config
 from nanoflow.errors import StorageLostError
 from nanoflow.io.checkpoint import commit, new_save, no_intact_checkpoint, write_files
 from nanoflow.io.store import StoreError
-from nanoflow.checkpoint.lineage import Lineage, begun_from_start, flags_note
-from nanoflow.checkpoint.resume_checks import Findings, check_data, check_lr, check_model
 from nanoflow.parallel.agree import any_failed, every_rank, on_every_rank, on_main
 from nanoflow.parallel.mesh import Topology, gather_objects
+from nanoflow.parallel.shards import load_moments, load_weights, state_blocks
 from nanoflow.run import Run, as_run
 from nanoflow.schedule import ResumePoint, TrainingMetadata, begun_stages, is_save_step, resume_point, training_metadata
-from nanoflow.parallel.shards import load_moments, load_weights, state_blocks
 from nanoflow.state import TrainState
 
 log = logging.getLogger(__name__)

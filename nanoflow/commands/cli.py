@@ -6,14 +6,23 @@ import argparse
 import logging
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from nanoflow import console
-from nanoflow.training import signals
 from nanoflow.config import ConfigError, load_config
-from nanoflow.errors import (EXIT_BUG, EXIT_DONE, EXIT_INTERRUPTED, EXIT_STOPPED, INTERRUPTED, MissingExtraError,
-                             NanoflowError, NanotronConfigError, PlotError)
+from nanoflow.errors import (
+    EXIT_BUG,
+    EXIT_DONE,
+    EXIT_INTERRUPTED,
+    EXIT_STOPPED,
+    INTERRUPTED,
+    MissingExtraError,
+    NanoflowError,
+    NanotronConfigError,
+    PlotError,
+)
+from nanoflow.training import signals
 
 # What a command says as it works (and its closing summary line) is a message, through logging; what a command
 # is asked to produce — the --plan table, bin/report's table, the converted TOML — is printed, for piping.
@@ -118,8 +127,8 @@ def _train(args: argparse.Namespace) -> int:
             except OSError as e:
                 raise PlotError(f"--plot {args.plot}: cannot write it: {e.strerror or e}") from None
         return EXIT_DONE
-    from nanoflow.training.loop import train  # the training machinery, once the config is known to be good
     from nanoflow.parallel.mesh import shutdown
+    from nanoflow.training.loop import train  # the training machinery, once the config is known to be good
     try:
         state = train(config, fresh=args.fresh, until_step=args.until_step)
     finally:
@@ -325,7 +334,7 @@ def _average(args: argparse.Namespace) -> int:
         raise AverageError(f"--last {args.last!r}: expected one number of checkpoints")
     summary = average_checkpoints(args.run_dir, args.out_dir, last=None if last is None else last[0],
                                   steps=_numbers("--steps", args.steps), weights=_numbers("--weights", args.weights, float))
-    sources = ", ".join(f"{s.rstrip('/').rpartition('/')[2]} ({w:.3g})" for s, w in zip(summary["sources"], summary["weights"]))
+    sources = ", ".join(f"{s.rstrip('/').rpartition('/')[2]} ({w:.3g})" for s, w in zip(summary["sources"], summary["weights"], strict=True))
     log.info(f"averaged steps {sources} into {summary['path']} (step {summary['step']}, model weights only)")
     return EXIT_DONE
 

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import attrs
 
+from nanoflow.commands.report import COLORS, _figure, read_run_metadata
 from nanoflow.errors import CompareError
 from nanoflow.flops import flops_per_token
 from nanoflow.io.store import is_remote
 from nanoflow.observe.metrics import read_eval, read_metrics
-from nanoflow.commands.report import COLORS, _figure, read_run_metadata
 
 
 @attrs.frozen
@@ -203,7 +203,7 @@ def format_table(runs: list[RunResult]) -> str:
         lines.append([r.name, str(r.steps), f"{r.flops:.3g}", *[f"{r.final(d):.4f}" for d in datasets],
                       *[_signed(cosine_gap(r, runs, d)) for d in datasets]])
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
-    text = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths)))
+    text = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths, strict=True)))
             for line in lines]
     text.insert(1, "  ".join("─" * w for w in widths))
     separate, shared = shared_savings(runs)

@@ -32,7 +32,7 @@ def render_plan(run) -> str:
     widths = [max(len(r[c]) for r in [header, *rows]) for c in range(len(header))]
 
     def line(cells) -> str:
-        return "  ".join(cell.ljust(w) if c < 2 else cell.rjust(w) for c, (cell, w) in enumerate(zip(cells, widths)))
+        return "  ".join(cell.ljust(w) if c < 2 else cell.rjust(w) for c, (cell, w) in enumerate(zip(cells, widths, strict=True)))
 
     model = config.model
     out = [
@@ -62,7 +62,7 @@ def source_shares(run, step: int) -> dict[str, float] | None:
     if isinstance(dataset, NanosetDatasetsArgs):
         if dataset.dataset_weights is None:
             return None if len(dataset.folders) > 1 else {os.path.basename(dataset.folders[0].rstrip("/")): 1.0}
-        named = [(os.path.basename(f.rstrip("/")), w) for f, w in zip(dataset.folders, dataset.dataset_weights)]
+        named = [(os.path.basename(f.rstrip("/")), w) for f, w in zip(dataset.folders, dataset.dataset_weights, strict=True)]
     else:
         named = [(_source_label(dataset, name), w) for name, w in dataset.weighted_names()]
     total = sum(w for _, w in named)

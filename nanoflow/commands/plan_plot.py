@@ -10,9 +10,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from nanoflow.lr import scheduled_lr
 from nanoflow.commands.plan import source_shares
 from nanoflow.commands.report import COLORS, DPI, StageSpan, _figure, draw_stage_bands, label_stages
+from nanoflow.lr import scheduled_lr
 from nanoflow.schedule import Schedule, active_stage, stage_steps
 
 MAX_POINTS = 2000   # steps drawn per curve: every step of a short run, an even sample (with every switch) of a long one
@@ -46,7 +46,7 @@ def plan_figure(run):
     lrs = [scheduled_lr(s, config, schedule) for s in steps]
     batch = [schedule.stages[i].global_batch_size for i in stage_of]
     length = [schedule.stages[i].sequence_length for i in stage_of]
-    for ax, label in zip(axes, PANELS):
+    for ax, label in zip(axes, PANELS, strict=True):
         draw_stage_bands(ax, spans)
         ax.set_ylabel(label)
         ax.grid(True, alpha=0.3)
@@ -91,7 +91,7 @@ def _draw_shares(ax, run, steps: list[int], edges: list[float]) -> None:
     names = list(dict.fromkeys(name for share in shares if share for name in share))
     below = [0.0] * len(steps)
     for i, name in enumerate(names):
-        top = [b + (share or {}).get(name, 0.0) for b, share in zip(below, shares)]
+        top = [b + (share or {}).get(name, 0.0) for b, share in zip(below, shares, strict=True)]
         ax.stairs(top, edges, baseline=below, fill=True, color=COLORS[i % len(COLORS)], alpha=0.75, label=name)
         below = top
     if names:

@@ -49,7 +49,7 @@ class StageSpan:
 def stage_summary(metrics: list[dict]) -> list[StageSummary]:
     """One row per stretch of consecutive steps of the same stage, in step order."""
     rows: list[StageSummary] = []
-    for m, seconds in zip(metrics, step_seconds(metrics)):
+    for m, seconds in zip(metrics, step_seconds(metrics), strict=True):
         last = rows[-1] if rows else None
         if last is not None and last.name == m["stage"]:
             rows[-1] = attrs.evolve(last, last_step=m["step"], steps=last.steps + 1, tokens=last.tokens + m["tokens"],
@@ -68,7 +68,7 @@ def format_summary(rows: list[StageSummary]) -> str:
     widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(header)]
 
     def line(cells):
-        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
+        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True))).rstrip()
 
     tokens, seconds = sum(r.tokens for r in rows), sum(r.seconds for r in rows)
     return "\n".join([line(header), "  ".join("─" * w for w in widths), *map(line, body), "",
@@ -175,7 +175,7 @@ def draw(metrics: list[dict], spans: list[StageSpan], *, title: str = "", eval_r
     ratios = [3, 2, 2] + ([3] if eval_rows else [])
     axes = figure.subplots(len(ratios), 1, sharex=True, gridspec_kw={"height_ratios": ratios})
     steps = [m["step"] for m in metrics]
-    rate = [tokens_per_second(m["tokens"], s) for m, s in zip(metrics, step_seconds(metrics))]
+    rate = [tokens_per_second(m["tokens"], s) for m, s in zip(metrics, step_seconds(metrics), strict=True)]
     panels = ((axes[0], [m["loss"] for m in metrics], "loss", "tab:blue"),
               (axes[1], [m["lr"] for m in metrics], "learning rate", "tab:orange"),
               (axes[2], rate, "tokens / s", "tab:green"))

@@ -14,8 +14,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from nanoflow.config import ConfigError
 from nanoflow.errors import EXIT_DONE

@@ -14,12 +14,12 @@ whose moment the resumed run has already passed is moved to the next moment it s
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import re
 import signal
 import subprocess
-import logging
 import sys
 from pathlib import Path
 

@@ -8,32 +8,40 @@ TOML file; `checks` (with `model_checks` and `data_checks`) finds everything tha
 wrong before any expensive work, naming the file, the stage and the key of each problem.
 """
 
-from nanoflow.config.checks import (MODEL_KEYS, check_world_size, hf_config_mismatches, locate_source, model_changes,
-                                    unreached_stages, untrained_splits, validate)
-from nanoflow.config.locations import Location, matching_files, token_folder_problem
+from nanoflow.config.checks import (
+                                    MODEL_KEYS,
+                                    check_world_size,
+                                    hf_config_mismatches,
+                                    locate_source,
+                                    model_changes,
+                                    unreached_stages,
+                                    untrained_splits,
+                                    validate,
+)
 from nanoflow.config.load import apply_override, config_from_dict, load_config
+from nanoflow.config.locations import Location, matching_files, token_folder_problem
 from nanoflow.config.schema import (
-    BUILDERS,
-    CheckpointsArgs,
-    Config,
-    ConfigError,
-    DataArgs,
-    DatasetArgs,
-    DatasetStageArgs,
-    EvalDatasetArgs,
-    EvaluationArgs,
-    GeneralArgs,
-    LoggingArgs,
-    LRSchedulerArgs,
-    ModelArgs,
-    NanosetDatasetsArgs,
-    OptimizerArgs,
-    OptimizerFactoryArgs,
-    ParallelismArgs,
-    RopeScalingArgs,
-    StageLRSchedulerArgs,
-    TokenizerArgs,
-    TokensArgs,
+                                    BUILDERS,
+                                    CheckpointsArgs,
+                                    Config,
+                                    ConfigError,
+                                    DataArgs,
+                                    DatasetArgs,
+                                    DatasetStageArgs,
+                                    EvalDatasetArgs,
+                                    EvaluationArgs,
+                                    GeneralArgs,
+                                    LoggingArgs,
+                                    LRSchedulerArgs,
+                                    ModelArgs,
+                                    NanosetDatasetsArgs,
+                                    OptimizerArgs,
+                                    OptimizerFactoryArgs,
+                                    ParallelismArgs,
+                                    RopeScalingArgs,
+                                    StageLRSchedulerArgs,
+                                    TokenizerArgs,
+                                    TokensArgs,
 )
 from nanoflow.config.structure import converter
 

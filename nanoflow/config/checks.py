@@ -8,10 +8,23 @@ from __future__ import annotations
 
 import os
 
-from nanoflow.config.data_checks import (continue_from_problems, dataset_problems, evaluation_problems,
-                                         held_out_problems, locate_source, untrained_splits)
-from nanoflow.config.model_checks import (HF_MODEL_KEYS, MODEL_KEYS, ROPE_KEYS, hf_config_mismatches, hf_rope,
-                                          model_changes, rope_scaling_problems)
+from nanoflow.config.data_checks import (
+    continue_from_problems,
+    dataset_problems,
+    evaluation_problems,
+    held_out_problems,
+    locate_source,
+    untrained_splits,
+)
+from nanoflow.config.model_checks import (
+    HF_MODEL_KEYS,
+    MODEL_KEYS,
+    ROPE_KEYS,
+    hf_config_mismatches,
+    hf_rope,
+    model_changes,
+    rope_scaling_problems,
+)
 from nanoflow.config.schema import Config, ConfigError
 from nanoflow.lr import resolve_stage_lr, stage_span
 from nanoflow.schedule import Schedule, ScheduleError, stage_steps

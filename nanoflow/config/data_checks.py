@@ -9,6 +9,7 @@ import os
 from nanoflow.config.locations import Location, locate, token_folder_problem
 from nanoflow.config.schema import Config, DatasetArgs, NanosetDatasetsArgs
 
+
 def _weight_problems(key: str, weights: list[tuple[str, float]]) -> list[str]:
     problems = [f"{key}: the weight of {name} is {weight}; weights must be finite and >= 0"
                 for name, weight in weights if not (math.isfinite(weight) and weight >= 0)]
@@ -102,7 +103,7 @@ def _nanoset_problems(dataset: NanosetDatasetsArgs) -> list[str]:
         if len(weights) != len(dataset.folders):
             problems.append(f"dataset_weights: {len(weights)} weights for {len(dataset.folders)} folders")
         else:
-            problems += _weight_problems("dataset_weights", list(zip(dataset.folders, weights)))
+            problems += _weight_problems("dataset_weights", list(zip(dataset.folders, weights, strict=True)))
     ends = dataset.dataset_weights_end
     if ends is not None:
         if weights is None:
@@ -110,7 +111,7 @@ def _nanoset_problems(dataset: NanosetDatasetsArgs) -> list[str]:
         elif len(ends) != len(dataset.folders):
             problems.append(f"dataset_weights_end: {len(ends)} weights for {len(dataset.folders)} folders")
         else:
-            problems += _weight_problems("dataset_weights_end", list(zip(dataset.folders, ends)))
+            problems += _weight_problems("dataset_weights_end", list(zip(dataset.folders, ends, strict=True)))
     return problems
 
 

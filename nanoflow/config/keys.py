@@ -3,6 +3,9 @@ and, for a path, how the loader resolves it; and the validators the sections sha
 
 from __future__ import annotations
 
+import types
+import typing
+
 from attrs import NOTHING, field
 from attrs.validators import ge, gt, instance_of, lt
 
@@ -31,3 +34,8 @@ def key(doc: str, default=NOTHING, *, validator=None, path: str | None = None, s
     if shown is not None:
         metadata["default"] = shown
     return field(default=default, validator=validator, metadata=metadata, **kwargs)
+
+
+def is_union(type_) -> bool:
+    """`X | Y` and `Union[X, Y]` alike: the schema writes the first, and typing tells them apart."""
+    return typing.get_origin(type_) in (typing.Union, types.UnionType)

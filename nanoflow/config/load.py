@@ -21,7 +21,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 from nanoflow.config.checks import validate
-from nanoflow.config.keys import DATASET_NAME, PATH, TOKENIZER_PATH
+from nanoflow.config.keys import DATASET_NAME, PATH, TOKENIZER_PATH, is_union
 from nanoflow.config.schema import BUILDERS, Config, ConfigError
 from nanoflow.config.structure import converter
 
@@ -241,7 +241,7 @@ def _kind(value) -> str:
 def _table_types(type_) -> tuple[tuple[type, ...], type | None]:
     """(the section classes, the entry class of an array of sections) that a schema type asks for: one of them
     or neither (a value, or a value that may also be a table)."""
-    members = [m for m in (typing.get_args(type_) if typing.get_origin(type_) is typing.Union else (type_,))
+    members = [m for m in (typing.get_args(type_) if is_union(type_) else (type_,))
                if m is not type(None)]
     if members and all(attrs.has(m) for m in members):
         return tuple(members), None
@@ -318,7 +318,7 @@ def _required_keys(cls: type, dotted: str) -> str:
 
 
 def _first_of(type_):
-    while typing.get_origin(type_) is typing.Union:
+    while is_union(type_):
         type_ = typing.get_args(type_)[0]
     return type_
 
@@ -327,7 +327,7 @@ def _literal_values(type_) -> tuple:
     """The values a Literal[...] field allows (also inside a Union such as Literal[...] | None); () otherwise."""
     if typing.get_origin(type_) is typing.Literal:
         return typing.get_args(type_)
-    if typing.get_origin(type_) is typing.Union:
+    if is_union(type_):
         return tuple(value for member in typing.get_args(type_) for value in _literal_values(member))
     return ()
 

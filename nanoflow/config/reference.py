@@ -8,11 +8,11 @@ from __future__ import annotations
 import inspect
 import re
 import typing
-from typing import Literal, Union
+from typing import Literal
 
 import attrs
 
-from nanoflow.config.keys import DATASET_NAME, PATH, TOKENIZER_PATH
+from nanoflow.config.keys import DATASET_NAME, PATH, TOKENIZER_PATH, is_union
 from nanoflow.config.schema import Config
 
 TITLE = "# Config reference"
@@ -80,7 +80,7 @@ def _tables(type_) -> list[type]:
     if attrs.has(type_):
         return [type_]
     origin = typing.get_origin(type_)
-    if origin is Union or origin is tuple:
+    if is_union(type_) or origin is tuple:
         return [t for arg in typing.get_args(type_) for t in _tables(arg)]
     return []
 
@@ -139,7 +139,7 @@ def _type_text(type_, path_kind: str | None) -> str:
     if attrs.has(type_):
         return "table"
     origin, args = typing.get_origin(type_), typing.get_args(type_)
-    if origin is Union:
+    if is_union(type_):
         return _one_of(_type_text(a, path_kind) for a in args if a is not type(None))
     if origin is Literal:
         return _one_of(f"`{_toml(a)}`" for a in args)

@@ -11,7 +11,7 @@ nanoflow.config.structure.
 
 from __future__ import annotations
 
-from typing import Literal, Union
+from typing import Literal
 
 import attrs
 from attrs import Factory, frozen
@@ -20,7 +20,14 @@ from attrs.validators import ge, instance_of, le, optional
 from nanoflow.config.keys import PATH, TOKENIZER_PATH, key, non_negative, positive, positive_float, unit_interval
 from nanoflow.config.locations import BUILDERS  # noqa: F401 - nanoflow.config's name for it comes from here
 from nanoflow.config.stages import (  # noqa: F401 - re-exported: the schema is one namespace
-    DataArgs, DatasetArgs, DatasetStageArgs, EvalDatasetArgs, EvaluationArgs, NanosetDatasetsArgs, StageLRSchedulerArgs)
+    DataArgs,
+    DatasetArgs,
+    DatasetStageArgs,
+    EvalDatasetArgs,
+    EvaluationArgs,
+    NanosetDatasetsArgs,
+    StageLRSchedulerArgs,
+)
 from nanoflow.errors import ConfigError  # noqa: F401 - imported from here
 
 
@@ -45,14 +52,14 @@ class RopeScalingArgs:
 
     rope_type: str = key('"default" (plain RoPE), "linear" (needs factor) or "llama3" (needs all four numbers)',
                          "default")
-    factor: Union[float, None] = key("how much longer the context is made: frequencies are divided by it",
+    factor: float | None = key("how much longer the context is made: frequencies are divided by it",
                                      None, validator=optional(positive_float))
-    low_freq_factor: Union[float, None] = key("llama3: wavelengths beyond original_max_position_embeddings / this "
+    low_freq_factor: float | None = key("llama3: wavelengths beyond original_max_position_embeddings / this "
                                               "are divided by factor", None, validator=optional(positive_float))
-    high_freq_factor: Union[float, None] = key("llama3: wavelengths below original_max_position_embeddings / this "
+    high_freq_factor: float | None = key("llama3: wavelengths below original_max_position_embeddings / this "
                                                "are kept; in between, blended", None,
                                                validator=optional(positive_float))
-    original_max_position_embeddings: Union[int, None] = key("llama3: the context length the model was trained "
+    original_max_position_embeddings: int | None = key("llama3: the context length the model was trained "
                                                              "at before the extension", None,
                                                              validator=optional(positive))
 
@@ -76,7 +83,7 @@ class ModelArgs:
     rms_norm_eps: float = key("the epsilon of every RMSNorm", 1e-5, validator=positive_float)
     rope_theta: float = key("RoPE's base: the frequencies are rope_theta^(-2i/head_dim)", 10000.0,
                             validator=positive_float)
-    rope_scaling: Union[RopeScalingArgs, None] = key("HF's rope_scaling, computed as transformers does "
+    rope_scaling: RopeScalingArgs | None = key("HF's rope_scaling, computed as transformers does "
                                                      "(docs/hf.md); unset: plain RoPE", None)
     tie_word_embeddings: bool = key("lm_head.weight is embed_tokens.weight", False)
     initializer_range: float = key("the std of the normal distribution a fresh start draws every weight matrix "
@@ -85,7 +92,7 @@ class ModelArgs:
                                                 "stay float32", "float32")
     compile: bool = key("torch.compile each decoder layer (worth it on GPUs; on CPUs the first steps pay for the "
                         "compilation)", False)
-    init_from: Union[str, None] = key("start a new run from these weights: a checkpoint (run or step folder) or an "
+    init_from: str | None = key("start a new run from these weights: a checkpoint (run or step folder) or an "
                                       "HF Llama folder (config.json + safetensors); read at step 0 only", None,
                                       path=PATH)
 
@@ -97,12 +104,12 @@ class TokenizerArgs:
     tokenizer_name_or_path: str = key('"bytes" (the built-in byte tokenizer: 256 bytes + end-of-text), a '
                                       "tokenizer.json, or an HF model or tokenizer folder holding one", "bytes",
                                       path=TOKENIZER_PATH)
-    eos_token: Union[str, None] = key("the end-of-text token every document ends with; unset: the folder's "
+    eos_token: str | None = key("the end-of-text token every document ends with; unset: the folder's "
                                       "tokenizer_config.json, else a special token such as `<|endoftext|>`, `</s>`, "
                                       "`<eos>`", None)
-    bos_token: Union[str, None] = key("the BOS an export declares (nanoflow adds none); unset: as eos_token, from "
+    bos_token: str | None = key("the BOS an export declares (nanoflow adds none); unset: as eos_token, from "
                                       "`<|begin_of_text|>`, `<s>`, ...", None)
-    accept_recorded_names: Union[list[str], None] = key(
+    accept_recorded_names: list[str] | None = key(
         "tokenizer names recorded in token folders that cannot be resolved here (a hub name, a path on another "
         "machine), to be taken as this tokenizer; each acceptance is logged", None)
 
@@ -130,10 +137,10 @@ class TokensArgs:
     train_steps: int = key("the run's last step (stages starting after it are legal, warned of and not reached)",
                            validator=positive)
     micro_batch_size: int = key("samples per forward pass on each data-parallel replica", validator=positive)
-    batch_accumulation_per_replica: Union[int, None] = key(
+    batch_accumulation_per_replica: int | None = key(
         "micro-batches accumulated per step; global batch = micro_batch_size × this × dp", None,
         validator=optional(positive), shown="global_batch_size / (micro_batch_size × dp), else 1")
-    global_batch_size: Union[int, None] = key(
+    global_batch_size: int | None = key(
         "samples per step; stated alone, the accumulation follows from it (so the run keeps its batch on any dp); "
         "stated with the accumulation, the two must agree", None, validator=optional(positive))
 
@@ -147,10 +154,10 @@ class LRSchedulerArgs:
                                validator=non_negative)
     lr_warmup_style: Literal["linear", "constant"] = key("the warmup's shape", "linear")
     lr_decay_style: Literal["linear", "cosine", "1-sqrt", "constant"] = key("the decay's shape", "cosine")
-    lr_decay_starting_step: Union[int, None] = key("the last step at the peak (set it for warmup-stable-decay)",
+    lr_decay_starting_step: int | None = key("the last step at the peak (set it for warmup-stable-decay)",
                                                    None, validator=optional(positive),
                                                    shown="the end of the warmup")
-    lr_decay_steps: Union[int, None] = key("the decay's length in steps", None, validator=optional(positive),
+    lr_decay_steps: int | None = key("the decay's length in steps", None, validator=optional(positive),
                                            shown="to the last step")
     min_decay_lr: float = key("the LR the decay ends at (and stays at)", 0.0,
                               validator=[instance_of((int, float)), ge(0)])
@@ -183,12 +190,12 @@ class OptimizerArgs:
     optimizer_factory: OptimizerFactoryArgs = key("AdamW's settings", Factory(OptimizerFactoryArgs))
     weight_decay: float = key("decoupled (AdamW), on weight matrices only: norms are not decayed", 0.0,
                               validator=[instance_of((int, float)), ge(0)])
-    clip_grad: Union[float, Literal[False]] = key(
+    clip_grad: float | Literal[False] = key(
         "the max global gradient norm; false: no clipping (nanotron's `clip_grad: null`; TOML has no null)", 1.0,
         validator=_clip_grad_valid)
 
     @property
-    def max_grad_norm(self) -> Union[float, None]:
+    def max_grad_norm(self) -> float | None:
         """The norm gradients are clipped to, or None when they are not clipped."""
         return None if self.clip_grad is False else self.clip_grad
 
@@ -201,14 +208,14 @@ class CheckpointsArgs:
                                 "metrics.jsonl when it is local", "checkpoints", path=PATH)
     checkpoint_interval: int = key("save every N steps (and at the end, and on a stop signal)", 1000,
                                    validator=positive)
-    resume_checkpoint_path: Union[str, None] = key(
+    resume_checkpoint_path: str | None = key(
         "a run or step folder to start from, once (only read); once checkpoints_path holds checkpoints that began "
         "there, a rerun continues the newest of them", None, path=PATH)
     load_optimizer: bool = key("false: fresh AdamW moments where the run starts from resume_checkpoint_path",
                                True)
     load_lr_scheduler: bool = key("false: the LR schedule restarts where the run starts from "
                                   "resume_checkpoint_path", True)
-    keep: Union[int, None] = key("keep only the N most recently committed checkpoints", None,
+    keep: int | None = key("keep only the N most recently committed checkpoints", None,
                                  validator=optional(positive), shown="all")
     ignore_fingerprint_mismatch: bool = key(
         "resume although a begun stage's data, tokenizer or seeds changed (OLMo-core's name); warns, naming each "
@@ -246,7 +253,7 @@ class Config:
     parallelism: ParallelismArgs = key("the process layout", Factory(ParallelismArgs))
     checkpoints: CheckpointsArgs = key("saving and resuming", Factory(CheckpointsArgs))
     logging: LoggingArgs = key("the progress lines", Factory(LoggingArgs))
-    evaluation: Union[EvaluationArgs, None] = key("eval sets; unset: no evaluation (and nothing recorded for it)",
+    evaluation: EvaluationArgs | None = key("eval sets; unset: no evaluation (and nothing recorded for it)",
                                                   None)
 
     def stage_tokens(self, index: int) -> TokensArgs:

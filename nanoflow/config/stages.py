@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Literal, Union
+from typing import Literal
 
 from attrs import frozen
 from attrs.validators import ge, instance_of, optional
 
 from nanoflow.config.keys import DATASET_NAME, PATH, key, non_negative, positive, positive_float
+
 
 @frozen
 class DatasetArgs:
@@ -20,29 +21,29 @@ class DatasetArgs:
     "arrow") over local files, a folder saved with `Dataset.save_to_disk`, or a hub dataset; or a
     `{name = weight}` table of such names to blend (a name may then also be a local path or glob)."""
 
-    hf_dataset_or_datasets: Union[str, dict[str, float]] = key(
+    hf_dataset_or_datasets: str | dict[str, float] = key(
         'a builder ("text", "json", "csv", "parquet", "arrow") over hf_data_files, a folder saved with '
         "Dataset.save_to_disk, a hub dataset, or a {name = weight} table of them (or of paths and globs) to blend",
         path=DATASET_NAME)
-    hf_data_files: Union[str, list[str], None] = key("the builder's files: a path or glob (`**` allowed), or a list "
+    hf_data_files: str | list[str] | None = key("the builder's files: a path or glob (`**` allowed), or a list "
                                                      "of them", None, path=PATH)
-    hf_dataset_config_name: Union[str, None] = key("the hub dataset's configuration (load_dataset's name)", None)
-    hf_dataset_splits: Union[str, list[str]] = key(
+    hf_dataset_config_name: str | None = key("the hub dataset's configuration (load_dataset's name)", None)
+    hf_dataset_splits: str | list[str] = key(
         'the split to train on, or nanotron\'s list: the listed splits are loaded (each must exist) and "train" '
         "is trained on", "train")
     text_column_name: str = key("pretraining text, tokenized and packed into windows of sequence_length + 1",
                                 "text")
-    prompt_column_name: Union[str, None] = key("with completion_column_name, an SFT stage: prompt tokens and "
+    prompt_column_name: str | None = key("with completion_column_name, an SFT stage: prompt tokens and "
                                                "padding are masked out of the loss", None)
-    completion_column_name: Union[str, None] = key("the completion of an SFT row, which the loss is taken on",
+    completion_column_name: str | None = key("the completion of an SFT row, which the loss is taken on",
                                                    None)
     dataset_processing_num_proc_per_process: int = key("processes each rank loads and tokenizes with", 1,
                                                        validator=positive)
     dataset_overwrite_cache: bool = key("download again and tokenize again instead of reading the caches", False)
-    dataset_weights_end: Union[dict[str, float], None] = key(
+    dataset_weights_end: dict[str, float] | None = key(
         "with a {name = weight} table: the same names' weights at the stage's end; each share moves linearly "
         "from the stage's first sample to its last", None, path=DATASET_NAME)
-    held_out_samples: Union[int, None] = key(
+    held_out_samples: int | None = key(
         "keep the last N samples (windows, or SFT rows) of each source out of training, for an eval set with "
         "held_out_of this stage; stages sharing a source must reserve the same N", None,
         validator=optional(positive))
@@ -96,13 +97,13 @@ class NanosetDatasetsArgs:
     `bin/prepare` writes). Several folders are blended by `dataset_weights`; without weights, in proportion to
     their sizes (each folder read once per epoch of the whole, as nanotron does)."""
 
-    dataset_folder: Union[str, list[str]] = key("a token folder (written by bin/prepare or datatrove), or a list "
+    dataset_folder: str | list[str] = key("a token folder (written by bin/prepare or datatrove), or a list "
                                                 "of them to blend", path=PATH)
-    dataset_weights: Union[list[float], None] = key("the folders' blend weights", None,
+    dataset_weights: list[float] | None = key("the folders' blend weights", None,
                                                     shown="by size")
-    dataset_weights_end: Union[list[float], None] = key(
+    dataset_weights_end: list[float] | None = key(
         "the folders' weights at the stage's end (needs dataset_weights); shares move linearly in between", None)
-    held_out_samples: Union[int, None] = key(
+    held_out_samples: int | None = key(
         "keep the last N windows of each folder out of training, for an eval set with held_out_of this stage",
         None, validator=optional(positive))
 
@@ -126,11 +127,11 @@ class NanosetDatasetsArgs:
 class DataArgs:
     """[data_stages.data]: what a stage reads, and in which order."""
 
-    dataset: Union[DatasetArgs, NanosetDatasetsArgs] = key(
+    dataset: DatasetArgs | NanosetDatasetsArgs = key(
         "the stage's data: token folders when the table names dataset_folder, else HF datasets")
-    seed: Union[int, None] = key("the stage's data order", None, shown="general.seed")
+    seed: int | None = key("the stage's data order", None, shown="general.seed")
     num_loading_workers: int = key("background threads building the next batches", 0, validator=non_negative)
-    continue_from: Union[str, None] = key("the name of an earlier stage: the sources this stage shares with it "
+    continue_from: str | None = key("the name of an earlier stage: the sources this stage shares with it "
                                           "continue where that stage stopped", None)
 
 
@@ -141,7 +142,7 @@ class StageLRSchedulerArgs:
     stage's first step, the decay (linear) to the stage's last step, min_decay_lr to the run's.
     lr_decay_starting_step is a global step, as in nanotron."""
 
-    learning_rate: Union[float, None] = key("the LR of the stage's first step: \"decay from here\"", None,
+    learning_rate: float | None = key("the LR of the stage's first step: \"decay from here\"", None,
                                             validator=optional(positive_float),
                                             shown="the run's LR at the stage's first step")
     lr_warmup_steps: int = key("a warmup over the stage's first steps", 0, validator=non_negative)
@@ -149,12 +150,12 @@ class StageLRSchedulerArgs:
     lr_decay_style: Literal["linear", "cosine", "1-sqrt", "constant"] = key(
         "nanotron's default; not the run's style, which for a WSD run is the \"constant\" a cooldown ends",
         "linear")
-    lr_decay_starting_step: Union[int, None] = key("the last step before the decay: a global step within the "
+    lr_decay_starting_step: int | None = key("the last step before the decay: a global step within the "
                                                    "stage", None, validator=optional(positive),
                                                    shown="the stage's first step (after its warmup)")
-    lr_decay_steps: Union[int, None] = key("the decay's length; it must end within the stage", None,
+    lr_decay_steps: int | None = key("the decay's length; it must end within the stage", None,
                                            validator=optional(positive), shown="to the stage's last step")
-    min_decay_lr: Union[float, None] = key("the LR reached at the stage's last step", None,
+    min_decay_lr: float | None = key("the LR reached at the stage's last step", None,
                                            validator=optional([instance_of((int, float)), ge(0)]),
                                            shown="the run's")
 
@@ -166,15 +167,15 @@ class DatasetStageArgs:
     name: str = key("the stage's name, unique: in the plan, the logs, --set and continue_from")
     start_training_step: int = key("the stage's first step; stages sort by it, the first starts at step 1")
     data: DataArgs = key("what the stage reads")
-    sequence_length: Union[int, None] = key("the stage's own tokens.sequence_length", None,
+    sequence_length: int | None = key("the stage's own tokens.sequence_length", None,
                                             validator=optional(positive), shown="tokens'")
-    micro_batch_size: Union[int, None] = key("the stage's own tokens.micro_batch_size", None,
+    micro_batch_size: int | None = key("the stage's own tokens.micro_batch_size", None,
                                              validator=optional(positive), shown="tokens'")
-    batch_accumulation_per_replica: Union[int, None] = key("the stage's own tokens.batch_accumulation_per_replica",
+    batch_accumulation_per_replica: int | None = key("the stage's own tokens.batch_accumulation_per_replica",
                                                            None, validator=optional(positive), shown="tokens'")
-    global_batch_size: Union[int, None] = key("the stage's own tokens.global_batch_size", None,
+    global_batch_size: int | None = key("the stage's own tokens.global_batch_size", None,
                                               validator=optional(positive), shown="tokens'")
-    learning_rate_scheduler: Union[StageLRSchedulerArgs, None] = key(
+    learning_rate_scheduler: StageLRSchedulerArgs | None = key(
         "the stage's own LR schedule (a cooldown, an annealing phase); unset: the run's", None)
 
 
@@ -183,17 +184,17 @@ class EvalDatasetArgs:
     """[[evaluation.datasets]]: one fixed held-out set, evaluated during training and by bin/eval."""
 
     name: str = key("unique: the name in eval.jsonl, TensorBoard and the report")
-    dataset: Union[DatasetArgs, NanosetDatasetsArgs, None] = key(
+    dataset: DatasetArgs | NanosetDatasetsArgs | None = key(
         "the set's own data (the keys of data_stages[].data.dataset); or instead held_out_of", None)
-    held_out_of: Union[str, None] = key("a stage's name: the samples its sources keep out of training "
+    held_out_of: str | None = key("a stage's name: the samples its sources keep out of training "
                                         "(their held_out_samples)", None)
     max_samples: int = key("a fixed subset: this many samples evenly spaced over the set", 128, validator=positive)
     metric: Literal["loss", "exact_match"] = key(
         '"exact_match" (prompt/completion sets): greedy answers compared token for token, as accuracy', "loss")
-    sequence_length: Union[int, None] = key("the length its samples are cut at", None,
+    sequence_length: int | None = key("the length its samples are cut at", None,
                                             validator=optional(positive),
                                             shown="the stage's for held_out_of, else tokens.sequence_length")
-    micro_batch_size: Union[int, None] = key("samples per forward pass", None, validator=optional(positive),
+    micro_batch_size: int | None = key("samples per forward pass", None, validator=optional(positive),
                                              shown="tokens.micro_batch_size")
 
 
@@ -201,6 +202,6 @@ class EvalDatasetArgs:
 class EvaluationArgs:
     """[evaluation]: fixed held-out sets, evaluated during training (docs/evaluation.md)."""
 
-    interval: Union[int, None] = key("evaluate every N steps; always also at each stage's last step (the run's "
+    interval: int | None = key("evaluate every N steps; always also at each stage's last step (the run's "
                                      "end among them)", None, validator=optional(positive), shown="stage ends only")
     datasets: tuple[EvalDatasetArgs, ...] = key("the eval sets", ())

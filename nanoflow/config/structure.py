@@ -7,7 +7,7 @@ that take more than one shape (a name or a list, a name or a {name = weight} tab
 from __future__ import annotations
 
 import math
-from typing import Literal, Union
+from typing import Literal
 
 import cattrs
 
@@ -47,7 +47,7 @@ def _structure_paths(value, _cls):
     raise TypeError(f"expected a path or a list of paths, got {value!r}")
 
 
-converter.register_structure_hook(Union[str, list[str], None], _structure_paths)
+converter.register_structure_hook(str | list[str] | None, _structure_paths)
 
 
 def _structure_name_list(value, _cls):
@@ -57,7 +57,7 @@ def _structure_name_list(value, _cls):
                                                                     else ""))
 
 
-converter.register_structure_hook(Union[list[str], None], _structure_name_list)
+converter.register_structure_hook(list[str] | None, _structure_name_list)
 
 
 def _structure_names(value, _cls):
@@ -136,14 +136,14 @@ def _structure_clip_grad(value, _cls):
     return float(value)
 
 
-converter.register_structure_hook(Union[str, list[str]], _structure_names)
-converter.register_structure_hook(Union[RopeScalingArgs, None], _structure_rope_scaling)
-converter.register_structure_hook(Union[float, Literal[False]], _structure_clip_grad)
-converter.register_structure_hook(Union[str, dict[str, float]], _structure_datasets)
-converter.register_structure_hook(Union[list[float], None], _structure_weights)
-converter.register_structure_hook(Union[dict[str, float], None], _structure_weight_table)
-converter.register_structure_hook(Union[DatasetArgs, NanosetDatasetsArgs], _structure_dataset)
-converter.register_structure_hook(Union[DatasetArgs, NanosetDatasetsArgs, None],
+converter.register_structure_hook(str | list[str], _structure_names)
+converter.register_structure_hook(RopeScalingArgs | None, _structure_rope_scaling)
+converter.register_structure_hook(float | Literal[False], _structure_clip_grad)
+converter.register_structure_hook(str | dict[str, float], _structure_datasets)
+converter.register_structure_hook(list[float] | None, _structure_weights)
+converter.register_structure_hook(dict[str, float] | None, _structure_weight_table)
+converter.register_structure_hook(DatasetArgs | NanosetDatasetsArgs, _structure_dataset)
+converter.register_structure_hook(DatasetArgs | NanosetDatasetsArgs | None,
                                   lambda value, cls: None if value is None else _structure_dataset(value, cls))
 
 

@@ -239,7 +239,7 @@ class MovingBlend:
         TS, TE = sum(self.integer_weights), sum(self.integer_weights_end)
         self.weights = tuple(w / TS for w in self.integer_weights)
         self.weights_end = tuple(w / TE for w in self.integer_weights_end)
-        leaves = [(i, s, e) for i, (s, e) in enumerate(zip(self.integer_weights, self.integer_weights_end)) if s or e]
+        leaves = [(i, s, e) for i, (s, e) in enumerate(zip(self.integer_weights, self.integer_weights_end, strict=True)) if s or e]
         self.depth = max(0, math.ceil(math.log2(len(leaves))))
         self._root = _MovingNode(leaves, TS, TE, samples)
 

@@ -79,14 +79,14 @@ def stage_fingerprint(config: Config, index: int, tokenizer: Tokenizer, schedule
     dataset = stage.data.dataset
     if isinstance(dataset, NanosetDatasetsArgs):
         weights = dataset.dataset_weights or [None] * len(dataset.folders)
-        sources = {os.path.abspath(f): _token_folder(f, w) for f, w in zip(dataset.folders, weights)}
+        sources = {os.path.abspath(f): _token_folder(f, w) for f, w in zip(dataset.folders, weights, strict=True)}
     else:
         sources = {spec.name: _hf_source(spec, stage.name) for spec in hf_specs(dataset)}
     fingerprint = {"tokenizer": tokenizer_fingerprint(tokenizer), "general.seed": config.general.seed,
                    "data.seed": config.data_seed(index), "sources": sources}
     ends = dataset.weights_end()
     if ends is not None:   # a moving mixture: its end weights and the samples it moves over decide the order too
-        for entry, end in zip(sources.values(), ends):
+        for entry, end in zip(sources.values(), ends, strict=True):
             entry["weight_end"] = end
         fingerprint["mixture_samples"] = stage_samples(schedule, index)
     if dataset.held_out_samples:  # what training reads, and in which order, depends on it (absent: as before)

@@ -237,9 +237,9 @@ def _sft_table(rows, prompt_column: str, completion_column: str, tokenizer: Toke
     width = sequence_length + 1
     table = np.full((len(rows), width + 2), tokenizer.eos_id, dtype=np.int32)
     row = 0
-    batches = zip(_texts(rows, prompt_column, where), _texts(rows, completion_column, where))
+    batches = zip(_texts(rows, prompt_column, where), _texts(rows, completion_column, where), strict=True)
     for prompts, completions in batches:
-        for prompt, completion in zip(tokenizer.encode_batch(prompts), tokenizer.encode_batch(completions)):
+        for prompt, completion in zip(tokenizer.encode_batch(prompts), tokenizer.encode_batch(completions), strict=True):
             text = np.concatenate([prompt, completion, [tokenizer.eos_id]])[:width]
             table[row, :len(text)] = text
             table[row, width:] = len(prompt), len(text)

@@ -144,7 +144,7 @@ class StageLoader:
                 seed, order_name, offset = source_position(config, schedule, index, n.key)
                 self.parts.append(OrderedSource(n, sample_order(seed, order_name, len(n.source)), offset))
             batch = self.stage.global_batch_size
-            for part, start, end in zip(self.parts, self.blend.weights, self.blend.weights_end):
+            for part, start, end in zip(self.parts, self.blend.weights, self.blend.weights_end, strict=True):
                 need = min(batch, math.ceil(batch * max(start, end)))   # a moving share peaks at an end
                 if len(part.source) < need:
                     raise StageDataError(
@@ -222,7 +222,7 @@ class StageLoader:
             try:
                 inputs[rows], labels[rows] = part.source.samples(indices)
             except Exception:   # find the sample that fails, to name it
-                for row, i in zip(rows.tolist(), indices.tolist()):
+                for row, i in zip(rows.tolist(), indices.tolist(), strict=True):
                     try:
                         part.source.sample(i)
                     except Exception as e:
@@ -275,7 +275,7 @@ class StageLoader:
             state = "closed"
         else:
             state = ", ".join(f"{p.named.label}: {len(p.source)} samples × {w:.3g}"
-                              for p, w in zip(self.parts, self.blend.weights))
+                              for p, w in zip(self.parts, self.blend.weights, strict=True))
         return f"StageLoader(stage={self.stage.name!r}, steps={self.steps.start}..{self.steps.stop - 1}, {state})"
 
 

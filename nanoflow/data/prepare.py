@@ -26,13 +26,13 @@ import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from typing import TextIO
 
+from nanoflow.config import TokenizerArgs
+from nanoflow.config.locations import saved_folder
 from nanoflow.data.hf_datasets import (
     _ROWS_PER_BATCH,
     builder_for,
     tokenizer_fingerprint,
 )
-from nanoflow.config import TokenizerArgs
-from nanoflow.config.locations import saved_folder
 from nanoflow.data.tokenizer import Tokenizer, load_tokenizer
 from nanoflow.data.tokens import (
     MANIFEST,

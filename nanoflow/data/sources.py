@@ -26,10 +26,10 @@ from nanoflow.data.hf_datasets import (
 )
 from nanoflow.data.tokenizer import Tokenizer
 from nanoflow.data.tokens import (
+    MANIFEST,
     StageDataError,
     TokenFolder,
     TokenFolderError,
-    MANIFEST,
     recorded_tokenizer,
     token_size_for,
 )
@@ -290,7 +290,7 @@ def source_inputs(dataset: DatasetArgs | NanosetDatasetsArgs) -> list[tuple[str,
         names = dataset.weighted_names()
         keys, folders, weights = [dataset.source_key(n) for n, _ in names], [None] * len(names), [w for _, w in names]
     ends = dataset.weights_end() or [None] * len(keys)
-    return [(k, w, e, f) for k, w, e, f in zip(keys, weights, ends, folders) if w != 0 or e not in (None, 0)]
+    return [(k, w, e, f) for k, w, e, f in zip(keys, weights, ends, folders, strict=True) if w != 0 or e not in (None, 0)]
 
 
 def open_sources(dataset: DatasetArgs | NanosetDatasetsArgs, stage_name: str, tokenizer: Tokenizer,

@@ -15,8 +15,16 @@ import torch
 
 from nanoflow.data.tokenizer import TOKENIZER_CONFIG, load_tokenizer
 from nanoflow.errors import NanoflowError
-from nanoflow.io.hf import (CONFIG, DEFAULT_MAX_SHARD_SIZE, DTYPES, GENERATION_CONFIG, byte_tokenizer_json,
-                            generation_config, hf_config, write_weights)
+from nanoflow.io.hf import (
+    CONFIG,
+    DEFAULT_MAX_SHARD_SIZE,
+    DTYPES,
+    GENERATION_CONFIG,
+    byte_tokenizer_json,
+    generation_config,
+    hf_config,
+    write_weights,
+)
 from nanoflow.io.reader import read_checkpoint
 from nanoflow.io.store import Store
 

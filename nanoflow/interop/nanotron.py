@@ -24,6 +24,7 @@ import attrs
 
 from nanoflow import config as schema
 from nanoflow.config.checks import ROPE_KEYS
+from nanoflow.config.keys import is_union
 from nanoflow.errors import NanotronConfigError
 from nanoflow.interop.nanotron_keys import (
     LR_SHIFT,
@@ -114,7 +115,7 @@ class _Conversion:
         origin, args = typing.get_origin(hint), typing.get_args(hint)
         if attrs.has(hint):
             return self.table(value, hint, where)
-        if origin is typing.Union:
+        if is_union(hint):
             options = [a for a in args if a is not type(None)]
             classes = [o for o in options if attrs.has(o)]
             if classes and isinstance(value, dict):   # the class that knows most of the keys (Nanoset vs HF datasets)
@@ -172,7 +173,7 @@ def _fits(value, hint) -> bool:
                                                               for k, v in value.items())
     if origin is typing.Literal:
         return value in args
-    if origin is typing.Union:
+    if is_union(hint):
         return any(_fits(value, a) for a in args)
     return False
 

@@ -34,8 +34,19 @@ import secrets
 import attrs
 import torch
 
-from nanoflow.io.marker import (CHECKSUM, FORMAT, METADATA, CheckpointError, DamagedCheckpointError, _digest,
-                                check_metadata, committed_at, read_marker, sealed, step_of)
+from nanoflow.io.marker import (
+    CHECKSUM,
+    FORMAT,
+    METADATA,
+    CheckpointError,
+    DamagedCheckpointError,
+    _digest,
+    check_metadata,
+    committed_at,
+    read_marker,
+    sealed,
+    step_of,
+)
 from nanoflow.io.store import Store, StoreError
 from nanoflow.io.tensorfile import tensor_chunks
 from nanoflow.version import __version__

@@ -103,7 +103,7 @@ def write_weights(store: Store, tensors: dict[str, torch.Tensor], max_shard_size
         return [WEIGHTS]
     names = [f"model-{i:05d}-of-{len(shards):05d}.safetensors" for i in range(1, len(shards) + 1)]
     weight_map = {}
-    for name, shard in zip(names, shards):
+    for name, shard in zip(names, shards, strict=True):
         store.write(name, save_safetensors(shard, metadata=metadata))
         weight_map.update({key: name for key in shard})
     total = sum(t.numel() * t.element_size() for t in tensors.values())
@@ -267,7 +267,7 @@ class HFWeights:
         except StoreError as e:
             raise HFFormatError(str(e)) from e
         block = tensor_at(data, {**entry, "shape": [count, *full[1:]] if full else []})
-        return block[(slice(None), *(slice(o, o + n) for o, n in zip(offset[1:], shape[1:])))] if full else block
+        return block[(slice(None), *(slice(o, o + n) for o, n in zip(offset[1:], shape[1:], strict=True)))] if full else block
 
     def _entry(self, name: str) -> tuple[int, dict]:
         file = self._files.get(name)

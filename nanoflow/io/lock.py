@@ -28,10 +28,10 @@ import contextlib
 import datetime
 import errno
 import json
+import logging
 import os
 import secrets
 import socket
-import logging
 import threading
 
 from nanoflow.errors import LockLostError, RunLockedError

@@ -157,6 +157,6 @@ def _tensor_problem(entry, files: dict) -> str | None:
                 or not _whole_list(shard.get("offset"), rank) or not _whole_list(shard.get("shape"), rank) \
                 or not isinstance(shard.get(CHECKSUM), str):
             return "a shard without its file, key, offset, shape or checksum"
-        if any(o + n > m for o, n, m in zip(shard["offset"], shard["shape"], entry["shape"])):
+        if any(o + n > m for o, n, m in zip(shard["offset"], shard["shape"], entry["shape"], strict=True)):
             return f"a shard at {shard['offset']} of shape {shard['shape']} lies outside {entry['shape']}"
     return None

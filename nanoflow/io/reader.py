@@ -13,8 +13,16 @@ import math
 
 import attrs
 import torch
-from nanoflow.io.checkpoint import (CHECKSUM, METADATA, CheckpointError, DamagedCheckpointError, _digest,
-                                    read_marker, first_readable)
+
+from nanoflow.io.checkpoint import (
+    CHECKSUM,
+    METADATA,
+    CheckpointError,
+    DamagedCheckpointError,
+    _digest,
+    first_readable,
+    read_marker,
+)
 from nanoflow.io.store import Store, StoreError
 from nanoflow.io.tensorfile import TensorFileError, parse_header, read_head, tensor_at
 
@@ -51,12 +59,12 @@ class CheckpointReader:
                 return self._shard(shard)
         box, covered = torch.empty(shape, dtype=getattr(torch, entry["dtype"])), 0
         for shard in _overlapping(entry, offset, shape):
-            lo = [max(o, so) for o, so in zip(offset, shard["offset"])]
-            hi = [min(o + n, so + sn) for o, n, so, sn in zip(offset, shape, shard["offset"], shard["shape"])]
-            source = tuple(slice(l - so, h - so) for l, h, so in zip(lo, hi, shard["offset"]))
-            target = tuple(slice(l - o, h - o) for l, h, o in zip(lo, hi, offset))
+            lo = [max(o, so) for o, so in zip(offset, shard["offset"], strict=True)]
+            hi = [min(o + n, so + sn) for o, n, so, sn in zip(offset, shape, shard["offset"], shard["shape"], strict=True)]
+            source = tuple(slice(l - so, h - so) for l, h, so in zip(lo, hi, shard["offset"], strict=True))
+            target = tuple(slice(l - o, h - o) for l, h, o in zip(lo, hi, offset, strict=True))
             box[target] = self._shard(shard)[source]
-            covered += math.prod(h - l for l, h in zip(lo, hi))
+            covered += math.prod(h - l for l, h in zip(lo, hi, strict=True))
         if covered != box.numel():
             raise CheckpointError(f"{self.path}: the saved shards of {group} tensor {name} do not cover "
                                   f"the box at {list(offset)} of shape {list(shape)}")
@@ -79,7 +87,7 @@ class CheckpointReader:
         for file, shards in by_file.items():
             start, entries = self._header(file)
 
-            def span(item) -> list[int]:  # where a shard's bytes lie, after the header
+            def span(item, entries=entries) -> list[int]:  # where a shard's bytes lie, after the header
                 return entries[item[0]["key"]]["data_offsets"]
 
             for run in _neighbours(sorted(shards, key=lambda item: span(item)[0]), span):
@@ -134,7 +142,7 @@ class CheckpointReader:
             self.store.read_into(file, [pieces[i] for i in order])
         except StoreError as e:
             raise DamagedCheckpointError(str(e)) from e
-        for (shard, _), (_, view) in zip(shards, pieces):
+        for (shard, _), (_, view) in zip(shards, pieces, strict=True):
             if _digest(view) != shard[CHECKSUM]:
                 raise DamagedCheckpointError(f"{where} is damaged (the bytes of {shard['key']} differ from their "
                                              f"checksum in {METADATA})")
@@ -142,7 +150,7 @@ class CheckpointReader:
     def verify(self) -> CheckpointReader:
         """Check every byte of every file now — each header and each shard against its checksum — one
         shard in memory at a time."""
-        for group, entries in self.metadata["tensors"].items():
+        for entries in self.metadata["tensors"].values():
             for entry in entries.values():
                 for shard in entry["shards"]:
                     self._shard(shard)
@@ -160,7 +168,7 @@ class CheckpointReader:
             raise CheckpointError(f"{self.path}: no tensor {name!r} in its {group} group")
         shape = tuple(entry["shape"]) if shape is None else tuple(shape)
         offset = (0,) * len(shape) if offset is None else tuple(offset)
-        if len(shape) != len(entry["shape"]) or any(o + n > m for o, n, m in zip(offset, shape, entry["shape"])):
+        if len(shape) != len(entry["shape"]) or any(o + n > m for o, n, m in zip(offset, shape, entry["shape"], strict=True)):
             raise CheckpointError(f"{self.path}: {group} tensor {name} has shape {entry['shape']}; the box at "
                                   f"{list(offset)} of shape {list(shape)} does not fit it")
         return entry, offset, shape
@@ -227,7 +235,7 @@ def _overlapping(entry: dict, offset: tuple[int, ...], shape: tuple[int, ...]) -
     """The saved shards of a tensor that share at least one element with the box."""
     return [shard for shard in entry["shards"]  # (a scalar's one shard overlaps it: all() of nothing)
             if all(max(o, so) < min(o + n, so + sn)
-                   for o, n, so, sn in zip(offset, shape, shard["offset"], shard["shape"]))
+                   for o, n, so, sn in zip(offset, shape, shard["offset"], shard["shape"], strict=True))
 ]
 
 

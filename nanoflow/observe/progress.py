@@ -123,7 +123,7 @@ class Progress:
         self.window = Window(window)
         self.device = torch.device("cpu") if costs is None else costs.device
         names = () if costs is None else (stage.name for stage in costs.schedule.stages)
-        self._stage_flops = {} if costs is None else dict(zip(names, costs.stage_flops))
+        self._stage_flops = {} if costs is None else dict(zip(names, costs.stage_flops, strict=True))
         self.start_time = time.perf_counter()
         stream = console.stream()
         self.bar = None

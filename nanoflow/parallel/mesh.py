@@ -172,8 +172,14 @@ def _parallelize_sequence(model: torch.nn.Module, tp_mesh: DeviceMesh) -> None:
     output projection reduce-scatters back to positions (instead of all-reducing). The embedding
     stays replicated (its output is split by position), and lm_head replicated (its input is gathered)."""
     from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, PrepareModuleOutput,
-                                                   RowwiseParallel, SequenceParallel, parallelize_module)
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        PrepareModuleOutput,
+        RowwiseParallel,
+        SequenceParallel,
+        parallelize_module,
+    )
 
     def gather(args: int) -> PrepareModuleInput:  # the hidden state by position → whole; cos and sin pass as they are
         return PrepareModuleInput(input_layouts=(Shard(1),) + (None,) * (args - 1),

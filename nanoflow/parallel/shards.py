@@ -35,10 +35,10 @@ def owns(tensor: torch.Tensor, topology: Topology) -> bool:
     """Whether this rank writes its box of `tensor`: only the first of the ranks holding the same box."""
     if topology.mesh is None:
         return True
-    coordinate = dict(zip(topology.mesh.mesh_dim_names, topology.mesh.get_coordinate()))
+    coordinate = dict(zip(topology.mesh.mesh_dim_names, topology.mesh.get_coordinate(), strict=True))
     if not isinstance(tensor, DTensor):
         return all(c == 0 for c in coordinate.values())
-    sharded_on = {name for name, placement in zip(tensor.device_mesh.mesh_dim_names, tensor.placements)
+    sharded_on = {name for name, placement in zip(tensor.device_mesh.mesh_dim_names, tensor.placements, strict=True)
                   if not (placement.is_replicate() or placement.is_partial())}  # Shard or FSDP's _StridedShard
     return all(c == 0 for name, c in coordinate.items() if name not in sharded_on)
 

@@ -19,16 +19,16 @@ from nanoflow.evaluation import Evaluator
 from nanoflow.io.runfolder import check_folder, check_room
 from nanoflow.io.store import check_root
 from nanoflow.observe.metrics import FILE, MetricsLog, set_aside
+from nanoflow.observe.progress import Progress
+from nanoflow.observe.tensorboard import TensorBoardLog
 from nanoflow.parallel.agree import on_main
 from nanoflow.parallel.mesh import Topology
-from nanoflow.observe.progress import Progress
+from nanoflow.parallel.shards import state_bytes
 from nanoflow.run import Run, as_run
 from nanoflow.schedule import active_stage, stage_steps
-from nanoflow.parallel.shards import state_bytes
-from nanoflow.training.signals import StopRequest
 from nanoflow.state import TrainState
 from nanoflow.step import train_step
-from nanoflow.observe.tensorboard import TensorBoardLog
+from nanoflow.training.signals import StopRequest
 
 log = logging.getLogger(__name__)
 

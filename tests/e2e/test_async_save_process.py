@@ -10,8 +10,8 @@ from process_helpers import run_command, run_layout, train_args
 from support.async_save import ASYNC, committed_steps, comparable_metadata
 
 from nanoflow import io
-from nanoflow.errors import EXIT_STORAGE
 from nanoflow.commands.verify import first_difference
+from nanoflow.errors import EXIT_STORAGE
 
 
 @pytest.mark.slow   # two bin/train processes

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-
 from helpers import quiet, tiny
-from support.average import assert_mean, mean_from_files, STAGES
+from support.average import STAGES, assert_mean, mean_from_files
+
 from nanoflow import io
 from nanoflow.commands.cli import average_main
 from nanoflow.io.store import Store

@@ -8,7 +8,7 @@ import pytest
 from helpers import REPO, quiet
 from process_helpers import bin_command, run_command, sets, signal_when_ready
 from run_helpers import assert_same_checkpoint, metrics
-from support.branch import branch, COOLDOWNS, unchanged
+from support.branch import COOLDOWNS, branch, unchanged
 
 from nanoflow import io, load_config
 from nanoflow.training.loop import train

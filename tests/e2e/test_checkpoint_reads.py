@@ -9,10 +9,10 @@ import pytest
 import torch
 from log_helpers import logged
 
-from nanoflow.io import checkpoint
-from nanoflow.io import CheckpointReader, DamagedCheckpointError, read_checkpoint, save_checkpoint
+from nanoflow.io import CheckpointReader, DamagedCheckpointError, checkpoint, read_checkpoint, save_checkpoint
 from nanoflow.io.store import Store, StoreError
-from nanoflow.io.tensorfile import HEAD_GUESS as _HEAD_GUESS, header_length, parse_header
+from nanoflow.io.tensorfile import HEAD_GUESS as _HEAD_GUESS
+from nanoflow.io.tensorfile import header_length, parse_header
 
 MODEL = "model/rank00000.safetensors"
 

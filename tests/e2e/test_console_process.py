@@ -6,9 +6,9 @@ from __future__ import annotations
 import io as text_io
 
 import pytest
-
 from helpers import tiny
 from process_helpers import run_command, train_args
+
 from nanoflow.training.loop import train
 
 

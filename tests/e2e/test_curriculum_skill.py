@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from helpers import REPO
 from process_helpers import run_command, train_args
+
 from nanoflow import io
 from nanoflow.config import load_config
 from nanoflow.evaluation import is_due

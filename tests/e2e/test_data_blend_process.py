@@ -6,10 +6,8 @@ import sys
 import textwrap
 
 import numpy as np
-
 from data_helpers import stage, write_folder
 from helpers import REPO
-
 
 # ---------------------------------------------------------------------------------------------
 # Memory across stage switches

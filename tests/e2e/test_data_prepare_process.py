@@ -3,9 +3,8 @@
 import os
 
 import pytest
-
 from process_helpers import run_command
-from support.data_prepare import inputs
+
 from nanoflow.data.prepare import prepare
 
 

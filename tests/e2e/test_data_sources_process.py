@@ -8,13 +8,11 @@ import os
 import subprocess
 
 import pytest
-
 from data_helpers import BYTES
-from support.data_sources import rows
+
 from nanoflow.data import open_stage
 from nanoflow.data.tokens import StageDataError
 from nanoflow.schedule import Schedule
-
 
 # ---------------------------------------------------------------------------------------------
 # held_out_samples at least the source's samples (issue 21, item 12)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import numpy as np
-
 from data_helpers import eot_tokenizer
 from process_helpers import run_command
 from support.datatrove import documents, encode

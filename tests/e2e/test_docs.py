@@ -32,8 +32,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-
 from helpers import REPO
+
 from nanoflow import ConfigError, load_config
 from nanoflow.interop.nanotron import to_toml
 
@@ -126,7 +126,7 @@ def test_toml_blocks_load(page, tmp_path, monkeypatch):
     folder = scratch(tmp_path)
     for n, (language, code, line, _) in enumerate(blocks(page)):
         if language == "toml":   # shown-only ones too: their paths may be missing, their keys must be real
-            load_toml_block(folder, page, n, code, line, strict=False)
+            load_toml_block(folder, page, n, code, line, strict=True)
 
 
 COUNT = re.compile(r"\b(\d[\d,]*) (files?|steps?|stages?|layers|heads)\b")

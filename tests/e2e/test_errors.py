@@ -16,15 +16,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from data_helpers import EOS, stage, write_config, write_folder
-from helpers import REPO, TINY as TINY_FILE, quiet, tiny
+from helpers import REPO, quiet, tiny
+from helpers import TINY as TINY_FILE
+from process_helpers import bin_command, run_command, signal_when_ready, with_dispositions
+
 from nanoflow import errors, load_config
 from nanoflow.commands import cli
 from nanoflow.config import ConfigError
 from nanoflow.config.load import looks_local
 from nanoflow.schedule import Schedule
-from process_helpers import bin_command, run_command, signal_when_ready, with_dispositions
 
 TINY = str(TINY_FILE.relative_to(REPO))   # as typed at the repository root, where bin/* run here
 
@@ -162,6 +163,7 @@ def test_a_bad_sample_mid_run_saves_nothing_and_names_stage_sample_and_file(tmp_
 
 def test_a_token_file_cut_short_under_the_loader_is_a_data_error_not_a_crash(tmp_path):
     from data_helpers import BYTES, documents, load
+
     from nanoflow.data import SampleReadError, open_stage
 
     write_folder(tmp_path / "tokens", documents(np.random.default_rng(0), 3000, 0, 200), files=2)

@@ -9,9 +9,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from helpers import REPO, TINY
-from process_helpers import PYTHON, bin_command, run_command, signal_when_ready, TORCHRUN
+from process_helpers import PYTHON, TORCHRUN, bin_command, run_command, signal_when_ready
 from support.evaluation import rows_of, write_run
 
 
@@ -122,7 +121,7 @@ def test_bin_eval_under_torchrun_gives_the_single_process_rows(reference, layout
     rows = list(map(json.loads, result.stdout.splitlines()))
     assert [(r["dataset"], r["tokens"], r.get("correct")) for r in rows] == \
         [(r["dataset"], r["tokens"], r.get("correct")) for r in single]
-    for row, expected in zip(rows, single):
+    for row, expected in zip(rows, single, strict=True):
         assert row["loss"] == pytest.approx(expected["loss"], abs=1e-5)
 
 

@@ -5,7 +5,6 @@ import subprocess
 import sys
 
 import pytest
-
 from helpers import REPO
 
 STEP_LINE = re.compile(r"^step\s+(\d+)\s+(\S+)\s+loss\s+([0-9.]+)", re.MULTILINE)

@@ -6,9 +6,9 @@ import json
 
 import pytest
 import torch
-
 from helpers import TINY
 from support.hf import checked
+
 from nanoflow import ConfigError
 from nanoflow.interop.export import export_hf
 from nanoflow.io import read_hf

@@ -18,14 +18,14 @@ import time
 from pathlib import Path
 
 import pytest
-
 from helpers import REPO, TRAIN_STEPS
 from log_helpers import logged
 from process_helpers import assert_every_rank_reports, bin_command, run_command, run_layout, train_args
-from nanoflow.io import CheckpointError, LockLostError, RunLock, RunLockedError, confirm_held, read_checkpoint
-from nanoflow.io.lock import LEASE_ENV, LOCK
 from run_helpers import assert_same
 from s3_helpers import split
+
+from nanoflow.io import CheckpointError, LockLostError, RunLock, RunLockedError, confirm_held, read_checkpoint
+from nanoflow.io.lock import LEASE_ENV, LOCK
 
 HOST = socket.gethostname()
 

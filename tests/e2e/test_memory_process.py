@@ -6,10 +6,10 @@ import sys
 
 import pytest
 import torch
-from safetensors.torch import load_file
-
 from helpers import REPO
 from memory_worker import batch, config_for, gradients
+from safetensors.torch import load_file
+
 from nanoflow.parallel.mesh import SINGLE
 
 

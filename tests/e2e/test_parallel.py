@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from process_helpers import COMMON, LAYOUT_STEPS, assert_every_rank_reports, layout_overrides, run_layout
+
 from nanoflow import io
 from nanoflow.commands.verify import first_difference
 
@@ -111,7 +111,8 @@ def test_a_box_is_read_from_the_files_of_the_shards_it_overlaps_only(runs):
     for offset, shape, files in boxes:
         reader = io.CheckpointReader(str(folder))
         touched, read_range = set(), reader.store.read_range
-        reader.store.read_range = lambda f, start, length: touched.add(f) or read_range(f, start, length)
+        reader.store.read_range = (lambda f, start, length, touched=touched, read_range=read_range:
+                                   touched.add(f) or read_range(f, start, length))
         box = reader.read("model", name, offset, shape)
         assert torch.equal(box, full[offset[0]:offset[0] + shape[0], offset[1]:offset[1] + shape[1]])
         assert touched == files, (offset, shape)

@@ -14,9 +14,9 @@ import uuid
 from pathlib import Path
 
 import pytest
-
 from helpers import REPO, TINY
 from process_helpers import TORCHRUN, bin_command
+
 from nanoflow import io
 from nanoflow.commands.verify import first_difference
 
@@ -199,7 +199,7 @@ def test_two_launchers_on_loopback_train_dp2_together(reference, tmp_path):
     try:
         time.sleep(1)  # the first launcher hosts the rendezvous store; the second joins it as a client
         nodes.append(torchrun(run_dir, logs[1], *launcher))
-        outputs = [finish(node, log) for node, log in zip(nodes, logs)]
+        outputs = [finish(node, log) for node, log in zip(nodes, logs, strict=True)]
     finally:
         stop(*nodes)
     for node, output in enumerate(outputs):   # each launcher was one node of two (torchrun's own report)

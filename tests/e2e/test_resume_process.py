@@ -14,8 +14,8 @@ from helpers import REPO, quiet, tiny
 from process_helpers import bin_command, run_command, train_args
 
 from nanoflow import io
-from nanoflow.training.loop import train
 from nanoflow.commands.verify import first_difference
+from nanoflow.training.loop import train
 
 
 def train_command(run: Path, *overrides: str) -> list[str]:

@@ -8,16 +8,16 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from log_helpers import logged
-
 from helpers import TINY
+from log_helpers import logged
 from process_helpers import bin_command, run_command, train_args
+
 from nanoflow import io, load_config
 from nanoflow.config import ConfigError
 from nanoflow.errors import StorageLostError
 from nanoflow.io.runfolder import RunFolderError
-from nanoflow.training.loop import train
 from nanoflow.observe.tensorboard import TensorBoardLog, available
+from nanoflow.training.loop import train
 
 
 def train_command(run: Path, *overrides: str) -> list[str]:

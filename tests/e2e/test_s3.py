@@ -21,20 +21,19 @@ import time
 import warnings
 from pathlib import Path
 
+import helpers
 import pytest
 import torch
-import helpers
 from helpers import TRAIN_STEPS
 from log_helpers import logged
 from process_helpers import run_command, sets, train_args
 from run_helpers import assert_same, groups_of
 from s3_helpers import copy_run, get, keys, split, step_folders
 
-from nanoflow.io import (CheckpointError, latest, read_checkpoint, read_metadata, read_model,
-                        save_checkpoint)
+from nanoflow.io import CheckpointError, latest, read_checkpoint, read_metadata, read_model, save_checkpoint
 from nanoflow.io.store import Store, StoreError
-from nanoflow.training.loop import train
 from nanoflow.parallel.shards import MOMENTS, STEP
+from nanoflow.training.loop import train
 
 FILES = ("checkpoint_metadata.json", "model/rank00000.safetensors", "optimizer/rank00000.safetensors")
 

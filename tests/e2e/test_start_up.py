@@ -7,7 +7,6 @@ import subprocess
 import sys
 
 import pytest
-
 from helpers import REPO
 
 # A child interpreter, so that this test's own imports (torch, through conftest) do not count.
@@ -66,8 +65,9 @@ def test_a_config_path_that_is_no_config_file_is_one_line_and_exit_2(tmp_path, c
 
 @pytest.mark.parametrize("key, value", [("model.hidden_size", 1048576), ("model.num_hidden_layers", 100000000)])
 def test_an_impossible_model_size_is_refused_before_building_with_both_numbers(tmp_path, capsys, key, value):
-    from nanoflow.commands import cli
     from helpers import TINY
+
+    from nanoflow.commands import cli
     folder = tmp_path / "run"
     status = cli.train_main([str(TINY), "--set", f"{key}={value}", "--set", f"checkpoints.checkpoints_path={folder}"])
     err = capsys.readouterr().err

@@ -6,7 +6,8 @@ import json
 
 from data_helpers import EOT_TEXTS
 from process_helpers import run_command
-from support.tokenizers import eot_json, raw
+from support.tokenizers import raw
+
 from nanoflow.data import TokenFolder
 
 TEXTS = EOT_TEXTS

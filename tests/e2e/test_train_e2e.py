@@ -12,11 +12,12 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from helpers import REPO, SMALL_MODEL_TOML
+from helpers import TINY as TINY_FILE
+from process_helpers import bin_command, run_command, signal_when_ready
 
-from helpers import REPO, SMALL_MODEL_TOML, TINY as TINY_FILE
 from nanoflow import load_config
 from nanoflow.schedule import Schedule, consumed_tokens, stage_steps
-from process_helpers import bin_command, run_command, signal_when_ready
 
 TINY = str(TINY_FILE.relative_to(REPO))   # as typed at the repository root, where bin/* run here
 

@@ -4,7 +4,6 @@ plan). One run of the command serves every test here: each checks another proper
 import subprocess
 
 import pytest
-
 from helpers import REPO, TINY
 from process_helpers import run_command
 

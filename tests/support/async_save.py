@@ -3,7 +3,6 @@
 import json
 from pathlib import Path
 
-
 from nanoflow.io.marker import METADATA, SEAL
 
 ASYNC = "checkpoints.async_save=true"

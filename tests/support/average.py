@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 
 import torch
+from helpers import quiet, tiny
 from safetensors.torch import load_file
 
-from helpers import quiet, tiny
 from nanoflow import io
 from nanoflow.training.loop import train
 
@@ -27,7 +27,7 @@ def mean_from_files(step_folders: list[Path], weights: list[float] | None = None
     shards the metadata lists (whatever the layout), then averaged in fp64."""
     weights = weights or [1.0] * len(step_folders)
     total = {}
-    for folder, weight in zip(step_folders, weights):
+    for folder, weight in zip(step_folders, weights, strict=True):
         meta = json.loads((folder / "checkpoint_metadata.json").read_text())
         files = {}
         for name, entry in meta["tensors"]["model"].items():
@@ -35,7 +35,7 @@ def mean_from_files(step_folders: list[Path], weights: list[float] | None = None
             for shard in entry["shards"]:
                 if shard["file"] not in files:
                     files[shard["file"]] = load_file(folder / shard["file"])
-                box = tuple(slice(o, o + n) for o, n in zip(shard["offset"], shard["shape"]))
+                box = tuple(slice(o, o + n) for o, n in zip(shard["offset"], shard["shape"], strict=True))
                 whole[box] = files[shard["file"]][shard["key"]].double()
             total[name] = total.get(name, 0) + weight * whole
     return {name: (t / sum(weights)).float() for name, t in total.items()}

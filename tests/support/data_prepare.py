@@ -4,8 +4,8 @@ import json
 from pathlib import Path
 
 import pytest
-
 from helpers import REPO
+
 from nanoflow.data.prepare import prepare
 
 

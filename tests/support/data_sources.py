@@ -5,9 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from data_helpers import load, stage
-
 
 # ---------------------------------------------------------------------------------------------
 # held_out_samples at least the source's samples (issue 21, item 12)

@@ -6,7 +6,6 @@ from pathlib import Path
 
 import numpy as np
 
-
 EOT = 1   # <EOT> in eot_tokenizer
 
 

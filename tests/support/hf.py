@@ -5,10 +5,10 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
+import helpers
 import torch
 import transformers
 
-import helpers
 from nanoflow.run import open_run
 from nanoflow.training.loop import train
 

@@ -16,12 +16,12 @@ from support.async_save import ASYNC, committed_steps, comparable_metadata
 from nanoflow import io
 from nanoflow.build import stage_data
 from nanoflow.checkpoint.checkpointer import Checkpointer, StorageLostError
+from nanoflow.commands.verify import first_difference
 from nanoflow.errors import EXIT_STORAGE
 from nanoflow.io.marker import METADATA
 from nanoflow.io.store import Store, StoreError
-from nanoflow.training.loop import train
 from nanoflow.step import train_step
-from nanoflow.commands.verify import first_difference
+from nanoflow.training.loop import train
 
 
 def test_async_run_ends_equal_to_a_sync_run_with_identical_checkpoints(straight, tmp_path):

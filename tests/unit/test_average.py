@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
-
 from data_helpers import eot_tokenizer
 from helpers import quiet, tiny
-from support.average import assert_mean, mean_from_files, STAGES
+from safetensors.torch import load_file
+from support.average import STAGES, assert_mean, mean_from_files
+
 from nanoflow import io
 from nanoflow.commands.cli import average_main
 from nanoflow.interop.export import export_hf

@@ -4,10 +4,10 @@ import json
 from pathlib import Path
 
 import pytest
-
 from data_helpers import stage, write_config
 from helpers import TINY
 from process_helpers import run_in_process, train_args
+
 from nanoflow import ConfigError, load_config
 from nanoflow.data import ByteTokenizer, StageDataError, open_stage
 from nanoflow.schedule import Schedule

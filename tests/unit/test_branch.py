@@ -8,12 +8,12 @@ import os
 import pytest
 from helpers import quiet
 from run_helpers import assert_same_checkpoint, metrics
-from support.branch import branch, COOLDOWNS, unchanged
+from support.branch import COOLDOWNS, branch, unchanged
 
 from nanoflow import io, load_config
 from nanoflow.checkpoint.checkpointer import Checkpointer
-from nanoflow.training.loop import train
 from nanoflow.schedule import ScheduleDriftError
+from nanoflow.training.loop import train
 
 
 @pytest.mark.slow

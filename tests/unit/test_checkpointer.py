@@ -5,16 +5,16 @@ import json
 from pathlib import Path
 
 import attrs
+import helpers
 import pytest
 import torch
-
-import helpers
-import nanoflow
 from helpers import tiny
+from run_helpers import assert_same_training_state
+
+import nanoflow
 from nanoflow import Checkpointer, init_state, io, stage_data, train_step
 from nanoflow.io.checkpoint import save_checkpoint
 from nanoflow.parallel.shards import state_blocks
-from run_helpers import assert_same_training_state
 
 
 def trained(config, steps: int):

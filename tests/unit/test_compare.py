@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from helpers import quiet, tiny
+
 from nanoflow.commands.cli import compare_main
 from nanoflow.commands.compare import read_runs, shared_savings
 from nanoflow.training.loop import train

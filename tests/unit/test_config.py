@@ -6,11 +6,10 @@ import os
 from pathlib import Path
 
 import pytest
-
 from helpers import REPO
+
 from nanoflow.config import Config, ConfigError, converter, load_config, unreached_stages
 from nanoflow.schedule import Schedule
-
 
 # Mirrors schedules/tiny.toml, but reads data files each test writes into its own tmp_path.
 VALID = """\

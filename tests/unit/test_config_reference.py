@@ -9,8 +9,8 @@ from pathlib import Path
 
 import attrs
 import pytest
-
 from helpers import REPO
+
 from nanoflow.config import Config, converter, schema, stages
 from nanoflow.config.load import resolve_paths
 from nanoflow.config.reference import fields, render

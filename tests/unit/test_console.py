@@ -6,8 +6,8 @@ import io as text_io
 import logging
 
 import pytest
-
 from helpers import tiny
+
 from nanoflow import console
 from nanoflow.commands import cli
 from nanoflow.training.loop import train

@@ -7,18 +7,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from data_helpers import BYTES, write_word_level_tokenizer
+from helpers import REPO, SMALL_MODEL_TOML
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from data_helpers import BYTES, write_word_level_tokenizer
-from helpers import REPO, SMALL_MODEL_TOML
 from nanoflow.config import load_config
 from nanoflow.data import IGNORE_INDEX, ByteTokenizer, TokenizerError, load_tokenizer, open_stage, sample_order
 from nanoflow.data.hf_datasets import expand_data_files
 from nanoflow.data.sources import PackedText, SFTExamples
 from nanoflow.data.tokenizer import HFTokenizer
 from nanoflow.schedule import Schedule
-
 
 # ---------------------------------------------------------------------------------------------
 # Tokenizers

@@ -7,15 +7,14 @@ import threading
 import numpy as np
 import pytest
 import torch
+from data_helpers import BYTES, documents, load, stage, write_folder
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from data_helpers import BYTES, documents, load, stage, write_folder
 from log_helpers import logged
+
 from nanoflow.data import open_stage, sample_order
 from nanoflow.data.blend import Blend
 from nanoflow.schedule import Schedule
-
 
 # ---------------------------------------------------------------------------------------------
 # The blend itself
@@ -118,7 +117,7 @@ def test_blended_batches_follow_the_weights_and_come_from_the_folders(tmp_path, 
             seen += np.bincount(origin, minlength=3)
             counts = np.bincount(origin, minlength=3)
             assert np.all(np.abs(counts - 20 * np.array([0.6, 0.3, 0.1])) <= 2)   # every batch, not just on average
-            for row, labels in zip(batch["input_ids"], batch["labels"]):
+            for row, labels in zip(batch["input_ids"], batch["labels"], strict=True):
                 assert torch.equal(row[1:], labels[:-1])
         assert seen.tolist() == Blend([0.6, 0.3, 0.1]).counts(39 * 20)
 

@@ -7,14 +7,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from data_helpers import BYTES, load, stage
 
 import nanoflow.data.hf_datasets as hf_datasets
-from data_helpers import BYTES, load, stage
 from nanoflow.config import ConfigError, untrained_splits
 from nanoflow.data import open_stage
-from nanoflow.data.hf_datasets import load_rows
+from nanoflow.data.hf_datasets import hf_specs, load_rows
 from nanoflow.data.sources import PackedText
-from nanoflow.data.hf_datasets import hf_specs
 from nanoflow.schedule import Schedule
 
 
@@ -146,5 +145,5 @@ def test_tokenizing_in_several_processes_gives_the_same_tokens(corpus):
                ["data_stages.pretrain.data.dataset.dataset_processing_num_proc_per_process=2"])
     with open_stage(one, 0, BYTES, Schedule.from_config(one), cache_dir=str(corpus / "c1")) as a, \
             open_stage(two, 0, BYTES, Schedule.from_config(two), cache_dir=str(corpus / "c2")) as b:
-        for pa, pb in zip(a.parts, b.parts):
+        for pa, pb in zip(a.parts, b.parts, strict=True):
             assert np.array_equal(np.asarray(pa.source.tokens), np.asarray(pb.source.tokens))

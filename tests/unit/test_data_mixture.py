@@ -2,23 +2,21 @@
 blend it reduces to, config validation, continue_from across a moving stage, and training on one with a resume."""
 
 import io as text_io
+import math
 from decimal import Decimal, localcontext
 from fractions import Fraction
-import math
 
 import numpy as np
 import pytest
 import torch
+from data_helpers import BYTES, documents, load, stage, write_folder
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from data_helpers import BYTES, documents, load, stage, write_folder
 from nanoflow.config import ConfigError
 from nanoflow.data import open_stage
-from nanoflow.data.blend import Blend
-from nanoflow.data.blend import MovingBlend, integer_weights, make_blend
+from nanoflow.data.blend import Blend, MovingBlend, integer_weights, make_blend
 from nanoflow.schedule import Schedule
-
 
 # ---------------------------------------------------------------------------------------------
 # A brute-force reference, written from the definition with other arithmetic than blend.py's
@@ -122,7 +120,7 @@ def test_source_and_read_position_of_every_sample_match_the_simulation(pair, n, 
     total = n + 40                                       # and on past the stage's end, at the end weights
     walked = reference.walk(total)
     sources, local = blend.assign(np.arange(total))
-    assert list(zip(sources.tolist(), local.tolist())) == walked
+    assert list(zip(sources.tolist(), local.tolist(), strict=True)) == walked
     start = data.draw(st.integers(0, total - 1))         # a resume at any sample: the same sequence from there
     again = blend.assign(np.arange(start, total))
     assert torch.equal(torch.from_numpy(again[0]), torch.from_numpy(sources[start:]))
@@ -156,7 +154,7 @@ def exact_target(blend, g):
     s = [Fraction(w, sum(blend.integer_weights)) for w in blend.integer_weights]
     e = [Fraction(w, sum(blend.integer_weights_end)) for w in blend.integer_weights_end]
     n = blend.samples
-    return [si * g + (ei - si) * Fraction(g * g, 2 * n) for si, ei in zip(s, e)]
+    return [si * g + (ei - si) * Fraction(g * g, 2 * n) for si, ei in zip(s, e, strict=True)]
 
 
 @settings(max_examples=40, deadline=None)
@@ -174,7 +172,7 @@ def test_every_window_is_within_twice_the_depth_of_its_target(pair, n, seed):
         for k in range(len(got)):
             assert abs(got[k] - (high[k] - low[k])) < 2 * blend.depth, (k, g1, g2)
         for g, target in ((g1, low), (g2, high)):          # and every prefix within the depth
-            assert all(abs(c - t) < blend.depth for c, t in zip(blend.counts(g), target))
+            assert all(abs(c - t) < blend.depth for c, t in zip(blend.counts(g), target, strict=True))
 
 
 def test_the_shares_start_at_the_start_weights_and_end_at_the_end_weights():
@@ -204,7 +202,7 @@ def test_equal_start_and_end_weights_give_the_static_blend_exactly(weights, n, s
         integer_weights([w * 3 for w in weights]) != integer_weights(weights)
     moving = MovingBlend(weights, weights, n)        # the general formula, not the dispatch
     gs = np.arange(start, start + 300)
-    for a, b in zip(static.assign(gs), moving.assign(gs)):
+    for a, b in zip(static.assign(gs), moving.assign(gs), strict=True):
         assert np.array_equal(a, b)
     assert static.counts(start) == moving.counts(start)
 
@@ -320,8 +318,9 @@ def test_a_moving_stage_loader_follows_its_blend_and_continue_from_reads_on(tmp_
 
 
 def test_training_on_a_moving_mixture_resumes_bit_exactly(tmp_path, folders):
-    from nanoflow.training.loop import train
     from run_helpers import assert_same_training_state
+
+    from nanoflow.training.loop import train
 
     def config(run, workers=0):
         return load(tmp_path, moving_stages(folders, num_loading_workers=workers), train_steps=12,
@@ -342,9 +341,10 @@ def test_a_run_stopped_crashed_and_stopped_again_resumes_three_times_to_the_stra
     """The class of torchtitan #3907 (the data restarts from the beginning at the second resume): a planned stop
     mid moving blend, a crash one step later than a save, a stop just after the stage boundary — three resumes,
     each of the previous one's checkpoint — end torch.equal to the run trained straight, with the same LRs."""
+    from run_helpers import assert_same_training_state, metrics
+
     import nanoflow.training.loop
     from nanoflow.training.loop import train
-    from run_helpers import assert_same_training_state, metrics
 
     def config(run):
         return load(tmp_path, moving_stages(folders), train_steps=12, micro_batch_size=2, accumulation=2,

@@ -7,17 +7,15 @@ import os
 from pathlib import Path
 
 import pytest
-
 from helpers import REPO
 from process_helpers import run_in_process, train_args
-from support.data_prepare import inputs
+
 import nanoflow.data.prepare as prepare_module
 from nanoflow import load_config
-from nanoflow.data import TokenFolder, load_tokenizer
-from nanoflow.data.hf_datasets import load_rows
-from nanoflow.data.prepare import PrepareError, prepare
 from nanoflow.config import DatasetArgs
-from nanoflow.data.hf_datasets import hf_specs, tokenize_rows
+from nanoflow.data import TokenFolder, load_tokenizer
+from nanoflow.data.hf_datasets import hf_specs, load_rows, tokenize_rows
+from nanoflow.data.prepare import PrepareError, prepare
 
 
 def direct_stream(files, jsonl, tokenizer, cache) -> list[int]:
@@ -127,8 +125,9 @@ def blend_config(root: Path, run: Path, *extra: str):
 
 
 def test_blend_schedule_trains_on_prepared_folders_and_resumes_bit_exactly(blend_folders, tmp_path):
-    from nanoflow.training.loop import train
     from run_helpers import assert_same_training_state
+
+    from nanoflow.training.loop import train
 
     out = text_io.StringIO()
     straight = train(blend_config(blend_folders, tmp_path / "straight"), out=out, progress=False)

@@ -7,14 +7,12 @@ import json
 
 import numpy as np
 import pytest
-
 from data_helpers import BYTES, documents, load, stage, write_folder
-from support.data_sources import rows
+
 from nanoflow.config import ConfigError
 from nanoflow.data import open_stage
 from nanoflow.data.tokens import StageDataError
 from nanoflow.schedule import Schedule
-
 
 # ---------------------------------------------------------------------------------------------
 # held_out_samples at least the source's samples: nothing would be left to train on
@@ -127,6 +125,7 @@ def test_a_file_in_the_way_of_the_token_cache_names_the_cache_and_what_to_do(tmp
 
 def test_an_eval_set_reads_one_split_so_a_list_is_refused(every_kind):
     from data_helpers import write_config
+
     from nanoflow.config import load_config
 
     path = write_config(every_kind, [stage("pretrain", 1, {"hf_dataset_or_datasets": "./saved"})])

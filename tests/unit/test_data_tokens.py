@@ -6,8 +6,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from data_helpers import BYTES, EOS, documents, load, stage, write_folder
+
 from nanoflow.config import ConfigError
 from nanoflow.data import SampleReadError, TokenFolder, TokenFolderError, open_stage, write_token_file
 from nanoflow.data.sources import PackedText

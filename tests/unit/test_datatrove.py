@@ -12,9 +12,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from data_helpers import eot_tokenizer, stage, write_config
 from support.datatrove import documents, encode
+
 from nanoflow.config import load_config
 from nanoflow.data import TokenFolder, TokenFolderError, write_token_file
 from nanoflow.training.loop import train

@@ -6,13 +6,13 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from helpers import TINY
 from process_helpers import run_in_process
+
 from nanoflow import ConfigError, init_state, io, load_config, train_step
 from nanoflow.errors import EXIT_DIVERGED
-from nanoflow.training.loop import train
 from nanoflow.step import DivergedError
+from nanoflow.training.loop import train
 
 HUGE_LR = ("optimizer.learning_rate_scheduler.learning_rate=1e30", "optimizer.learning_rate_scheduler.lr_warmup_steps=0")
 
@@ -48,7 +48,7 @@ def test_an_update_that_overflows_stops_the_next_step_before_its_update():
         train_step(state, batch(1))
     assert error.value.exit_status == EXIT_DIVERGED == 3
     after = snapshot(state)
-    assert len(after) == len(before) and all(torch.equal(a, b) for a, b in zip(before, after))
+    assert len(after) == len(before) and all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
     assert state.step == 1 and all(p.grad is None for p in state.model.parameters())
 
 
@@ -59,7 +59,7 @@ def test_weights_set_to_inf_stop_the_first_step_with_parameters_untouched():
     before = snapshot(state)
     with pytest.raises(DivergedError, match="step 1 "):
         train_step(state, batch())
-    assert all(torch.equal(a, b) for a, b in zip(before, snapshot(state)))
+    assert all(torch.equal(a, b) for a, b in zip(before, snapshot(state), strict=True))
     assert not state.optimizer.state   # AdamW never stepped: no moments were created
 
 

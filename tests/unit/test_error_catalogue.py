@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from helpers import REPO
+
 from nanoflow import errors
 from nanoflow.commands import cli
 

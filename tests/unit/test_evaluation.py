@@ -10,11 +10,11 @@ import attrs
 import numpy as np
 import pytest
 import torch
-
 from data_helpers import BYTES
-from support.evaluation import rows_of, SUMS, write_run
-from nanoflow.config import ConfigError, load_config
+from support.evaluation import SUMS, rows_of, write_run
+
 from nanoflow.build import build_model
+from nanoflow.config import ConfigError, load_config
 from nanoflow.data import write_token_file
 from nanoflow.data.loader import StageLoader
 from nanoflow.data.sources import IGNORE_INDEX
@@ -113,14 +113,14 @@ def test_exact_match_counts_the_answers_greedy_decoding_gets_right(tmp_path):
     width = 12
     inputs = torch.zeros(len(cases), width, dtype=torch.long)
     labels = torch.full((len(cases), width), IGNORE_INDEX, dtype=torch.long)
-    for row, (prompt, (answer, _)) in enumerate(zip(prompts, cases)):
+    for row, (prompt, (answer, _)) in enumerate(zip(prompts, cases, strict=True)):
         sequence = torch.tensor(prompt + answer)
         inputs[row, :len(sequence) - 1] = sequence[:-1]
         labels[row, len(prompt) - 1:len(sequence) - 1] = sequence[len(prompt):]
     result = score(model, EvalSet("hand", "exact_match", inputs, labels, micro_batch_size=4), SINGLE)
     assert result["correct"] == 3 and result["accuracy"] == 0.5
     assert result["tokens"] == 18
-    for (answer, right), prompt in zip(cases, prompts):   # the verdict is the decoder's, case by case
+    for (answer, right), prompt in zip(cases, prompts, strict=True):   # the verdict is the decoder's, case by case
         alone = score(model, EvalSet("one", "exact_match", *_row(prompt, answer, width), 1), SINGLE)
         assert alone["correct"] == right == (greedy(model, prompt, 3) == answer)
 
@@ -149,7 +149,7 @@ def test_evaluation_never_changes_training_and_writes_a_row_per_step_and_set(tmp
     assert a.keys() == b.keys() and all(torch.equal(a[name], b[name]) for name in a)
     assert rows_of(tmp_path / "run" / "metrics.jsonl") == [
         {**m, **{k: n[k] for k in MEASURED}} for m, n in zip(rows_of(tmp_path / "plain" / "metrics.jsonl"),
-                                                        rows_of(tmp_path / "run" / "metrics.jsonl"))]
+                                                        rows_of(tmp_path / "run" / "metrics.jsonl"), strict=True)]
     rows = rows_of(tmp_path / "run" / "eval.jsonl")
     # interval 3, and each stage's last step (4: pretrain's, 6: sft's and the run's)
     assert [(r["step"], r["stage"], r["dataset"]) for r in rows] == [
@@ -187,9 +187,9 @@ def test_tensorboard_gets_the_eval_curves(tmp_path):
 
 def test_report_draws_the_eval_curves(tmp_path):
     pytest.importorskip("matplotlib")
-    from nanoflow.training.loop import train
-    from nanoflow.observe.metrics import read_eval
     from nanoflow.commands.report import write_report
+    from nanoflow.observe.metrics import read_eval
+    from nanoflow.training.loop import train
 
     train(load_config(write_run(tmp_path)), fresh=True, out=text_io.StringIO())
     run = tmp_path / "run"
@@ -202,9 +202,9 @@ def test_report_draws_the_eval_curves(tmp_path):
 
 def test_the_eval_panel_shows_its_axes_whole_and_hides_no_curve_under_its_legend(tmp_path):
     pytest.importorskip("matplotlib")
-    from nanoflow.training.loop import train
-    from nanoflow.observe.metrics import read_eval, read_metrics
     from nanoflow.commands.report import draw, stage_spans
+    from nanoflow.observe.metrics import read_eval, read_metrics
+    from nanoflow.training.loop import train
 
     train(load_config(write_run(tmp_path)), fresh=True, out=text_io.StringIO())
     run = tmp_path / "run"

@@ -8,17 +8,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from data_helpers import stage, write_config, write_folder, write_word_level_tokenizer
 from helpers import quiet
 from process_helpers import run_in_process
+
 from nanoflow import io, load_config
+from nanoflow.checkpoint.checkpointer import Checkpointer
 from nanoflow.data import ByteTokenizer
 from nanoflow.data import fingerprint as fp
 from nanoflow.data.fingerprint import DataChangedError, fingerprint_changes, stage_fingerprint
-from nanoflow.checkpoint.checkpointer import Checkpointer
-from nanoflow.training.loop import train
 from nanoflow.schedule import Schedule
+from nanoflow.training.loop import train
 
 
 @pytest.fixture

@@ -4,23 +4,23 @@
 from __future__ import annotations
 
 import io
-import re
 import json
+import re
 from pathlib import Path
 
 import pytest
 import torch
 import transformers
-
-import nanoflow
 from helpers import TINY
 from process_helpers import run_in_process, train_args
 from support.hf import checked, hf_folder, tiny
+
+import nanoflow
 from nanoflow import ConfigError
+from nanoflow.checkpoint.checkpointer import Checkpointer
 from nanoflow.interop.export import export_hf
 from nanoflow.io import read_hf, read_model
 from nanoflow.io.hf import HFFormatError, HFWeights, is_hf_folder, read_init_weights
-from nanoflow.checkpoint.checkpointer import Checkpointer
 from nanoflow.training.loop import train
 
 MODEL_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",

@@ -13,9 +13,9 @@ from run_helpers import assert_same_training_state, metrics
 from nanoflow import io, load_config
 from nanoflow.checkpoint.checkpointer import Checkpointer
 from nanoflow.errors import NanoflowError
-from nanoflow.training.loop import train
 from nanoflow.lr import scheduled_lr
 from nanoflow.schedule import Schedule
+from nanoflow.training.loop import train
 
 COOLDOWNS = REPO / "schedules" / "cooldowns.toml"
 

@@ -4,10 +4,10 @@ gradient accumulation in train_step), no full logits ever made, and the choice b
 
 import pytest
 import torch
+from helpers import TINY, assert_same_steps
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import nanoflow.loss
-from helpers import TINY, assert_same_steps
 from nanoflow import init_state, load_config, train_step
 from nanoflow.loss import cross_entropy_sum, describe, lm_loss, plain_cross_entropy_sum
 from nanoflow.model import Llama
@@ -37,7 +37,7 @@ def test_fused_value_and_gradients_equal_the_plain_path(chunk_logits, scaled):
     loss = cross_entropy_sum(hidden, weight, labels, -100, chunk_logits=chunk_logits, grad_scale=scale)
     grads = torch.autograd.grad(loss / count, (hidden, weight))
     torch.testing.assert_close(loss, expected, rtol=1e-6, atol=0)
-    for got, want in zip(grads, expected_grads):
+    for got, want in zip(grads, expected_grads, strict=True):
         torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
     assert torch.all(grads[0][-1] == 0) and torch.all(grads[0][0, :5] == 0)   # masked positions: no gradient
 
@@ -47,7 +47,7 @@ def test_a_grad_scale_other_than_the_incoming_gradient_still_gives_the_right_gra
     labels = masked_labels((2, 30), 50)
     expected = torch.autograd.grad(plain_cross_entropy_sum(hidden, weight, labels, -100) * 3.5, (hidden, weight))
     loss = cross_entropy_sum(hidden, weight, labels, -100, chunk_logits=50 * 8, grad_scale=torch.tensor(0.01))
-    for got, want in zip(torch.autograd.grad(loss * 3.5, (hidden, weight)), expected):
+    for got, want in zip(torch.autograd.grad(loss * 3.5, (hidden, weight)), expected, strict=True):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
 
 

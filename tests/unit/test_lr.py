@@ -54,7 +54,7 @@ def test_linear_warmup_is_strictly_increasing_and_never_zero():
     a = args(lr_warmup_steps=7)
     values = [lr_at(s, a, 50) for s in range(1, 8)]
     assert all(v > 0 for v in values)
-    assert all(x < y for x, y in zip(values, values[1:]))
+    assert all(x < y for x, y in zip(values, values[1:], strict=False))
     assert values[-1] == approx(LR)
 
 
@@ -209,12 +209,12 @@ def test_lr_bounded_and_non_increasing_after_warmup(setup):
     after = values[warmup:]
     for v in after:
         assert a.min_decay_lr - tol <= v <= a.learning_rate + tol
-    for x, y in zip(after, after[1:]):
+    for x, y in zip(after, after[1:], strict=False):
         assert y <= x + tol
     if a.lr_warmup_steps:
         assert values[a.lr_warmup_steps - 1] == pytest.approx(a.learning_rate, rel=1e-12)
     if a.lr_warmup_style == "linear":
-        assert all(x <= y for x, y in zip(values[:warmup], values[1:warmup]))
+        assert all(x <= y for x, y in zip(values[:warmup], values[1:warmup], strict=False))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -277,9 +277,9 @@ def test_a_stage_schedule_joins_continuously_decays_monotonically_and_ends_at_mi
         assert values[0] == peak                               # the join: exactly what the run gave that step
     top = own.lr_warmup_steps
     after_warmup = values[max(top - 1, 0):]
-    assert all(a >= b for a, b in zip(after_warmup, after_warmup[1:]))
+    assert all(a >= b for a, b in zip(after_warmup, after_warmup[1:], strict=False))
     assert values[-1] == floor
-    for s, v in zip(span, values):
+    for s, v in zip(span, values, strict=True):
         assert v == pytest.approx(reference_stage_lr(s, first, last, peak, floor, own.lr_warmup_steps,
                                                      own.lr_decay_style), rel=1e-12, abs=1e-18)
 
@@ -342,7 +342,7 @@ def test_origin_inside_the_stage_restarts_the_stage_schedule(origin):
     assert scheduled_lr(origin + 1, config, schedule, origin=origin) == LR
     assert scheduled_lr(40, config, schedule, origin=origin) == MIN
     values = [scheduled_lr(s, config, schedule, origin=origin) for s in range(origin + 1, 41)]
-    assert all(a >= b for a, b in zip(values, values[1:]))
+    assert all(a >= b for a, b in zip(values, values[1:], strict=False))
     with pytest.raises(ValueError, match="precedes"):
         scheduled_lr(origin, config, schedule, origin=origin)
 
@@ -351,6 +351,7 @@ def test_origin_inside_the_stage_restarts_the_stage_schedule(origin):
 # Validation: a stage's schedule must fit in the stage; errors name the stage and the key
 
 from helpers import TINY  # noqa: E402   # sft: steps 8–12
+
 from nanoflow.config import ConfigError, load_config  # noqa: E402
 
 SFT = 'data_stages[1] (stage "sft").learning_rate_scheduler.'

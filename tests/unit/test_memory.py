@@ -5,9 +5,9 @@ tests/e2e/test_memory_process.py."""
 import pytest
 import torch
 import torch.nn.functional as F
+from memory_worker import batch, config_for, gradients
 
 import nanoflow
-from memory_worker import batch, config_for, gradients
 from nanoflow.loss import cross_entropy_sum
 from nanoflow.model import Llama
 from nanoflow.parallel.mesh import SINGLE, parallelize
@@ -35,7 +35,7 @@ def test_chunked_loss_value_and_gradients_equal_the_plain_path(chunk_logits):
     loss = cross_entropy_sum(hidden, weight, labels, -100, chunk_logits=chunk_logits)
     grads = torch.autograd.grad(loss / count, (hidden, weight))
     torch.testing.assert_close(loss, expected, rtol=1e-6, atol=0)   # a float32 sum of ≈ 50 terms: relative
-    for got, want in zip(grads, expected_grads):
+    for got, want in zip(grads, expected_grads, strict=True):
         torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
     assert torch.all(grads[0][2] == 0) and torch.all(grads[0][0, :5] == 0)   # masked positions: no gradient
 

@@ -9,9 +9,17 @@ import math
 
 import pytest
 
-from nanoflow.observe.metrics import FILE, MetricsError, MetricsLog, Throughput, read_metrics, step_seconds, tokens_per_second
-from nanoflow.observe.progress import Progress
 from nanoflow.commands.report import format_summary, stage_summary
+from nanoflow.observe.metrics import (
+    FILE,
+    MetricsError,
+    MetricsLog,
+    Throughput,
+    read_metrics,
+    step_seconds,
+    tokens_per_second,
+)
+from nanoflow.observe.progress import Progress
 
 # Two processes: steps 1–3, then a resume whose clock starts again (step 4's elapsed is below step 3's).
 RECORDS = [{"step": 1, "stage": "a", "loss": 3.0, "lr": 1e-3, "grad_norm": 1.0, "tokens": 100, "elapsed": 2.0},

@@ -165,7 +165,7 @@ def test_init_ignores_global_rng_and_has_hf_statistics():
     a = make_model(seed=5, vocab_size=512, initializer_range=0.05)
     torch.manual_seed(123)
     b = make_model(seed=5, vocab_size=512, initializer_range=0.05)
-    for (k, pa), pb in zip(a.state_dict().items(), b.state_dict().values()):
+    for (k, pa), pb in zip(a.state_dict().items(), b.state_dict().values(), strict=True):
         assert torch.equal(pa, pb), k
     w = a.model.embed_tokens.weight
     assert abs(w.mean().item()) < 0.005 and abs(w.std().item() - 0.05) < 0.005

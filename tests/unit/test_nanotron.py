@@ -12,12 +12,12 @@ import pytest
 import yaml
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
-
 from process_helpers import run_in_process
+
 from nanoflow import load_config
 from nanoflow.config import ConfigError
-from nanoflow.lr import lr_at
 from nanoflow.interop.nanotron import convert, to_toml
+from nanoflow.lr import lr_at
 from nanoflow.schedule import Schedule
 
 if sys.version_info >= (3, 11):
@@ -741,9 +741,9 @@ def test_a_list_of_splits_trains_on_train_and_the_other_splits_become_eval_sets_
     # nanotron's run_train.py: get_datasets(..., splits=hf_dataset_splits)["train"]: the other splits are not trained on
     import datasets
 
+    from nanoflow.commands.plan import render_plan
     from nanoflow.data import ByteTokenizer, open_stage
     from nanoflow.evaluation import load_eval_set
-    from nanoflow.commands.plan import render_plan
     from nanoflow.run import open_run
 
     monkeypatch.delenv("WORLD_SIZE", raising=False)

@@ -6,13 +6,13 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from helpers import REPO, TINY
+
 from nanoflow import load_config
 from nanoflow.commands import cli
-from nanoflow.lr import scheduled_lr
 from nanoflow.commands.plan import source_shares
 from nanoflow.commands.plan_plot import PANELS, plan_figure, plan_steps
+from nanoflow.lr import scheduled_lr
 from nanoflow.run import open_run
 from nanoflow.schedule import Schedule
 
@@ -28,7 +28,7 @@ def test_the_figure_has_a_panel_each_for_lr_batch_length_and_shares_with_the_pla
     assert [ax.get_ylabel() for ax in axes] == list(PANELS)
     assert {t.get_text() for t in axes[0].texts} == {"stable", "cooldown"}
     schedule = Schedule.from_config(config)
-    drawn = [(x, y) for line in axes[0].get_lines() if line.get_color() == "tab:orange" for x, y in zip(*line.get_data())]
+    drawn = [(x, y) for line in axes[0].get_lines() if line.get_color() == "tab:orange" for x, y in zip(*line.get_data(), strict=True)]
     assert drawn == [(s, scheduled_lr(s, config, schedule)) for s in range(1, 13)]
     assert drawn[-1][1] == 1e-4                                       # the cooldown's own floor at its last step
     batch, length = (ax.patches[-1].get_data()[0] for ax in axes[1:3])   # stairs: values per step
@@ -88,9 +88,10 @@ def test_the_plan_counts_its_stages_in_words_that_agree(tmp_path):
         import tomli as tomllib
 
     from helpers import TINY
+
+    from nanoflow.commands.plan import render_plan
     from nanoflow.config import load_config
     from nanoflow.interop.nanotron import to_toml
-    from nanoflow.commands.plan import render_plan
 
     raw = tomllib.loads(TINY.read_text())
     raw["data_stages"] = raw["data_stages"][:1]   # pretrain alone

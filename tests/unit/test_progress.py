@@ -9,17 +9,16 @@ import os
 
 import pytest
 import torch
+from helpers import tiny
 from torch import nn
 
-from helpers import tiny
 from nanoflow import init_state
-from nanoflow.flops import flops_per_token, gpu_peak, matmul_parameters
-from nanoflow.training.loop import train
-from nanoflow.observe.metrics import Throughput, read_metrics
-from nanoflow.model import Llama
-from nanoflow.observe.progress import FlopsAndPeak, Progress, cpu_matmul_peak, peak_memory
 from nanoflow.commands.report import format_summary, stage_summary
-
+from nanoflow.flops import flops_per_token, gpu_peak, matmul_parameters
+from nanoflow.model import Llama
+from nanoflow.observe.metrics import Throughput, read_metrics
+from nanoflow.observe.progress import FlopsAndPeak, Progress, cpu_matmul_peak, peak_memory
+from nanoflow.training.loop import train
 
 # schedules/tiny.toml by hand: hidden 32, 4 heads of 8, 2 kv heads, intermediate 64, 2 layers, vocabulary 288, tied.
 TINY_N = 2 * (32 * 32 + 32 * 32 + 2 * 32 * 16 + 3 * 32 * 64) + 288 * 32     # q, o, k+v, gate/up/down; the head

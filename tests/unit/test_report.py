@@ -9,13 +9,21 @@ import struct
 from pathlib import Path
 
 import pytest
-
 from helpers import tiny
 from process_helpers import run_in_process
+
+from nanoflow.commands.report import (
+    HEIGHT,
+    WIDTH,
+    format_summary,
+    read_run_metadata,
+    stage_spans,
+    stage_summary,
+    write_report,
+)
 from nanoflow.observe import tensorboard as nanoflow_tensorboard
-from nanoflow.training.loop import train
 from nanoflow.observe.metrics import MetricsError, read_metrics, step_seconds, tokens_per_second
-from nanoflow.commands.report import HEIGHT, WIDTH, format_summary, read_run_metadata, stage_spans, stage_summary, write_report
+from nanoflow.training.loop import train
 
 
 @pytest.fixture(scope="module")
@@ -113,7 +121,7 @@ def test_tensorboard_on_its_own_shows_each_step_s_own_tokens_per_second(tmp_path
             log.write(record)
     events = EventAccumulator(str(tmp_path))
     events.Reload()
-    rates = [tokens_per_second(m["tokens"], seconds) for m, seconds in zip(records, step_seconds(records))]
+    rates = [tokens_per_second(m["tokens"], seconds) for m, seconds in zip(records, step_seconds(records), strict=True)]
     assert [e.value for e in events.Scalars("a/tokens_per_s")] == pytest.approx(rates) == [200.0, 400.0]
     assert "a/mfu" not in events.Tags()["scalars"]
 

@@ -7,18 +7,18 @@ import re
 import pytest
 import torch
 from helpers import quiet, tiny
+from log_helpers import logged
 from process_helpers import run_in_process, train_args
 from run_helpers import assert_same_training_state
-from log_helpers import logged
 
 from nanoflow import io
 from nanoflow.checkpoint.checkpointer import Checkpointer
 from nanoflow.io.marker import FORMAT, sealed
 from nanoflow.io.store import StoreError
-from nanoflow.training.loop import train
-from nanoflow.observe.metrics import MetricsLog
 from nanoflow.lr import lr_at
+from nanoflow.observe.metrics import MetricsLog
 from nanoflow.schedule import ScheduleDriftError
+from nanoflow.training.loop import train
 
 
 def restore(config, *, fresh: bool = False, out):

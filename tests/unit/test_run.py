@@ -6,9 +6,9 @@ import ast
 from pathlib import Path
 
 import pytest
+from helpers import REPO, quiet, tiny
 
 import nanoflow.run
-from helpers import REPO, quiet, tiny
 from nanoflow import Checkpointer, init_state, stage_data
 from nanoflow.config import ConfigError
 from nanoflow.data import TokenizerError

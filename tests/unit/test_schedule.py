@@ -39,7 +39,7 @@ def schedules(draw, min_stages=1, max_stages=6):
     names = draw(st.lists(NAMES, min_size=n, max_size=n, unique=True))
     later = draw(st.lists(st.integers(2, train_steps + 50), min_size=n - 1, max_size=n - 1, unique=True))
     starts = [1] + later
-    stages = [Stage(name, start, draw(SIZES), draw(SIZES)) for name, start in zip(names, starts)]
+    stages = [Stage(name, start, draw(SIZES), draw(SIZES)) for name, start in zip(names, starts, strict=True)]
     stages = draw(st.permutations(stages))  # Schedule sorts them
     return Schedule(stages, train_steps)
 
@@ -179,8 +179,8 @@ def test_active_stage_monotone_and_covering(schedule):
     T = schedule.train_steps
     indices = [active_stage(schedule, step) for step in range(1, T + 1)]
     assert indices[0] == 0
-    assert all(a <= b for a, b in zip(indices, indices[1:]))
-    for step, index in zip(range(1, T + 1), indices):
+    assert all(a <= b for a, b in zip(indices, indices[1:], strict=False))
+    for step, index in zip(range(1, T + 1), indices, strict=True):
         assert index == brute_active(schedule, step)
         assert schedule.stages[index].start_step <= step
         if index + 1 < len(schedule.stages):
@@ -201,7 +201,7 @@ def test_stage_steps_partition(schedule):
     T = schedule.train_steps
     ranges = [stage_steps(schedule, i) for i in range(len(schedule.stages))]
     assert [step for r in ranges for step in r] == list(range(1, T + 1))
-    for i, (stage, r) in enumerate(zip(schedule.stages, ranges)):
+    for i, (stage, r) in enumerate(zip(schedule.stages, ranges, strict=True)):
         assert isinstance(r, range)
         if stage.start_step > T:
             assert len(r) == 0
@@ -233,10 +233,10 @@ def test_consumed_totals(schedule):
     samples = consumed_samples(schedule, T)
     tokens = consumed_tokens(schedule, T)
     assert len(samples) == len(tokens) == len(schedule.stages)
-    assert samples == tuple(n * s.global_batch_size for n, s in zip(lengths, schedule.stages))
-    assert tokens == tuple(n * s.global_batch_size * s.sequence_length for n, s in zip(lengths, schedule.stages))
-    assert sum(samples) == sum(n * s.global_batch_size for n, s in zip(lengths, schedule.stages))
-    assert sum(tokens) == sum(n * s.global_batch_size * s.sequence_length for n, s in zip(lengths, schedule.stages))
+    assert samples == tuple(n * s.global_batch_size for n, s in zip(lengths, schedule.stages, strict=True))
+    assert tokens == tuple(n * s.global_batch_size * s.sequence_length for n, s in zip(lengths, schedule.stages, strict=True))
+    assert sum(samples) == sum(n * s.global_batch_size for n, s in zip(lengths, schedule.stages, strict=True))
+    assert sum(tokens) == sum(n * s.global_batch_size * s.sequence_length for n, s in zip(lengths, schedule.stages, strict=True))
     assert consumed_samples(schedule, 0) == (0,) * len(schedule.stages)
     assert consumed_tokens(schedule, 0) == (0,) * len(schedule.stages)
 
@@ -246,8 +246,8 @@ def test_consumed_totals(schedule):
 def test_consumed_matches_counting(setup):
     schedule, k = setup
     counts = steps_done(schedule, k)
-    assert consumed_samples(schedule, k) == tuple(n * s.global_batch_size for n, s in zip(counts, schedule.stages))
-    assert consumed_tokens(schedule, k) == tuple(n * s.tokens_per_step for n, s in zip(counts, schedule.stages))
+    assert consumed_samples(schedule, k) == tuple(n * s.global_batch_size for n, s in zip(counts, schedule.stages, strict=True))
+    assert consumed_tokens(schedule, k) == tuple(n * s.tokens_per_step for n, s in zip(counts, schedule.stages, strict=True))
 
 
 @FAST
@@ -261,9 +261,9 @@ def test_consumed_samples_additive(schedule):
         current_tokens = consumed_tokens(schedule, k + 1)
         j = active_stage(schedule, k + 1)
         stage = schedule.stages[j]
-        for i, (a, b) in enumerate(zip(previous, current)):
+        for i, (a, b) in enumerate(zip(previous, current, strict=True)):
             assert b - a == (stage.global_batch_size if i == j else 0)
-        for i, (a, b) in enumerate(zip(previous_tokens, current_tokens)):
+        for i, (a, b) in enumerate(zip(previous_tokens, current_tokens, strict=True)):
             assert b - a == (stage.global_batch_size * stage.sequence_length if i == j else 0)
         previous, previous_tokens = current, current_tokens
 

@@ -2,9 +2,9 @@
 
 import pytest
 import torch
+from helpers import TINY, assert_same_steps
 
 import nanoflow
-from helpers import TINY, assert_same_steps
 from nanoflow import StaleStateError, init_state, load_config, train_step
 
 
@@ -74,9 +74,9 @@ def test_two_runs_from_the_same_seed_are_bitwise_identical():
         for step in range(3):
             state, _ = train_step(state, random_batch(4, 32, seed=step))
         finals.append(state)
-    for (name, a), b in zip(finals[0].model.state_dict().items(), finals[1].model.state_dict().values()):
+    for (name, a), b in zip(finals[0].model.state_dict().items(), finals[1].model.state_dict().values(), strict=True):
         assert torch.equal(a, b), name
-    for a, b in zip(finals[0].optimizer.state.values(), finals[1].optimizer.state.values()):
+    for a, b in zip(finals[0].optimizer.state.values(), finals[1].optimizer.state.values(), strict=True):
         assert torch.equal(a["exp_avg"], b["exp_avg"]) and torch.equal(a["exp_avg_sq"], b["exp_avg_sq"])
 
 

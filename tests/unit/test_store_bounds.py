@@ -4,6 +4,7 @@ constant that the page does not follow fails here, instead of leaving a wrong su
 import re
 
 from helpers import REPO
+
 from nanoflow.io import store
 
 # smart_open's own waits when a download breaks off (smart_open/s3.py, `retry_read`: not configurable).
@@ -27,7 +28,7 @@ def test_the_waits_double_from_the_first_up_to_the_cap():
     policy = store.Retries()
     waits = [policy.wait(a) for a in range(policy.attempts - 1)]
     assert waits[0] == policy.first_wait and max(waits) == policy.max_wait
-    assert all(b == min(policy.max_wait, 2 * a) for a, b in zip(waits, waits[1:]))
+    assert all(b == min(policy.max_wait, 2 * a) for a, b in zip(waits, waits[1:], strict=False))
     assert most_waiting(store.Retries(attempts=1)) == 0   # one try: nothing to wait for
     assert most_waiting(policy) == 23.75 and most_waiting_for_a_read(policy) == 159.75   # the defaults, by hand
 

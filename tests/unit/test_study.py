@@ -12,10 +12,10 @@ import pytest
 from helpers import REPO
 from run_helpers import assert_same_checkpoint, folder_digest
 
-from nanoflow.errors import EXIT_DONE
 from nanoflow.commands.cli import compare_main, train_main
 from nanoflow.commands.compare import format_table, read_runs
 from nanoflow.commands.sweep import run_study
+from nanoflow.errors import EXIT_DONE
 
 BASE = REPO / "schedules" / "wsd_vs_cosine" / "base.toml"
 SMALL = ["model.hidden_size=32", "model.intermediate_size=64", "model.num_hidden_layers=2",

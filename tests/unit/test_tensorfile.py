@@ -4,8 +4,15 @@ import pytest
 import torch
 from safetensors.torch import load, save
 
-from nanoflow.io.tensorfile import (TensorFileError, header_length, new_checksum, parse, parse_header, tensor_at,
-                                   tensor_chunks)
+from nanoflow.io.tensorfile import (
+    TensorFileError,
+    header_length,
+    new_checksum,
+    parse,
+    parse_header,
+    tensor_at,
+    tensor_chunks,
+)
 
 
 def sample_tensors() -> dict:

@@ -12,16 +12,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 import transformers
-
 from data_helpers import EOT_TEXTS, stage, write_config
 from helpers import REPO
 from process_helpers import run_in_process
-from support.tokenizers import eot_json, raw
+from support.tokenizers import raw
+
 from nanoflow.config import load_config
 from nanoflow.data import TokenizerError, load_run_tokenizer, load_tokenizer, open_stage
 from nanoflow.interop.export import export_hf
-from nanoflow.training.loop import train
 from nanoflow.schedule import Schedule
+from nanoflow.training.loop import train
 
 TEXTS = EOT_TEXTS
 
