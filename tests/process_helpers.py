@@ -53,22 +53,38 @@ def with_dispositions(ignored=()):
     return preexec
 
 
-def signal_when_ready(command: list[str], ready, signum: int, *, cwd, env=None, timeout: float = 60, ignored=()):
+def signal_when_ready(command: list[str], ready, signum: int, *, cwd, env=None, timeout: float = 60, ignored=(),
+                      confirm=None):
     """Start `command` (its stop signals at their default disposition, but `ignored`), poll ready(process)
     until it is true (the process still running, within `timeout` seconds), send `signum`, and wait for the
-    end: (returncode, stdout, stderr). Never leaves it running."""
+    end: (returncode, stdout, stderr). Never leaves it running.
+
+    With `confirm`, the process is frozen (SIGSTOP) once ready, and confirm(process) decides, while nothing
+    can move, whether this is the moment: if not, it is thawed and polling goes on. That closes the race
+    between seeing a state and signalling in it (a busy machine may let the process run on in between)."""
     process = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                preexec_fn=with_dispositions(ignored))
     try:
         deadline = time.monotonic() + timeout
-        while not ready(process):
-            assert process.poll() is None, f"{command[1]} exited early: {process.communicate()}"
-            assert time.monotonic() < deadline, f"{command[1]} was not ready within {timeout} s"
+        while True:
+            while not ready(process):
+                assert process.poll() is None, f"{command[1]} exited early: {process.communicate()}"
+                assert time.monotonic() < deadline, f"{command[1]} was not ready within {timeout} s"
+                time.sleep(0.02)
+            if confirm is None:
+                break
+            process.send_signal(signal.SIGSTOP)
+            if confirm(process):
+                break
+            process.send_signal(signal.SIGCONT)
+            assert time.monotonic() < deadline, f"{command[1]} was not confirmed ready within {timeout} s"
             time.sleep(0.02)
         # Popen.send_signal does nothing to a process that has ended: say so, rather than assert on a run
         # that never got the signal
         assert process.poll() is None, f"{command[1]} ended before the signal was sent: {process.communicate()}"
         process.send_signal(signum)
+        if confirm is not None:
+            process.send_signal(signal.SIGCONT)   # a stopped process acts on the signal once it runs again
         stdout, stderr = process.communicate(timeout=timeout)
     finally:
         if process.poll() is None:

@@ -73,11 +73,18 @@ def test_eval_rows_are_identical_across_a_kill_9_and_a_resume(reference, tmp_pat
     config = write_run(tmp_path, steps=8, sft_start=6, interval=1)
     log = tmp_path / "run" / "eval.jsonl"
 
+    def rows_done() -> list[int]:
+        return [json.loads(line)["step"] for line in log.read_text().splitlines()[:-1]] if log.exists() else []
+
     def past_step_4(_process):
-        return log.exists() and any(json.loads(line)["step"] >= 5 for line in log.read_text().splitlines()[:-1])
+        return any(step >= 5 for step in rows_done())
+
+    def rows_past_the_commit(_process):   # checked while the process is frozen: no save can land in between
+        latest = tmp_path / "run" / "latest.txt"
+        return latest.exists() and max(rows_done()) > int(latest.read_text())
 
     code, _, _ = signal_when_ready(bin_command("train", str(config)), past_step_4, signal.SIGKILL, cwd=REPO,
-                                   env=env(), timeout=120)
+                                   env=env(), timeout=120, confirm=rows_past_the_commit)
     assert code == -signal.SIGKILL
     committed = int((tmp_path / "run" / "latest.txt").read_text())
     assert max(json.loads(line)["step"] for line in log.read_text().splitlines()[:-1]) > committed  # rows to drop
