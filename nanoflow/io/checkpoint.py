@@ -28,7 +28,6 @@ from __future__ import annotations
 import datetime
 import logging
 import platform
-import re
 import secrets
 
 import attrs
@@ -47,6 +46,7 @@ from nanoflow.io.marker import (
     sealed,
     step_of,
 )
+from nanoflow.io.retention import LATEST, SAVE_MARKER, plan_clean_up, saves, step_folders
 from nanoflow.io.store import Store, StoreError
 from nanoflow.io.tensorfile import tensor_chunks
 from nanoflow.version import __version__
@@ -58,12 +58,6 @@ __all__ = ["CHECKSUM", "FORMAT", "LATEST", "METADATA", "SAVE_MARKER", "Block", "
            "no_intact_checkpoint",
            "read_metadata", "save_checkpoint", "write_files"]
 
-LATEST = "latest.txt"
-SAVE_MARKER = ".nanoflow-save"
-# The names nanoflow writes inside a step folder (and their temporaries): the only ones it ever deletes there.
-_OURS = re.compile(r"(?:[A-Za-z0-9_]+/rank[0-9]{5}(?:\.[0-9a-f]{8})?\.safetensors|" + re.escape(METADATA) + "|"
-                   + re.escape(SAVE_MARKER) + r")(?:\.tmp-[0-9]+)?")
-_TEMPORARY = re.compile(r".*\.tmp-[0-9]+")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -98,7 +92,7 @@ def _checkpoints_to_try(store: Store) -> list[str]:
     objects = store.objects()
     pointer = _latest_pointer(store, objects)
     found, skipped, damaged = {}, [], False
-    for step in sorted(_step_folders(objects), reverse=True):
+    for step in sorted(step_folders(objects), reverse=True):
         folder = str(step)
         if f"{folder}/{METADATA}" not in objects:
             if f"{folder}/{SAVE_MARKER}" in objects:  # a save of nanoflow's that never committed
@@ -153,10 +147,6 @@ def first_readable(path: str, use):
 def no_intact_checkpoint(path: str, damaged: list[str]) -> DamagedCheckpointError:
     """The error of a run folder none of whose committed checkpoints reads back intact (`damaged`: why each not)."""
     return DamagedCheckpointError(f"{path}: no checkpoint reads back intact: " + "; ".join(damaged))
-
-
-def _step_folders(objects: dict) -> set[int]:
-    return {s for s in (step_of(p.partition("/")[0]) for p in objects if "/" in p) if s is not None}
 
 
 def _latest_pointer(store: Store, objects: dict) -> int | None:
@@ -305,43 +295,26 @@ def commit(root: str, step: int, gathered: list[tuple[dict, dict]], info: dict, 
 
 
 def _clean_up(store: Store, objects: dict, newest: str, written: set[str], keep: int | None) -> None:
-    """After `newest` committed, delete — only by nanoflow's own names, only in folders marked as its saves —
-    the files of `newest` it no longer lists (a replaced step's, a killed write's), temporaries left by
-    killed writes anywhere, saves that never committed, and committed steps beyond the `keep` most
-    recently committed (never `newest`). Commit order, not step order: the higher steps of an abandoned
-    history (a --fresh start, a resume from an older step) go before the new run's own. `objects` is
-    the store's listing from just before the commit."""
-    ours = {step: [p.partition("/")[2] for p in objects if p.startswith(f"{step}/")
-                   and _OURS.fullmatch(p.partition("/")[2])]
-            for step in _step_folders(objects) if f"{step}/{SAVE_MARKER}" in objects}
+    """After `newest` committed, carry out retention.plan_clean_up against the store (`objects`: its listing
+    from just before the commit)."""
+    step = int(newest)
+    ours = saves(objects)
     # A step folder moved elsewhere and linked back is read and resumed from, but nothing is deleted through the link
-    linked = {s for s in ours if str(s) != newest and store.is_link(str(s))}
-    doomed = [s for s, names in ours.items() if METADATA not in names and str(s) != newest]
+    linked = {s for s in ours if s != step and store.is_link(str(s))}
+    times = None
     if keep is not None:
-        times = _commit_times(store, objects, [s for s, names in ours.items() if METADATA in names
-                                               and str(s) != newest])
-        if times is not None:
-            doomed += sorted(times, key=lambda s: (times[s], s), reverse=True)[max(keep - 1, 0):]
-    for step in sorted(s for s in set(doomed) & linked):
-        log.warning(f"{store.url(str(step))} is due for deletion but is a symlink: left as it is (nanoflow deletes "
+        times = _commit_times(store, objects, [s for s, names in ours.items() if METADATA in names and s != step])
+    plan = plan_clean_up(objects, step, written, keep, linked=linked, committed_at=times)
+    for s in plan.left_linked:
+        log.warning(f"{store.url(str(s))} is due for deletion but is a symlink: left as it is (nanoflow deletes "
                     "nothing through a link it did not make)")
-    doomed = [s for s in doomed if s not in linked]
-    ours = {s: names for s, names in ours.items() if s not in linked}
-    leftovers = [f"{newest}/{name}" for name in ours.get(int(newest), []) if name not in written]
-    leftovers += [f"{s}/{name}" for s, names in ours.items() if s not in doomed for name in names
-                  if _TEMPORARY.fullmatch(name) and str(s) != newest]
-    leftovers += [p for p in objects if re.fullmatch(re.escape(LATEST) + r"\.tmp-[0-9]+", p)]
-    store.delete(leftovers)
+    store.delete(list(plan.stray))
     # S3 parts of a killed save (every rank of this one has finished writing); nothing of another run's.
     store.abort_unfinished_uploads(lambda path: path == LATEST or step_of(path.partition("/")[0]) is not None)
-    # Markers first, so that a folder half-deleted by a crash reads as incomplete, never as damaged data;
-    # the save marker last, so that what is left is still known to be nanoflow's.
-    doomed = [str(s) for s in doomed]
-    store.delete([f"{s}/{METADATA}" for s in doomed if METADATA in ours[int(s)]])
-    store.delete([f"{s}/{name}" for s in doomed for name in ours[int(s)] if name not in (METADATA, SAVE_MARKER)])
-    store.delete([f"{s}/{SAVE_MARKER}" for s in doomed])
-    for s in doomed:
-        store.remove_empty_folder(s)
+    for batch in (plan.markers, plan.files, plan.save_markers):
+        store.delete(list(batch))
+    for s in plan.doomed:
+        store.remove_empty_folder(str(s))
 
 
 _NEVER = datetime.datetime.min.replace(tzinfo=datetime.timezone.utc)
