@@ -474,6 +474,11 @@ def _new_client(key):
     import boto3  # reads AWS_ENDPOINT_URL and the credentials from the environment
     from botocore.config import Config
 
+    # botocore's own retry modes ("standard", "adaptive") are switched off, not used, because they retry one
+    # HTTP request: a GET whose body breaks off after the response began, or a multipart upload whose part
+    # failed (which must be aborted and begun again), reaches the caller as an error all the same, so nanoflow
+    # must retry whole reads and writes itself; stacked on that, botocore's tries would multiply the bound on
+    # waiting that tests/unit/test_store_bounds.py derives and docs/s3.md states (attempts x GETS_PER_READ).
     config = Config(retries={"total_max_attempts": 1, "mode": "standard"}, connect_timeout=CONNECT_TIMEOUT,
                     read_timeout=READ_TIMEOUT, max_pool_connections=32)
     _CLIENT.update(key=key, client=boto3.client("s3", config=config))
