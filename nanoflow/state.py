@@ -38,10 +38,10 @@ class RunFacts(Protocol):
 
 
 @define
-class _Lineage:
+class _LiveStep:
     """Shared by a state and its successors: which step the model and optimizer hold now."""
 
-    live_step: int
+    step: int
 
 
 @frozen(eq=False)
@@ -51,7 +51,7 @@ class TrainState:
     optimizer: torch.optim.Optimizer
     lr_origin: int                         # the step the LR schedule counts from (0, or a resume that restarts it)
     run: RunFacts = field(repr=False)      # the nanoflow.run.Run it belongs to
-    _lineage: _Lineage = field(repr=False)
+    _live: _LiveStep = field(repr=False)
 
     @property
     def config(self) -> Config:
@@ -71,19 +71,19 @@ class TrainState:
         return consumed_samples(self.schedule, self.step)
 
     def check_live(self) -> None:
-        if self._lineage.live_step != self.step:
+        if self._live.step != self.step:
             raise StaleStateError(
                 f"this TrainState (step {self.step}) was consumed by train_step: the model and optimizer "
-                f"now hold step {self._lineage.live_step}. Use the state train_step returned.")
+                f"now hold step {self._live.step}. Use the state train_step returned.")
 
     def advance(self, step: int) -> TrainState:
         """The successor after one more optimizer step; marks this state consumed."""
         self.check_live()
         successor = attrs.evolve(self, step=step)
-        self._lineage.live_step = step
+        self._live.step = step
         return successor
 
     @classmethod
     def create(cls, *, step: int, model: Llama, optimizer: torch.optim.Optimizer, lr_origin: int,
                run: RunFacts) -> TrainState:
-        return cls(step, model, optimizer, lr_origin, run, _Lineage(step))
+        return cls(step, model, optimizer, lr_origin, run, _LiveStep(step))
