@@ -316,3 +316,46 @@ def test_qwen_s_vocabulary_through_the_fused_loss(monkeypatch):
     torch.testing.assert_close(results[1][0], results[0][0], rtol=1e-6, atol=0)
     for name, grad in results[0][1].items():
         torch.testing.assert_close(results[1][1][name], grad, rtol=0, atol=1e-6, msg=name)
+
+
+# ---------------------------------------------------------------------------------------------
+# The switches compose with the rest: recompute, bf16, compile (the layouts: tests/e2e/test_families_process.py)
+
+FRESH = {
+    "qwen2": ['model.model_type="qwen2"'],
+    "qwen3": ['model.model_type="qwen3"', "model.head_dim=16", "model.attention_bias=true"],
+    "smollm3": ['model.model_type="smollm3"', "model.num_hidden_layers=4", "model.no_rope_layer_interval=2"],
+}
+
+
+def one_step(config, batch):
+    state, metrics = nanoflow.train_step(nanoflow.init_state(config), batch)
+    return metrics["loss"], metrics["grad_norm"], dict(state.model.named_parameters())
+
+
+@pytest.mark.parametrize("family", FRESH)
+def test_recompute_and_bfloat16_compose_with_the_family_switches(tmp_path, family):
+    from helpers import assert_same_steps
+    from test_step import random_batch
+
+    batch = random_batch(4, 32, seed=1, masked=True)
+    plain = one_step(tiny(tmp_path / "run", *FRESH[family]), batch)
+    assert_same_steps([plain, one_step(tiny(tmp_path / "run", *FRESH[family], "parallelism.recompute_layer=true"),
+                                       batch)])
+    loss, _, params = one_step(tiny(tmp_path / "run", *FRESH[family], 'model.dtype="bfloat16"'), batch)
+    assert loss == pytest.approx(plain[0], abs=0.05) and all(p.dtype == torch.float32 for p in params.values())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["qwen3", "smollm3"])
+def test_compile_composes_with_the_family_switches(tmp_path, family):
+    from nanoflow.build import build_model
+
+    ids = torch.randint(0, 288, (2, 32), generator=torch.Generator().manual_seed(0))
+    grads = []
+    for compiled in (False, True):
+        model = build_model(tiny(tmp_path / "run", *FRESH[family], f"model.compile={str(compiled).lower()}"))
+        model(ids, ids.roll(-1, 1)).backward()
+        grads.append({name: p.grad for name, p in model.named_parameters()})
+    for name, grad in grads[0].items():
+        torch.testing.assert_close(grads[1][name], grad, rtol=0, atol=1e-5, msg=name)
