@@ -359,3 +359,19 @@ def test_compile_composes_with_the_family_switches(tmp_path, family):
         grads.append({name: p.grad for name, p in model.named_parameters()})
     for name, grad in grads[0].items():
         torch.testing.assert_close(grads[1][name], grad, rtol=0, atol=1e-5, msg=name)
+
+
+def test_an_average_of_a_family_s_checkpoints_exports_as_that_family(tmp_path):
+    from nanoflow import io
+    from nanoflow.commands.cli import average_main
+    from nanoflow.model import Llama
+
+    config = tiny(tmp_path / "run", *FRESH["qwen3"], "tokens.train_steps=4", "checkpoints.checkpoint_interval=2")
+    train(config, out=_quiet())
+    assert average_main([str(tmp_path / "run"), str(tmp_path / "avg"), "--last", "2"]) == 0
+    export_hf(str(tmp_path / "avg"), str(tmp_path / "hf"))
+    ours = Llama(config.model)
+    ours.load_state_dict(io.read_model(str(tmp_path / "avg")), strict=False)   # a tied lm_head is stored once
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32).eval()
+    assert type(theirs).__name__ == "Qwen3ForCausalLM"
+    assert (logits(ours, IDS[:, :32]) - logits(theirs, IDS[:, :32])).abs().max().item() <= 1e-5
