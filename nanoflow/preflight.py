@@ -86,11 +86,11 @@ def _weight_problems(config: Config, entries: dict[str, dict]) -> list[str]:
 def parameter_count(model) -> int:
     """Every parameter of the complete [model] config's decoder: the matmul weights, the input embedding unless
     tied, the norms (qwen3's per-head q/k norms too) and the biases."""
-    arch = model.architecture
+    arch, layers = model.architecture, model.num_hidden_layers
     embedding = 0 if model.tie_word_embeddings else model.vocab_size * model.hidden_size
-    norms = (2 * model.num_hidden_layers + 1) * model.hidden_size + model.num_hidden_layers * 2 * arch.head_dim * arch.qk_norm
-    q_width, kv_width = model.num_attention_heads * arch.head_dim, model.num_key_value_heads * arch.head_dim
-    biases = model.num_hidden_layers * ((q_width + 2 * kv_width) * arch.qkv_bias + model.hidden_size * arch.o_bias)
+    norms = (2 * layers + 1) * model.hidden_size + (layers * 2 * arch.head_dim if arch.qk_norm else 0)
+    qkv = (model.num_attention_heads + 2 * model.num_key_value_heads) * arch.head_dim
+    biases = layers * ((qkv if arch.qkv_bias else 0) + (model.hidden_size if arch.o_bias else 0))
     return matmul_parameters(model) + embedding + norms + biases
 
 

@@ -20,6 +20,7 @@ from nanoflow import ConfigError
 from nanoflow.config import FAMILIES, config_from_dict, model_changes, recorded_model
 from nanoflow.config.families import HEADS, WHOLE_WIDTH
 from nanoflow.interop.export import export_hf
+from nanoflow.model import Llama
 from nanoflow.run import open_run
 from nanoflow.training.loop import train
 
@@ -300,7 +301,7 @@ def test_qwen_s_vocabulary_through_the_fused_loss(monkeypatch):
     """Qwen's 151,936 rows: the fused loss (several chunks of positions, the last one short) equals the plain one."""
     config = tiny("unused", 'model.model_type="qwen3"', "model.vocab_size=151936", "model.hidden_size=16",
                   "model.intermediate_size=32", "model.num_hidden_layers=1", "model.head_dim=8").model
-    model = nanoflow.model.Llama(config)
+    model = Llama(config)
     model.reset_parameters(torch.Generator().manual_seed(0))
     ids = torch.randint(0, 151936, (3, 40), generator=torch.Generator().manual_seed(2))
     labels = ids.roll(-1, dims=1)
@@ -364,7 +365,6 @@ def test_compile_composes_with_the_family_switches(tmp_path, family):
 def test_an_average_of_a_family_s_checkpoints_exports_as_that_family(tmp_path):
     from nanoflow import io
     from nanoflow.commands.cli import average_main
-    from nanoflow.model import Llama
 
     config = tiny(tmp_path / "run", *FRESH["qwen3"], "tokens.train_steps=4", "checkpoints.checkpoint_interval=2")
     train(config, out=_quiet())
@@ -375,3 +375,13 @@ def test_an_average_of_a_family_s_checkpoints_exports_as_that_family(tmp_path):
     theirs = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32).eval()
     assert type(theirs).__name__ == "Qwen3ForCausalLM"
     assert (logits(ours, IDS[:, :32]) - logits(theirs, IDS[:, :32])).abs().max().item() <= 1e-5
+
+
+@pytest.mark.parametrize("family", [*FRESH, "llama-biases"])
+def test_the_size_check_counts_every_parameter_of_each_family(tmp_path, family):
+    from nanoflow.preflight import parameter_count
+
+    sets = FRESH.get(family, ["model.attention_bias=true", "model.head_dim=16"])
+    for tied in ("true", "false"):
+        model = tiny(tmp_path, *sets, f"model.tie_word_embeddings={tied}").model
+        assert parameter_count(model) == sum(p.numel() for p in Llama(model).parameters())
