@@ -85,11 +85,13 @@ def _weight_problems(config: Config, entries: dict[str, dict]) -> list[str]:
 
 def parameter_count(model) -> int:
     """Every parameter of the complete [model] config's decoder: the matmul weights, the input embedding unless
-    tied, the norms (qwen3's per-head q/k norms too) and the biases."""
+    tied, the norms (the q/k norms too) and the biases."""
     arch, layers = model.architecture, model.num_hidden_layers
     embedding = 0 if model.tie_word_embeddings else model.vocab_size * model.hidden_size
-    norms = (2 * layers + 1) * model.hidden_size + (layers * 2 * arch.head_dim if arch.qk_norm else 0)
-    qkv = (model.num_attention_heads + 2 * model.num_key_value_heads) * arch.head_dim
+    q_width, kv_width = model.num_attention_heads * arch.head_dim, model.num_key_value_heads * arch.head_dim
+    qk_norms = {"head": 2 * arch.head_dim, "projection": q_width + kv_width, None: 0}[arch.qk_norm]
+    norms = (2 * layers + 1) * model.hidden_size + layers * qk_norms   # two a layer, before or after its blocks
+    qkv = q_width + 2 * kv_width
     biases = layers * ((qkv if arch.qkv_bias else 0) + (model.hidden_size if arch.o_bias else 0))
     return matmul_parameters(model) + embedding + norms + biases
 

@@ -116,7 +116,7 @@ def model_problems(config: Config) -> list[str]:
     """What is wrong with a complete [model] on its own and against the run: head counts, the family's keys, the
     longest sequence against max_position_embeddings and a sliding window, the heads against tp."""
     model, par = config.model, config.parallelism
-    problems = family_problems(model)
+    problems = family_problems(model, par.tp)
     if model.num_attention_heads % model.num_key_value_heads:
         problems.append(f"model.num_attention_heads = {model.num_attention_heads} is not divisible by "
                         f"model.num_key_value_heads = {model.num_key_value_heads}")

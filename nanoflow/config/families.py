@@ -10,6 +10,9 @@ Every family is a Llama decoder with a few switches (the `Architecture` nanoflow
              no shorter than every sequence is reproduced)
     smollm3  the layers `no_rope_layers` marks 0 (else every `no_rope_layer_interval`-th) take no RoPE;
              `attention_bias` on q, k, v and o
+    olmo2    each block's output is RMS-normed before it joins the residual stream (not its input); an
+             RMSNorm over the whole q and k projections, before they are split into heads;
+             `attention_bias` on q, k, v and o
 
 A [model] section is completed here for a fresh start (nanoflow's defaults, whatever the family); an HF
 config.json is read with transformers' own defaults for its family (nanoflow.config.model_checks), and
@@ -54,6 +57,8 @@ FAMILIES = {
                        "num_attention_heads": 16, "num_key_value_heads": 4, "max_position_embeddings": 32768,
                        "rope_theta": 2000000.0, "tie_word_embeddings": True, "attention_bias": False,
                        "no_rope_layer_interval": 4}),
+    "olmo2": Family("Olmo2ForCausalLM", ("attention_bias",),
+                    {**_COMMON, "vocab_size": 50304, "rms_norm_eps": 1e-5, "attention_bias": False}),
 }
 FAMILY_KEYS = ("attention_bias", "sliding_window", "no_rope_layers", "no_rope_layer_interval")   # some families'
 
@@ -62,7 +67,6 @@ OTHER_FAMILIES = {
     "mixtral": "a mixture of experts", "qwen2_moe": "a mixture of experts", "qwen3_moe": "a mixture of experts",
     "olmoe": "a mixture of experts", "deepseek_v3": "a mixture of experts", "gemma2": "logit soft-capping",
     "gemma3_text": "logit soft-capping and sliding layers", "gemma3": "a vision model",
-    "olmo2": "norms after attention and MLP and a q/k norm over the whole projection",
 }
 
 # The sizes a fresh start must state (with an HF init_from, config.json states them).
@@ -89,7 +93,9 @@ class Architecture:
     head_dim: int
     qkv_bias: bool = False           # biases on q_proj, k_proj, v_proj
     o_bias: bool = False             # a bias on o_proj
-    qk_norm: bool = False            # an RMSNorm over head_dim on each query and key head, before RoPE (qwen3)
+    qk_norm: str | None = None       # an RMSNorm on queries and keys before RoPE: over each "head" (qwen3), over the
+                                     # whole "projection" (olmo2)
+    norm_after: bool = False         # each block's output is normed, not its input (olmo2)
     nope_layers: tuple[int, ...] = ()   # the layers that apply no RoPE (smollm3)
 
 
@@ -102,7 +108,8 @@ def architecture(model) -> Architecture:
         head_dim=model.head_dim,
         qkv_bias=family == "qwen2" or bias,
         o_bias=bias,                     # qwen2 has no key: its o_proj never has a bias
-        qk_norm=family == "qwen3",
+        qk_norm={"qwen3": "head", "olmo2": "projection"}.get(family),
+        norm_after=family == "olmo2",
         nope_layers=tuple(i for i in range(model.num_hidden_layers) if not rope[i]) if family == "smollm3" else ())
 
 
@@ -144,12 +151,15 @@ def complete(model):
     return attrs.evolve(model, **filled)
 
 
-def family_problems(model) -> list[str]:
-    """What a complete [model] asks of its family that the family does not have or cannot be."""
+def family_problems(model, tp: int = 1) -> list[str]:
+    """What a complete [model] asks of its family that the family does not have or cannot be (on `tp` ranks)."""
     family = model.model_type
     problems = [f"model.{key} = {_toml(getattr(model, key))}: model_type = \"{family}\" has no {key} "
                 f"({_who_has(key)})"
                 for key in FAMILY_KEYS if getattr(model, key) is not None and key not in FAMILIES[family].own_keys]
+    if family == "olmo2" and tp > 1:
+        problems.append(f"parallelism.tp = {tp}: olmo2's q/k norms span the whole projection, which tensor "
+                        "parallelism splits over ranks; nanoflow trains olmo2 on tp = 1 (dp shards it)")
     if family == "llama" and model.hidden_size % model.num_attention_heads:
         # transformers' LlamaConfig refuses it even with head_dim stated
         problems.append(f"model.hidden_size = {model.hidden_size} is not divisible by model.num_attention_heads = "
@@ -214,7 +224,7 @@ def hf_config(model: dict, *, dtype: str = "float32", bos_token_id: int | None =
     }
     if family in ("llama", "qwen3", "mistral") or head_dim != model["hidden_size"] // heads:
         config["head_dim"] = head_dim   # the others' config classes have no head_dim, but their models read one
-    if family in ("llama", "qwen3", "smollm3"):
+    if family in ("llama", "qwen3", "smollm3", "olmo2"):
         config["attention_bias"] = bool(model.get("attention_bias", False))
     if family in ("llama", "smollm3"):
         config["mlp_bias"] = False

@@ -70,8 +70,8 @@ class RopeScalingArgs:
 
 @frozen
 class ModelArgs:
-    """[model]: a decoder of one of transformers' families (Llama, Qwen2, Qwen3, Mistral, SmolLM3), in HF config.json
-    names, plus how to train it.
+    """[model]: a decoder of one of transformers' families (Llama, Qwen2, Qwen3, Mistral, SmolLM3, OLMo 2), in HF
+    config.json names, plus how to train it.
 
     With `init_from` naming an HF model folder the architecture is read from its config.json and every
     architecture key here may be left out; a key that is given must agree with config.json. Without one, a
@@ -79,9 +79,9 @@ class ModelArgs:
     whatever the family (docs/hf.md has each family's keys and the switches they make).
     """
 
-    model_type: Literal["llama", "qwen2", "qwen3", "mistral", "smollm3"] | None = key(
-        "the family, HF's model_type: what differs from Llama is a few switches (q/k/v biases, a q/k RMSNorm per "
-        "head, layers without RoPE; docs/hf.md)", None, shown='`"llama"`; with init_from: config.json\'s')
+    model_type: Literal["llama", "qwen2", "qwen3", "mistral", "smollm3", "olmo2"] | None = key(
+        "the family, HF's model_type: what differs from Llama is a few switches (q/k/v biases, q/k RMSNorms, "
+        "layers without RoPE, norms after the blocks; docs/hf.md)", None, shown='`"llama"`; with init_from: config.json\'s')
     vocab_size: int | None = key("the embedding's rows: at least the tokenizer's vocabulary (at most 2³², token "
                                  "files hold ids as uint32)", None, validator=optional([*positive, le(1 << 32)]),
                                  shown=REQUIRED)
@@ -99,8 +99,8 @@ class ModelArgs:
     head_dim: int | None = key("the width of each attention head (Qwen3 and Mistral state it; q_proj has "
                                "num_attention_heads × head_dim outputs)", None, validator=optional(positive),
                                shown="hidden_size / num_attention_heads" + FROM_HF)
-    attention_bias: bool | None = key("llama, qwen3, smollm3: biases on the q, k, v and o projections (qwen2 has "
-                                      "them on q, k, v always; mistral never)", None, shown="`false`" + FROM_HF)
+    attention_bias: bool | None = key("llama, qwen3, smollm3, olmo2: biases on the q, k, v and o projections (qwen2 "
+                                      "has them on q, k, v always; mistral never)", None, shown="`false`" + FROM_HF)
     sliding_window: int | Literal[False] | None = key(
         "mistral: each position attends to this many positions up to itself; nanoflow attends to every earlier "
         "one, so it must be at least every stage's and eval set's sequence_length (false: no window, "

@@ -135,7 +135,7 @@ def parallelize(model: torch.nn.Module, topology: Topology, config: Config) -> t
 
     if topology.tp > 1:
         styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel, "by_head": _by_head}
-        plan = {**TP_PLAN, **(QK_NORM_PLAN if config.model.architecture.qk_norm else {})}
+        plan = {**TP_PLAN, **(QK_NORM_PLAN if config.model.architecture.qk_norm == "head" else {})}
         if config.parallelism.tp_mode == "REDUCE_SCATTER":
             _parallelize_sequence(model, topology.mesh["tp"], plan)
         else:

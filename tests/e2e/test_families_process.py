@@ -1,5 +1,5 @@
-"""Each model family in real processes: bin/verify-resume passes on one process; under torchrun (gloo, dp=2 × tp=2)
-the run matches the single-process one and a stopped run resumes to the same bits; the dp=2 × tp=2 checkpoint
+"""Each model family in real processes: bin/verify-resume passes on one process; under torchrun (gloo, dp=2 × tp=2;
+olmo2 dp=4) the run matches the single-process one and a stopped run resumes to the same bits; that checkpoint
 exports to a folder of the family that transformers loads, and bin/eval's loss is transformers' on the same
 eval samples."""
 
@@ -23,12 +23,15 @@ from nanoflow.interop.nanotron import to_toml
 pytestmark = pytest.mark.slow
 
 # tiny.toml's model as each family, with what sets the family apart switched on (q/k/v and o biases, a q/k norm
-# per head, head_dim ≠ hidden / heads, a window no sequence reaches, a layer without RoPE)
+# per head or over the projection, head_dim ≠ hidden / heads, a window no sequence reaches, a layer without RoPE,
+# norms after the blocks), and the 4-process layout it runs on (olmo2 has no tensor parallelism)
 FAMILIES = {
-    "qwen2": ['model.model_type="qwen2"'],
-    "qwen3": ['model.model_type="qwen3"', "model.head_dim=16", "model.attention_bias=true"],
-    "mistral": ['model.model_type="mistral"', "model.head_dim=12", "model.sliding_window=64"],
-    "smollm3": ['model.model_type="smollm3"', "model.no_rope_layer_interval=2", "model.attention_bias=true"],
+    "qwen2": (['model.model_type="qwen2"'], (2, 2)),
+    "qwen3": (['model.model_type="qwen3"', "model.head_dim=16", "model.attention_bias=true"], (2, 2)),
+    "mistral": (['model.model_type="mistral"', "model.head_dim=12", "model.sliding_window=64"], (2, 2)),
+    "smollm3": (['model.model_type="smollm3"', "model.no_rope_layer_interval=2", "model.attention_bias=true"],
+                (2, 2)),
+    "olmo2": (['model.model_type="olmo2"', "model.head_dim=12", "model.attention_bias=true"], (4, 1)),
 }
 WORDS = TINY.parent / "data" / "words" / "pretrain.txt"
 ENV = {"OMP_NUM_THREADS": "1"}
@@ -36,7 +39,7 @@ ENV = {"OMP_NUM_THREADS": "1"}
 
 def family_config(tmp_path: Path, family: str) -> Path:
     """tiny.toml as `family` (COMMON's 4 steps, saved every 2) with an eval set, written out whole (paths absolute)."""
-    raw = tiny(tmp_path / "unused", *COMMON, *FAMILIES[family]).to_dict()
+    raw = tiny(tmp_path / "unused", *COMMON, *FAMILIES[family][0]).to_dict()
     raw["evaluation"] = {"datasets": [{"name": "words", "max_samples": 6, "dataset": {
         "hf_dataset_or_datasets": "text", "hf_data_files": [str(WORDS)]}}]}
     path = tmp_path / f"{family}.toml"
@@ -55,18 +58,20 @@ def train(config: Path, run: Path, *extra: str, layout=(1, 1)):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_a_family_resumes_exactly_on_one_process_and_on_dp2_tp2_and_exports_what_bin_eval_scores(tmp_path, family):
+def test_a_family_resumes_exactly_on_one_process_and_on_4_processes_and_exports_what_bin_eval_scores(tmp_path,
+                                                                                                        family):
     config = family_config(tmp_path, family)
     verified = run_command("verify-resume", config, "--kills", "2", "--seed", "1", "--workdir", tmp_path / "verify",
                            env=ENV)
     assert verified.returncode == 0 and "PASS" in verified.stdout, verified.stdout + verified.stderr
     single = tmp_path / "verify" / "straight"
 
-    straight, stopped = tmp_path / "dp2tp2", tmp_path / "dp2tp2-stopped"
-    train(config, straight, layout=(2, 2))
-    train(config, stopped, "--until-step", "2", layout=(2, 2))
+    layout = FAMILIES[family][1]
+    straight, stopped = tmp_path / "straight", tmp_path / "stopped"
+    train(config, straight, layout=layout)
+    train(config, stopped, "--until-step", "2", layout=layout)
     assert io.read_metadata(str(stopped))["step"] == 2
-    resumed = train(config, stopped, layout=(2, 2))
+    resumed = train(config, stopped, layout=layout)
     assert "resum" in resumed.stdout
     assert first_difference(io.read_checkpoint(str(straight)), io.read_checkpoint(str(stopped))) is None
     ours, reference = io.read_model(str(straight)), io.read_model(str(single))

@@ -25,7 +25,8 @@ from nanoflow.run import open_run
 from nanoflow.training.loop import train
 
 CLASSES = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config, "qwen3": transformers.Qwen3Config,
-           "mistral": transformers.MistralConfig, "smollm3": transformers.SmolLM3Config}
+           "mistral": transformers.MistralConfig, "smollm3": transformers.SmolLM3Config,
+           "olmo2": transformers.Olmo2Config}
 # tiny.toml's vocabulary (the byte tokenizer's 257 ids fit), GQA, 4 layers; no special ids (SmolLM3's defaults are
 # beyond this vocabulary)
 SIZES = dict(vocab_size=288, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=8,
@@ -42,6 +43,8 @@ SHAPES = {
     "mistral-window": ("mistral", dict(sliding_window=4096)),
     "smollm3-list": ("smollm3", dict(no_rope_layers=[1, 0, 1, 0], no_rope_layer_interval=3)),   # the list wins
     "smollm3-interval": ("smollm3", dict(no_rope_layer_interval=2, tie_word_embeddings=False)),
+    "olmo2": ("olmo2", dict(rope_theta=500000.0)),                                  # OLMo-2-1B's layout
+    "olmo2-biases-head_dim": ("olmo2", dict(attention_bias=True, head_dim=4, tie_word_embeddings=True)),
 }
 
 
@@ -147,6 +150,7 @@ ABSENT = {
     "mistral": ("num_key_value_heads", "head_dim", "sliding_window", "rms_norm_eps"),
     "smollm3": ("no_rope_layers", "no_rope_layer_interval", "rope_parameters", "tie_word_embeddings",
                 "attention_bias", "num_key_value_heads"),
+    "olmo2": ("num_key_value_heads", "rms_norm_eps", "attention_bias", "max_position_embeddings"),
 }
 
 
@@ -248,7 +252,7 @@ def test_a_key_given_in_model_must_agree_with_config_json(tmp_path):
 
 @pytest.mark.parametrize("sets, message", [
     (['model.model_type="qwen2"', "model.attention_bias=true"],
-     'model.attention_bias = true: model_type = "qwen2" has no attention_bias (only llama, qwen3, smollm3 have it)'),
+     'model.attention_bias = true: model_type = "qwen2" has no attention_bias (only llama, qwen3, smollm3, olmo2 have it)'),
     (["model.no_rope_layers=[1, 0]"], 'model.no_rope_layers = [1, 0]: model_type = "llama" has no no_rope_layers '
                                       "(only smollm3 has it)"),
     (['model.model_type="smollm3"', "model.no_rope_layers=[1, 0, 1]"], "model.no_rope_layers has 3 entries, one per "
@@ -259,6 +263,8 @@ def test_a_key_given_in_model_must_agree_with_config_json(tmp_path):
     (['model.model_type="qwen3"', "model.hidden_size=30"], "model.hidden_size = 30 is not divisible by "
                                                           "model.num_attention_heads = 4 (or state model.head_dim)"),
     (['model.model_type="gemma2"'], "model.model_type"),
+    (['model.model_type="olmo2"', "parallelism.tp=2"], "parallelism.tp = 2: olmo2's q/k norms span the whole "
+                                                        "projection, which tensor parallelism splits over ranks"),
 ])
 def test_a_fresh_model_of_a_family_is_checked_when_loaded(tmp_path, sets, message):
     with pytest.raises(ConfigError) as error:
@@ -277,7 +283,7 @@ def test_a_fresh_model_needs_its_sizes_unless_an_hf_folder_gives_them(tmp_path):
     qwen3 = config_from_dict(raw, "test.toml", ["model.vocab_size=288", "model.intermediate_size=64",
                                                 "model.num_hidden_layers=2", "model.num_attention_heads=4"]).model
     assert (qwen3.head_dim, qwen3.num_key_value_heads, qwen3.attention_bias, qwen3.rms_norm_eps) == (16, 4, False, 1e-5)
-    assert (qwen3.architecture.qk_norm, qwen3.architecture.qkv_bias, qwen3.sliding_window) == (True, False, None)
+    assert (qwen3.architecture.qk_norm, qwen3.architecture.qkv_bias, qwen3.sliding_window) == ("head", False, None)
 
 
 def test_smollm3_s_no_rope_layers_come_from_the_interval_and_the_list_wins(tmp_path):
@@ -326,6 +332,7 @@ FRESH = {
     "qwen2": ['model.model_type="qwen2"'],
     "qwen3": ['model.model_type="qwen3"', "model.head_dim=16", "model.attention_bias=true"],
     "smollm3": ['model.model_type="smollm3"', "model.num_hidden_layers=4", "model.no_rope_layer_interval=2"],
+    "olmo2": ['model.model_type="olmo2"', "model.attention_bias=true"],
 }
 
 
@@ -348,7 +355,7 @@ def test_recompute_and_bfloat16_compose_with_the_family_switches(tmp_path, famil
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family", ["qwen3", "smollm3"])
+@pytest.mark.parametrize("family", ["qwen3", "smollm3", "olmo2"])
 def test_compile_composes_with_the_family_switches(tmp_path, family):
     from nanoflow.build import build_model
 
@@ -359,7 +366,8 @@ def test_compile_composes_with_the_family_switches(tmp_path, family):
         model(ids, ids.roll(-1, 1)).backward()
         grads.append({name: p.grad for name, p in model.named_parameters()})
     for name, grad in grads[0].items():
-        torch.testing.assert_close(grads[1][name], grad, rtol=0, atol=1e-5, msg=name)
+        scale = grad.abs().max().item()   # a summed loss: gradients up to 1e3; compiled kernels sum in another order
+        torch.testing.assert_close(grads[1][name], grad, rtol=0, atol=1e-6 * scale, msg=name)
 
 
 def test_an_average_of_a_family_s_checkpoints_exports_as_that_family(tmp_path):
