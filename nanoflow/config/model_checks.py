@@ -166,7 +166,7 @@ def model_changes(saved: dict, current: dict) -> dict[str, list[str]]:
     return changes
 
 
-# What each config.json value must be: (the kinds it may have, in words).
+# The type each config.json value nanoflow reads must have (a number must also be positive).
 _KINDS = {"vocab_size": int, "hidden_size": int, "intermediate_size": int, "num_hidden_layers": int,
           "num_attention_heads": int, "num_key_value_heads": int, "head_dim": int, "max_position_embeddings": int,
           "rms_norm_eps": (int, float), "initializer_range": (int, float), "tie_word_embeddings": bool,
@@ -215,22 +215,26 @@ def model_from_hf(model: ModelArgs, hf: dict, source: str = "config.json") -> tu
             continue
         if key == "no_rope_layers" and hf.get(key) is None:
             continue   # filled in below, from the interval
+        if key == "no_rope_layer_interval" and key in hf and hf[key] is None and hf.get("no_rope_layers") is None:
+            return model, [f"{source}: no_rope_layer_interval = null: not a valid value without no_rope_layers "
+                           "(transformers' smollm3 finds the layers without RoPE from it)"]
         if key == "head_dim" and key in hf and hf[key] is None and family not in ("llama", "mistral"):
             unsupported.append(f"head_dim = null (transformers' {family} model reads a number)")
             continue
         read[key], wheres[key] = _hf_value(hf, key, family, read)
-        kind = _KINDS[key]
-        if read[key] is not False and (not isinstance(read[key], kind) or (kind is int and isinstance(read[key], bool))):
-            return model, [f"{source}: {wheres[key]} = {read[key]!r}: not a valid value"]
+        value, kind = read[key], _KINDS[key]
+        number = kind is not bool and kind is not list
+        if value is not False and (not isinstance(value, kind) or (number and (isinstance(value, bool) or value <= 0))):
+            return model, [f"{source}: {wheres[key]} = {value!r}: not a valid value"]
     if family == "smollm3" and "no_rope_layers" not in read:
-        if not isinstance(read["no_rope_layer_interval"], int) or read["no_rope_layer_interval"] < 1:
-            return model, [f"{source}: no_rope_layer_interval = {read['no_rope_layer_interval']!r}: not a valid value"]
         read["no_rope_layers"] = nope_from_interval(read["num_hidden_layers"], read["no_rope_layer_interval"])
         wheres["no_rope_layers"] = f"no_rope_layers (absent: from no_rope_layer_interval = {read['no_rope_layer_interval']})"
     _, rope, theta_where = hf_rope(hf, FAMILIES[family].hf_defaults["rope_theta"])
     read["rope_theta"], wheres["rope_theta"] = rope["rope_theta"], theta_where
     for key, value in read.items():
         ours = getattr(model, key)
+        if key == "initializer_range":   # it only draws the weights init_from replaces: [model]'s, when given
+            continue
         if ours is not None and (value != ours or isinstance(value, bool) != isinstance(ours, bool)):
             shown = "null" if value is False and "null" in wheres[key] else repr(value)
             problems.append(f"model.{key} = {ours!r}, but {source} has {wheres[key]} = {shown}")

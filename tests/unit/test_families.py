@@ -393,3 +393,15 @@ def test_the_size_check_counts_every_parameter_of_each_family(tmp_path, family):
     for tied in ("true", "false"):
         model = tiny(tmp_path, *sets, f"model.tie_word_embeddings={tied}").model
         assert parameter_count(model) == sum(p.numel() for p in Llama(model).parameters())
+
+
+@pytest.mark.parametrize("change", [{"num_attention_heads": 0}, {"hidden_size": "64"}, {"head_dim": True},
+                                    {"no_rope_layer_interval": None}, {"rms_norm_eps": -1e-6}])
+def test_a_config_json_value_that_is_not_a_size_is_named(tmp_path, change):
+    hf_model("smollm3").save_pretrained(tmp_path / "hf")
+    path = tmp_path / "hf" / "config.json"
+    written = {k: v for k, v in json.loads(path.read_text()).items() if k != "no_rope_layers"}
+    path.write_text(json.dumps({**written, **change}))
+    key = next(iter(change))
+    with pytest.raises(ConfigError, match=rf"model.init_from: .*config.json: {key}.* = .*: not a valid value"):
+        init_from_config(tmp_path, tmp_path / "hf")
