@@ -71,11 +71,12 @@ OTHER_FAMILIES = {
 
 # The sizes a fresh start must state (with an HF init_from, config.json states them).
 REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
-# nanoflow's defaults for a fresh start, whatever the family (the sliding window: none).
 DEFAULT_FAMILY = "llama"
-FRESH_DEFAULTS = {"max_position_embeddings": 2048, "rms_norm_eps": 1e-5,
-                  "rope_theta": 10000.0, "tie_word_embeddings": False, "initializer_range": 0.02,
-                  "attention_bias": False, "sliding_window": False, "no_rope_layer_interval": 4}
+# nanoflow's defaults for a fresh start, whatever the family (the sliding window: none); num_key_value_heads
+# and head_dim follow from the heads and hidden_size (complete)
+FRESH_DEFAULTS = {"max_position_embeddings": 2048, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+                  "tie_word_embeddings": False, "initializer_range": 0.02, "attention_bias": False,
+                  "sliding_window": False, "no_rope_layer_interval": 4}
 
 
 def nope_from_interval(layers: int, interval: int) -> list[int]:
