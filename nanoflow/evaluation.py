@@ -217,6 +217,7 @@ def evaluate_checkpoint(path: str, config: Config | None = None, overrides=(), t
                           "[[evaluation.datasets]], or add them with --set")
     step = int(metadata["step"])
     run = open_run(config, topology=topology)
+    config = run.config   # its [model] complete
     sets = load_eval_sets(config, run.tokenizer)
     model = load_checkpoint_weights(config, run.topology, reader, path)
     schedule = run.schedule

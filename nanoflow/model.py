@@ -1,13 +1,17 @@
-"""A Llama decoder with the parameter names, shapes and RoPE convention of HF's LlamaForCausalLM.
+"""A Llama decoder with the parameter names, shapes and RoPE convention of HF's LlamaForCausalLM, and the few
+switches that make it HF's Qwen2, Qwen3, Mistral, SmolLM3 or OLMo 2 instead.
 
 `cfg` is any object with: vocab_size, hidden_size, intermediate_size, num_hidden_layers,
 num_attention_heads, num_key_value_heads, max_position_embeddings, rms_norm_eps,
 rope_theta, tie_word_embeddings, initializer_range, and optionally rope_scaling (None, or an object with
 rope_type "default" | "linear" | "llama3" and that type's factor, low_freq_factor, high_freq_factor,
-original_max_position_embeddings: nanoflow.config.RopeScalingArgs).
+original_max_position_embeddings: nanoflow.config.RopeScalingArgs) and `architecture`, the family's switches
+(nanoflow.config.Architecture: head_dim, qkv_bias, o_bias, qk_norm, norm_after, nope_layers); without it, a
+plain Llama's.
 """
 
 import math
+from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
@@ -79,23 +83,44 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + rotate_half(x) * sin
 
 
+def architecture(cfg):
+    """The family's switches (nanoflow.config.Architecture); a config without them (a bare namespace) is a Llama's."""
+    arch = getattr(cfg, "architecture", None)
+    return arch if arch is not None else SimpleNamespace(
+        head_dim=cfg.hidden_size // cfg.num_attention_heads, qkv_bias=False, o_bias=False, qk_norm=None,
+        norm_after=False, nope_layers=())
+
+
 class Attention(nn.Module):
-    def __init__(self, cfg):
+    def __init__(self, cfg, layer: int = 0):
         super().__init__()
-        self.head_dim = cfg.hidden_size // cfg.num_attention_heads
-        self.q_proj = nn.Linear(cfg.hidden_size, cfg.num_attention_heads * self.head_dim, bias=False)
-        self.k_proj = nn.Linear(cfg.hidden_size, cfg.num_key_value_heads * self.head_dim, bias=False)
-        self.v_proj = nn.Linear(cfg.hidden_size, cfg.num_key_value_heads * self.head_dim, bias=False)
-        self.o_proj = nn.Linear(cfg.num_attention_heads * self.head_dim, cfg.hidden_size, bias=False)
+        arch = architecture(cfg)
+        self.head_dim = arch.head_dim
+        self.q_proj = nn.Linear(cfg.hidden_size, cfg.num_attention_heads * self.head_dim, bias=arch.qkv_bias)
+        self.k_proj = nn.Linear(cfg.hidden_size, cfg.num_key_value_heads * self.head_dim, bias=arch.qkv_bias)
+        self.v_proj = nn.Linear(cfg.hidden_size, cfg.num_key_value_heads * self.head_dim, bias=arch.qkv_bias)
+        self.o_proj = nn.Linear(cfg.num_attention_heads * self.head_dim, cfg.hidden_size, bias=arch.o_bias)
+        # Queries and keys RMS-normed before RoPE: each head over head_dim (Qwen3), or the whole projection (OLMo 2)
+        self.qk_norm = arch.qk_norm
+        if self.qk_norm is not None:
+            whole = self.qk_norm == "projection"
+            self.q_norm = RMSNorm(self.q_proj.out_features if whole else self.head_dim, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(self.k_proj.out_features if whole else self.head_dim, cfg.rms_norm_eps)
+        self.use_rope = layer not in arch.nope_layers   # SmolLM3's NoPE layers attend without positions
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         B, T, _ = x.shape
         # Head counts come from the projection outputs, not the config, so column-sharded
         # (tensor-parallel) projections that hold only a slice of the heads still work.
-        q = self.q_proj(x).view(B, T, -1, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(B, T, -1, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(B, T, -1, self.head_dim).transpose(1, 2)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        if self.qk_norm == "projection":
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k, v = (t.view(B, T, -1, self.head_dim) for t in (q, k, v))
+        if self.qk_norm == "head":
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        if self.use_rope:
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         # enable_gqa maps query head h to kv head h // (n_heads // n_kv_heads), the same as HF's repeat_kv.
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
         return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))
@@ -113,14 +138,21 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg):
+    def __init__(self, cfg, layer: int = 0):
         super().__init__()
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Attention(cfg)
+        self.norm_after = architecture(cfg).norm_after
+        if not self.norm_after:
+            self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg, layer)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
+        if self.norm_after:
+            self.post_feedforward_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        if self.norm_after:   # OLMo 2: each block's output is normed before it joins the residual stream
+            x = x + self.post_attention_layernorm(self.self_attn(x, cos, sin))
+            return x + self.post_feedforward_layernorm(self.mlp(x))
         x = x + self.self_attn(self.input_layernorm(x), cos, sin)
         return x + self.mlp(self.post_attention_layernorm(x))
 
@@ -131,9 +163,9 @@ class LlamaModel(nn.Module):
     def __init__(self, cfg):
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, layer) for layer in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.head_dim = cfg.hidden_size // cfg.num_attention_heads
+        self.head_dim = architecture(cfg).head_dim
         self.rope_theta = cfg.rope_theta
         self.rope_scaling = getattr(cfg, "rope_scaling", None)
         self.max_position_embeddings = cfg.max_position_embeddings
@@ -179,7 +211,7 @@ class Llama(nn.Module):
 
     @torch.no_grad()
     def reset_parameters(self, generator: torch.Generator) -> None:
-        """HF's _init_weights: Linear/Embedding ~ N(0, initializer_range), norms = 1.
+        """HF's _init_weights: Linear/Embedding ~ N(0, initializer_range), biases = 0, norms = 1.
 
         Draws only from `generator` (never the global RNG), in module order, so equal seeds give bitwise-equal models.
         """
@@ -188,6 +220,8 @@ class Llama(nn.Module):
             if isinstance(module, (nn.Linear, nn.Embedding)) and id(module.weight) not in seen:
                 seen.add(id(module.weight))
                 nn.init.normal_(module.weight, mean=0.0, std=self.cfg.initializer_range, generator=generator)
+                if getattr(module, "bias", None) is not None:
+                    nn.init.zeros_(module.bias)
             elif isinstance(module, RMSNorm):
                 nn.init.ones_(module.weight)
 

@@ -5,9 +5,10 @@
 
 `open_run` is the one place the schedule is built, the topology joined and the tokenizer loaded.
 `load_config` has already applied every rule a config file can break on its own (config/checks.py);
-`open_run` applies the ones that need more than the file (nanoflow/preflight.py): the model's size
-against this machine, the tokenizer against model.vocab_size, an HF `init_from` folder against
-[model] — before the run folder is locked, data is tokenized or a weight is read.
+`open_run` applies the ones that need more than the file (nanoflow/preflight.py): an HF `init_from` folder's
+config.json completes [model] (the run's config is that completed one, recorded in every checkpoint), then the
+model's size against this machine, the tokenizer against model.vocab_size, the folder's weights against [model]
+— before the run folder is locked, data is tokenized or a weight is read.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from nanoflow.data.fingerprint import Fingerprints
 from nanoflow.data.tokenizer import Tokenizer, load_run_tokenizer
 from nanoflow.io.store import is_remote
 from nanoflow.parallel.mesh import SINGLE, Topology, init_topology
-from nanoflow.preflight import check_init_from, check_model_size
+from nanoflow.preflight import check_init_from, check_model_size, complete_from_init
 from nanoflow.schedule import Schedule
 
 
@@ -59,7 +60,8 @@ def open_run(config: Config, *, topology: Topology | None = None, join: bool = T
     without `join` a single process, for a plan. Raises the NanoflowError of the first check that fails."""
     if topology is None:
         topology = init_topology(config) if join else SINGLE
-    check_model_size(config)  # first: the typo of a size is what to fix, whatever else is wrong
+    config = complete_from_init(config)  # first: an HF init_from's config.json completes [model]
+    check_model_size(config)  # then: the typo of a size is what to fix, whatever else is wrong
     tokenizer = load_run_tokenizer(config)
     check_init_from(config)
     return Run(config, Schedule.from_config(config), tokenizer, topology)

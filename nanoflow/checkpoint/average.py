@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from nanoflow import io
-from nanoflow.config import MODEL_KEYS
+from nanoflow.config import MODEL_KEYS, recorded_model
 from nanoflow.errors import AverageError
 from nanoflow.io.checkpoint import commit, new_save, write_files
 from nanoflow.io.marker import step_of
@@ -55,8 +55,9 @@ def _same_model(readers: list[io.CheckpointReader]) -> None:
     first = readers[0]
     for other in readers[1:]:
         a, b = first.metadata["config"], other.metadata["config"]
-        differences = [f"model.{key} is {a['model'].get(key)} in {first.path} but {b['model'].get(key)} in "
-                       f"{other.path}" for key in ARCHITECTURE if a["model"].get(key) != b["model"].get(key)]
+        ours, theirs = recorded_model(a["model"]), recorded_model(b["model"])   # a record from before a key: its default
+        differences = [f"model.{key} is {ours.get(key)} in {first.path} but {theirs.get(key)} in "
+                       f"{other.path}" for key in ARCHITECTURE if ours.get(key) != theirs.get(key)]
         if a.get("tokenizer") != b.get("tokenizer"):
             differences.append(f"the tokenizer is {a.get('tokenizer')} in {first.path} but {b.get('tokenizer')} in "
                                f"{other.path}")

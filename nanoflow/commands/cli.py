@@ -207,8 +207,9 @@ def _prepare(args: argparse.Namespace) -> int:
 def export_main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog=program("bin/export"),
-        description="Write a checkpoint as an HF transformers Llama folder (config.json, the weights, the tokenizer) "
-                    "that AutoModelForCausalLM.from_pretrained and AutoTokenizer.from_pretrained load.",
+        description="Write a checkpoint as an HF transformers folder of its model family (config.json as transformers "
+                    "writes that model_type, the weights, the tokenizer) that AutoModelForCausalLM.from_pretrained and "
+                    "AutoTokenizer.from_pretrained load.",
         epilog=f"Example: {program('bin/export')} runs/curriculum hf/curriculum")
     parser.add_argument("checkpoint", help="a run folder (its latest committed checkpoint) or a step folder; "
                                            "local or s3://bucket/prefix")

@@ -17,6 +17,7 @@ from pathlib import Path
 import attrs
 
 from nanoflow.commands.report import COLORS, _figure, read_run_metadata
+from nanoflow.config import recorded_model
 from nanoflow.errors import CompareError
 from nanoflow.flops import flops_per_token
 from nanoflow.io.store import is_remote
@@ -30,6 +31,7 @@ class _Model:   # the [model] keys flops_per_token reads, from a checkpoint's re
     num_hidden_layers: int
     num_attention_heads: int
     num_key_value_heads: int
+    head_dim: int
     vocab_size: int
 
 
@@ -53,7 +55,8 @@ class RunResult:
 def step_flops(metadata: dict, metrics: list[dict]) -> dict[int, float]:
     """{step: the training FLOPs of that step}: its tokens × flops_per_token at its stage's sequence length."""
     config = metadata["config"]
-    model = _Model(**{k: config["model"][k] for k in attrs.fields_dict(_Model)})
+    recorded = recorded_model(config["model"])   # complete, also a record older than the model families
+    model = _Model(**{k: recorded[k] for k in attrs.fields_dict(_Model)})
     default = config["tokens"]["sequence_length"]
     lengths = {s["name"]: s.get("sequence_length") or default for s in config.get("data_stages", [])}
     return {m["step"]: m["tokens"] * flops_per_token(model, lengths.get(m["stage"], default)) for m in metrics}

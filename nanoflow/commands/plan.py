@@ -39,8 +39,8 @@ def render_plan(run) -> str:
         f"{config.general.project}/{config.general.run}: {schedule.train_steps:,} steps, "
         f"{len(schedule.stages)} stage{'s' * (len(schedule.stages) != 1)}, dp={config.parallelism.dp} tp={config.parallelism.tp}"
         + (" (sequence parallel)" if config.parallelism.tp_mode == "REDUCE_SCATTER" else ""),
-        f"model: {model.num_hidden_layers} layers × {model.hidden_size} hidden, {model.num_attention_heads} heads "
-        f"({model.num_key_value_heads} kv), vocab {model.vocab_size}, {model.dtype}",
+        f"model: {_family(model)}{model.num_hidden_layers} layers × {model.hidden_size} hidden, "
+        f"{model.num_attention_heads} heads ({model.num_key_value_heads} kv), vocab {model.vocab_size}, {model.dtype}",
         _tokenizer_line(run.tokenizer),
         "",
         line(header),
@@ -52,6 +52,14 @@ def render_plan(run) -> str:
         f"checkpoints: {_shown_path(config.checkpoints.checkpoints_path)} every {config.checkpoints.checkpoint_interval} steps",
     ]
     return "\n".join(out)
+
+
+def _family(model) -> str:
+    """A family other than Llama, named first: "qwen3 (head_dim 128), "."""
+    if model.model_type == "llama":
+        return ""
+    head = "" if model.head_dim * model.num_attention_heads == model.hidden_size else f" (head_dim {model.head_dim})"
+    return f"{model.model_type}{head}, "
 
 
 def source_shares(run, step: int) -> dict[str, float] | None:

@@ -207,10 +207,7 @@ def evaluation_problems(config: Config) -> list[str]:
         if entry.metric == "exact_match" and not dataset.is_sft:
             problems.append(f'{label}.metric = "exact_match" needs prompt/completion data (prompt_column_name and '
                             "completion_column_name): it compares the greedy answer to the completion")
-        length = config.eval_sequence_length(entry)
-        if length > config.model.max_position_embeddings:
-            problems.append(f"{label}: sequence_length = {length} exceeds model.max_position_embeddings = "
-                            f"{config.model.max_position_embeddings}")
+        length = config.eval_sequence_length(entry)   # against the model's bounds: checks.model_problems
         if config.parallelism.tp_mode == "REDUCE_SCATTER" and length % config.parallelism.tp:
             problems.append(f"{label}: sequence_length = {length} is not divisible by parallelism.tp = "
                             f'{config.parallelism.tp}, which parallelism.tp_mode = "REDUCE_SCATTER" needs')

@@ -20,7 +20,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-from nanoflow.config.checks import validate
+from nanoflow.config.checks import complete_model, validate
 from nanoflow.config.keys import DATASET_NAME, PATH, TOKENIZER_PATH, is_union
 from nanoflow.config.schema import BUILDERS, Config, ConfigError
 from nanoflow.config.structure import converter
@@ -85,6 +85,11 @@ def _structure(raw: dict, where: str, base: Path | None = None) -> Config:
         raise ConfigError(f"{where}:\n  " + "\n  ".join(_describe_structure_errors(e, raw))) from None
     if base is not None:
         config = resolve_paths(config, base)
+    if config.model.init_from is None:   # a fresh start: [model] completed here (else by nanoflow.preflight)
+        try:
+            return complete_model(config)
+        except ConfigError as e:
+            raise ConfigError(f"{where}:\n  {e}") from None
     problems = validate(config)
     if problems:
         raise ConfigError(f"{where}:\n  " + "\n  ".join(problems))

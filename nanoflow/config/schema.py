@@ -17,6 +17,7 @@ import attrs
 from attrs import Factory, frozen
 from attrs.validators import ge, instance_of, le, optional
 
+from nanoflow.config.families import Architecture, architecture
 from nanoflow.config.keys import PATH, TOKENIZER_PATH, key, non_negative, positive, positive_float, unit_interval
 from nanoflow.config.locations import BUILDERS  # noqa: F401 - nanoflow.config's name for it comes from here
 from nanoflow.config.stages import (  # noqa: F401 - re-exported: the schema is one namespace
@@ -29,6 +30,9 @@ from nanoflow.config.stages import (  # noqa: F401 - re-exported: the schema is 
     StageLRSchedulerArgs,
 )
 from nanoflow.errors import ConfigError  # noqa: F401 - imported from here
+
+REQUIRED = "required (with init_from: config.json's)"
+FROM_HF = " (with init_from: config.json's)"
 
 
 @frozen
@@ -66,35 +70,75 @@ class RopeScalingArgs:
 
 @frozen
 class ModelArgs:
-    """[model]: a Llama decoder, in HF LlamaConfig names, plus how to train it."""
+    """[model]: a decoder of one of transformers' families (Llama, Qwen2, Qwen3, Mistral, SmolLM3, OLMo 2), in HF
+    config.json names, plus how to train it.
 
-    vocab_size: int = key("the embedding's rows: at least the tokenizer's vocabulary (at most 2³², token files "
-                          "hold ids as uint32)", validator=[*positive, le(1 << 32)])
-    hidden_size: int = key("the width of the residual stream", validator=positive)
-    intermediate_size: int = key("the width of each MLP's hidden layer (SwiGLU)", validator=positive)
-    num_hidden_layers: int = key("the number of decoder layers", validator=positive)
-    num_attention_heads: int = key("query heads per layer; hidden_size must divide by it", validator=positive)
-    num_key_value_heads: int = key(
-        "key/value heads per layer (grouped-query attention); num_attention_heads must divide by it",
-        Factory(lambda self: self.num_attention_heads, takes_self=True), validator=positive,
-        shown="num_attention_heads")
-    max_position_embeddings: int = key("the longest sequence: every stage's and eval set's sequence_length must "
-                                       "fit", 2048, validator=positive)
-    rms_norm_eps: float = key("the epsilon of every RMSNorm", 1e-5, validator=positive_float)
-    rope_theta: float = key("RoPE's base: the frequencies are rope_theta^(-2i/head_dim)", 10000.0,
-                            validator=positive_float)
+    With `init_from` naming an HF model folder the architecture is read from its config.json and every
+    architecture key here may be left out; a key that is given must agree with config.json. Without one, a
+    fresh model needs its five sizes (vocab_size … num_attention_heads); the other keys have the defaults shown,
+    whatever the family (docs/hf.md has each family's keys and the switches they make).
+    """
+
+    model_type: Literal["llama", "qwen2", "qwen3", "mistral", "smollm3", "olmo2"] | None = key(
+        "the family, HF's model_type: what differs from Llama is a few switches (q/k/v biases, q/k RMSNorms, "
+        "layers without RoPE, norms after the blocks; docs/hf.md)", None, shown='`"llama"`; with init_from: config.json\'s')
+    vocab_size: int | None = key("the embedding's rows: at least the tokenizer's vocabulary (at most 2³², token "
+                                 "files hold ids as uint32)", None, validator=optional([*positive, le(1 << 32)]),
+                                 shown=REQUIRED)
+    hidden_size: int | None = key("the width of the residual stream", None, validator=optional(positive),
+                                  shown=REQUIRED)
+    intermediate_size: int | None = key("the width of each MLP's hidden layer (SwiGLU)", None,
+                                        validator=optional(positive), shown=REQUIRED)
+    num_hidden_layers: int | None = key("the number of decoder layers", None, validator=optional(positive),
+                                        shown=REQUIRED)
+    num_attention_heads: int | None = key("query heads per layer", None, validator=optional(positive),
+                                          shown=REQUIRED)
+    num_key_value_heads: int | None = key(
+        "key/value heads per layer (grouped-query attention); num_attention_heads must divide by it", None,
+        validator=optional(positive), shown="num_attention_heads" + FROM_HF)
+    head_dim: int | None = key("the width of each attention head (Qwen3 and Mistral state it; q_proj has "
+                               "num_attention_heads × head_dim outputs)", None, validator=optional(positive),
+                               shown="hidden_size / num_attention_heads" + FROM_HF)
+    attention_bias: bool | None = key("llama, qwen3, smollm3, olmo2: biases on the q, k, v and o projections (qwen2 "
+                                      "has them on q, k, v always; mistral never)", None, shown="`false`" + FROM_HF)
+    sliding_window: int | Literal[False] | None = key(
+        "mistral: each position attends to this many positions up to itself; nanoflow attends to every earlier "
+        "one, so it must be at least every stage's and eval set's sequence_length (false: no window, "
+        "config.json's null)", None, shown="`false`" + FROM_HF)
+    no_rope_layers: list[int] | None = key(
+        "smollm3: one entry per layer, 1 where the layer applies RoPE, 0 where it attends without positions "
+        "(NoPE); given, it wins over no_rope_layer_interval", None,
+        shown="from no_rope_layer_interval" + FROM_HF)
+    no_rope_layer_interval: int | None = key("smollm3: without no_rope_layers, every layer i with i + 1 a "
+                                             "multiple of it takes no RoPE", None, validator=optional(positive),
+                                             shown="`4`" + FROM_HF)
+    max_position_embeddings: int | None = key("the longest sequence: every stage's and eval set's sequence_length "
+                                              "must fit", None, validator=optional(positive), shown="`2048`" + FROM_HF)
+    rms_norm_eps: float | None = key("the epsilon of every RMSNorm", None, validator=optional(positive_float),
+                                     shown="`1e-05`" + FROM_HF)
+    rope_theta: float | None = key("RoPE's base: the frequencies are rope_theta^(-2i/head_dim)", None,
+                                   validator=optional(positive_float), shown="`10000.0`" + FROM_HF)
     rope_scaling: RopeScalingArgs | None = key("HF's rope_scaling, computed as transformers does "
-                                                     "(docs/hf.md); unset: plain RoPE", None)
-    tie_word_embeddings: bool = key("lm_head.weight is embed_tokens.weight", False)
-    initializer_range: float = key("the std of the normal distribution a fresh start draws every weight matrix "
-                                   "from (norms start at 1)", 0.02, validator=positive_float)
+                                                     "(docs/hf.md); unset: plain RoPE (with init_from: "
+                                                     "config.json's)", None)
+    tie_word_embeddings: bool | None = key("lm_head.weight is embed_tokens.weight", None,
+                                           shown="`false`" + FROM_HF)
+    initializer_range: float | None = key("the std of the normal distribution a fresh start draws every weight "
+                                          "matrix from (norms start at 1, biases at 0)", None,
+                                          validator=optional(positive_float), shown="`0.02`" + FROM_HF)
     dtype: Literal["float32", "bfloat16"] = key('"bfloat16": bf16 autocast; the master weights and AdamW moments '
                                                 "stay float32", "float32")
     compile: bool = key("torch.compile each decoder layer (worth it on GPUs; on CPUs the first steps pay for the "
                         "compilation)", False)
-    init_from: str | None = key("start a new run from these weights: a checkpoint (run or step folder) or an "
-                                      "HF Llama folder (config.json + safetensors); read at step 0 only", None,
-                                      path=PATH)
+    init_from: str | None = key("start a new run from these weights: a checkpoint (run or step folder), or an "
+                                "HF model folder (config.json + safetensors) of a family above, whose config.json "
+                                "then gives every architecture key left out here; read at step 0 only", None,
+                                path=PATH)
+
+    @property
+    def architecture(self) -> Architecture:
+        """The switches nanoflow.model builds this family's decoder with (set once the keys are complete)."""
+        return architecture(self)
 
 
 @frozen

@@ -1,4 +1,4 @@
-"""Export a checkpoint as an HF `transformers` Llama folder (see nanoflow/io/hf.py for the folder).
+"""Export a checkpoint as an HF `transformers` folder of its model family (see nanoflow/io/hf.py for the folder).
 
 Reads a run folder (its latest intact checkpoint) or a step folder, local or s3://, and writes a
 local folder or an s3:// prefix: the weights and config.json as io writes them, plus the run's own
@@ -13,6 +13,7 @@ import os
 
 import torch
 
+from nanoflow.config import hf_config, recorded_model
 from nanoflow.data.tokenizer import TOKENIZER_CONFIG, load_tokenizer
 from nanoflow.errors import NanoflowError
 from nanoflow.io.hf import (
@@ -22,7 +23,6 @@ from nanoflow.io.hf import (
     GENERATION_CONFIG,
     byte_tokenizer_json,
     generation_config,
-    hf_config,
     write_weights,
 )
 from nanoflow.io.reader import read_checkpoint
@@ -33,7 +33,8 @@ log = logging.getLogger(__name__)
 
 def export_hf(checkpoint_path: str, out_dir: str, *, max_shard_size: int = DEFAULT_MAX_SHARD_SIZE,
               dtype: str | None = None) -> dict:
-    """Write checkpoint `checkpoint_path` (a run folder or step folder, local or s3://) as an HF Llama folder.
+    """Write checkpoint `checkpoint_path` (a run folder or step folder, local or s3://) as an HF folder of its
+    model_type (config.json as transformers writes that family: nanoflow.config.hf_config).
 
     Weights go to model.safetensors, or to model-0000i-of-0000n.safetensors shards with an index
     when they exceed `max_shard_size` bytes. `dtype` ("float32", "bfloat16", "float16") casts the
@@ -48,7 +49,7 @@ def export_hf(checkpoint_path: str, out_dir: str, *, max_shard_size: int = DEFAU
         raise ValueError(f"max_shard_size must be positive, got {max_shard_size}")
     checkpoint = read_checkpoint(checkpoint_path, groups=("model",))
     meta, tensors = checkpoint.metadata, dict(checkpoint.groups["model"])
-    model = meta["config"]["model"]
+    model = recorded_model(meta["config"]["model"])   # complete, also a record older than the model families
     if model.get("tie_word_embeddings"):
         tensors.pop("lm_head.weight", None)   # HF saves a tied head once, as the embedding
     if dtype is not None:

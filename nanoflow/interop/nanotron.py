@@ -1,7 +1,8 @@
 """nanotron YAML config → nanoflow TOML config.
 
 nanoflow's schema is nanotron's, key for key, except `[model]`, which is nanotron's
-`model.model_config` (HF LlamaConfig names) flattened, plus `model.dtype`. So the converter
+`model.model_config` (HF config.json names) flattened, plus `model.dtype`; the model family follows from
+nanotron's model config class and the keys that change its decoder (_family). So the converter
 walks the YAML beside nanoflow's own config classes (nanoflow.config): a key nanoflow has is
 carried over, a key it has not is named in the report with its value and, where known, why.
 Nothing is dropped silently; a null value means "not set" and needs no report. A dropped key
@@ -34,6 +35,7 @@ from nanoflow.interop.nanotron_keys import (
     NANOTRON_DATA_SEED,
     NANOTRON_DTYPE,
     NEUTRAL,
+    QWEN2_FIELDS,
     REASONS,
 )
 from nanoflow.interop.toml_writer import to_toml
@@ -251,7 +253,8 @@ def _model(record: _Conversion, model) -> dict:
         del model_config["rope_interleaved"]
     rope = _rope_scaling(record, model_config.pop("rope_scaling", None),
                          model_config.pop("rope_seq_len_interpolation_factor", None))
-    out = record.table(model_config, schema.ModelArgs, "model.model_config")
+    family = _family(record, model_config)   # before the table: attention_bias means another thing per class
+    out = {**record.table(model_config, schema.ModelArgs, "model.model_config"), **family}
     for key, default in MODEL_DEFAULTS.items():
         if _unset(model_config, key):
             _fill(record, out, "model.model_config", key, default, "nanotron's LlamaConfig default")
@@ -284,25 +287,67 @@ def _model(record: _Conversion, model) -> dict:
     return out
 
 
+def _family(record: _Conversion, model_config: dict) -> dict:
+    """The [model] keys of the nanoflow family nanotron's model config builds, its keys that say so taken out of
+    `model_config`. nanotron's Llama builds every projection without a bias (its attention_bias is read by nothing);
+    its Qwen2 (models/qwen.py) biases q, k and v with attention_bias (nanoflow's qwen2), skips RoPE in every layer
+    i with i + 1 a multiple of no_rope_layer (SmolLM3's no_rope_layer_interval: nanoflow's smollm3) and attends
+    to the last sliding_window_size positions with sliding_window_size (nanoflow's mistral when there are neither
+    biases nor NoPE layers)."""
+    where = "model.model_config"
+    bias = model_config.pop("attention_bias", None)
+    qwen2 = model_config.get("is_llama_config") is not True and any(
+        model_config.get(key) is not None for key in QWEN2_FIELDS)
+    if not qwen2:
+        if bias:
+            record.notes.append(f"{where}.attention_bias = true: nanotron's Llama builds its projections without "
+                                "biases whatever it says, and so does nanoflow's llama")
+        return {}
+    nope, window = model_config.pop("no_rope_layer", None), model_config.pop("sliding_window_size", None)
+    if nope is not None and not _fits(nope, int):
+        record.drop(f"{where}.no_rope_layer", nope, "expected a number of layers")
+        nope = None
+    out = {}
+    if nope is not None:
+        out = {"model_type": "smollm3", "no_rope_layer_interval": nope}
+        record.notes.append(f"{where}.no_rope_layer = {nope} → model_type = \"smollm3\", no_rope_layer_interval = "
+                            f"{nope} (every layer i with i + 1 a multiple of {nope} takes no RoPE, as in nanotron)")
+        record.drop(f"{where}.attention_bias", bias or None)
+    elif bias:
+        out = {"model_type": "qwen2"}
+        record.notes.append(f'{where}.attention_bias = true → model_type = "qwen2" (biases on q, k and v)')
+    if window is not None and not out and _fits(window, int) and window > 0:
+        out = {"model_type": "mistral", "sliding_window": window}
+        record.notes.append(f'{where}.sliding_window_size = {window} → model_type = "mistral", sliding_window = '
+                            f"{window}: nanoflow attends to every earlier position, so every sequence_length must be at "
+                            "most the window (the config refuses to load otherwise)")
+    else:
+        record.drop(f"{where}.sliding_window_size", window)
+    return out
+
+
 def _refuse_other_models(model_config: dict) -> None:
     """A model config nanotron reads as another class than its Llama or Qwen2 (by its flag, or by fields only that
     class has), or with a flag the converter does not know, is refused by name: carried over key for key it would
     become a Llama of LlamaConfig's default shape."""
     flags = [key for key, value in model_config.items()
              if isinstance(key, str) and re.fullmatch(r"is_\w+_config", key) and value is True]
+    moe = model_config.get("moe_config")
+    if moe is not None and not (isinstance(moe, dict) and moe.get("layers") == []):   # MoEConfig.layers: [] is none
+        raise NanotronConfigError("model.model_config.moe_config: nanotron's Qwen2 with mixture-of-experts layers; "
+                                  "nanoflow trains dense models, so it cannot be converted")
     for flag in flags:
         if flag not in MODEL_CONFIG_FLAGS:
             known = ", ".join(name for name, _ in MODEL_CONFIG_FLAGS.values())
             raise NanotronConfigError(f"model.model_config.{flag} = true: a model config the converter does not know "
-                                      f"(nanotron's are {known}); nanoflow trains Llama models only (nanotron's "
-                                      "LlamaConfig or Qwen2Config)")
+                                      f"(nanotron's are {known}); nanoflow converts nanotron's LlamaConfig and "
+                                      "Qwen2Config only")
     for flag, (name, why) in MODEL_CONFIG_FLAGS.items():
         own = [key for key in MODEL_CONFIG_FIELDS.get(flag, ()) if key in model_config]
         if why is not None and (flag in flags or own):
             how = f"{flag} = true" if flag in flags else f"its key{'s' if len(own) > 1 else ''} {', '.join(own)}"
-            raise NanotronConfigError(f"model.model_config is nanotron's {name} ({how}): {why}; nanoflow trains "
-                                      "Llama models only (nanotron's LlamaConfig or Qwen2Config), so it cannot be "
-                                      "converted")
+            raise NanotronConfigError(f"model.model_config is nanotron's {name} ({how}): {why}; nanoflow converts "
+                                      "nanotron's LlamaConfig and Qwen2Config only, so it cannot be converted")
 
 
 def _in_order(table: dict, cls) -> dict:

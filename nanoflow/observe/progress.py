@@ -190,13 +190,14 @@ def header(state, costs: FlopsAndPeak) -> list[str]:
     per_token = ", ".join(f"{flops_per_token(model, s.sequence_length) / 1e6:,.3g} M at sequence length "
                           f"{s.sequence_length}" for s in _distinct_lengths(schedule))
     peak = "" if costs.peak is None else f"peak {_flop_rate(costs.peak)} ({costs.peak_source})"
+    family = "" if model.model_type == "llama" else f"{model.model_type}, "
     start = (f"fresh start at step 1 of {schedule.train_steps}" if state.step == 0 else
              f"resumed after step {state.step} of {schedule.train_steps}")
     if state.step == 0 and model.init_from is not None:
         start += f", weights from init_from = {model.init_from}"
     return [
-        f"model: {parameters:,} parameters ({model.num_hidden_layers} layers × {model.hidden_size} hidden, vocabulary "
-        f"{model.vocab_size}), {dtype}; model FLOPs a token: {per_token}",
+        f"model: {parameters:,} parameters ({family}{model.num_hidden_layers} layers × {model.hidden_size} hidden, "
+        f"vocabulary {model.vocab_size}), {dtype}; model FLOPs a token: {per_token}",
         f"device: {costs.device}; " + (peak or f"no MFU ({costs.peak_source})"),
         f"layout: dp {parallelism.dp} × tp {parallelism.tp} (tp_mode {parallelism.tp_mode}), recompute_layer "
         f"{_on(parallelism.recompute_layer)}, compile {_on(model.compile)}",

@@ -2,9 +2,10 @@
 and the one place where the model is sharded — with PyTorch's own FSDP2 and DTensor APIs.
 
 Tensor parallel (the "tp" mesh dimension): q/k/v/gate/up are split column-wise (by output
-features, so each rank holds whole heads), o/down row-wise (their all-reduce restores the full
-hidden state). Embeddings, norms and lm_head stay replicated across tp: with a small vocabulary
-that costs less than sharding and keeps tied embeddings simple. With tp_mode = "REDUCE_SCATTER"
+features, so each rank holds whole heads; their biases with them), o/down row-wise (their all-reduce
+restores the full hidden state; o's bias is added once, after it). Qwen3's per-head q/k norms are
+replicated and act on the heads each rank holds. Embeddings, norms and lm_head stay replicated
+across tp: with a small vocabulary that costs less than sharding and keeps tied embeddings simple. With tp_mode = "REDUCE_SCATTER"
 (sequence parallelism) the norms and the residual stream hold a slice of the positions instead.
 
 Data parallel (the "dp" mesh dimension): FSDP2 `fully_shard` per decoder layer and on the root,
@@ -34,6 +35,9 @@ TP_PLAN = {
     "self_attn.o_proj": "rowwise",
     "mlp.gate_proj": "colwise", "mlp.up_proj": "colwise", "mlp.down_proj": "rowwise",
 }
+# Qwen3's per-head q/k norms act inside each head, on the heads a rank holds: their weights are replicated over
+# tp (as DTensors, so that each rank's gradient, from its own heads, is summed over tp), their input split by head.
+QK_NORM_PLAN = {"self_attn.q_norm": "by_head", "self_attn.k_norm": "by_head"}
 
 
 @attrs.frozen
@@ -130,12 +134,13 @@ def parallelize(model: torch.nn.Module, topology: Topology, config: Config) -> t
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
     if topology.tp > 1:
-        styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
+        styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel, "by_head": _by_head}
+        plan = {**TP_PLAN, **(QK_NORM_PLAN if config.model.architecture.qk_norm == "head" else {})}
         if config.parallelism.tp_mode == "REDUCE_SCATTER":
-            _parallelize_sequence(model, topology.mesh["tp"])
+            _parallelize_sequence(model, topology.mesh["tp"], plan)
         else:
             for layer in model.model.layers:
-                parallelize_module(layer, topology.mesh["tp"], {path: styles[s]() for path, s in TP_PLAN.items()})
+                parallelize_module(layer, topology.mesh["tp"], {path: styles[s]() for path, s in plan.items()})
     if config.parallelism.recompute_layer:
         for layer in model.model.layers:
             _recompute(layer)
@@ -165,7 +170,14 @@ def _recompute(layer: torch.nn.Module) -> None:
     layer.forward = recomputed
 
 
-def _parallelize_sequence(model: torch.nn.Module, tp_mesh: DeviceMesh) -> None:
+def _by_head():
+    """A norm over head_dim applied to [batch, positions, heads, head_dim] activations split by head over tp."""
+    from torch.distributed.tensor.parallel import SequenceParallel
+
+    return SequenceParallel(sequence_dim=2, use_local_output=True)
+
+
+def _parallelize_sequence(model: torch.nn.Module, tp_mesh: DeviceMesh, plan: dict[str, str]) -> None:
     """TP_PLAN with sequence parallelism (nanotron's tp_mode = "REDUCE_SCATTER"): between the blocks
     the residual stream and the norms hold sequence_length / tp positions on each rank instead of all
     of them. Each attention or MLP block all-gathers its normed input by position, and its row-wise
@@ -185,12 +197,13 @@ def _parallelize_sequence(model: torch.nn.Module, tp_mesh: DeviceMesh) -> None:
         return PrepareModuleInput(input_layouts=(Shard(1),) + (None,) * (args - 1),
                                   desired_input_layouts=(Replicate(),) + (None,) * (args - 1), use_local_output=True)
 
-    styles = {"colwise": ColwiseParallel(), "rowwise": RowwiseParallel(output_layouts=Shard(1))}
+    styles = {"colwise": ColwiseParallel, "rowwise": lambda: RowwiseParallel(output_layouts=Shard(1)),
+              "by_head": _by_head}
     for layer in model.model.layers:
         parallelize_module(layer, tp_mesh, {
             "input_layernorm": SequenceParallel(), "self_attn": gather(3),
             "post_attention_layernorm": SequenceParallel(), "mlp": gather(1),
-            **{path: styles[style] for path, style in TP_PLAN.items()}})
+            **{path: styles[style]() for path, style in plan.items()}})
     parallelize_module(model, tp_mesh, {
         "model.embed_tokens": PrepareModuleOutput(output_layouts=Replicate(), desired_output_layouts=Shard(1)),
         "model.norm": SequenceParallel(), "lm_head": gather(1)})

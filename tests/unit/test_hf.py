@@ -177,8 +177,8 @@ def test_unsupported_hf_architecture_is_named(tmp_path):
     hf_folder(tmp_path / "hf", tied=True)
     path = tmp_path / "hf" / "config.json"
     config = json.loads(path.read_text())
-    path.write_text(json.dumps({**config, "hidden_act": "gelu", "attention_bias": True}))
-    with pytest.raises(ConfigError, match=r"hidden_act = 'gelu'.*\n.*attention_bias"):
+    path.write_text(json.dumps({**config, "hidden_act": "gelu", "mlp_bias": True}))
+    with pytest.raises(ConfigError, match=r"hidden_act = 'gelu'.*\(model_type = 'llama'\)\n.*mlp_bias"):
         checked(tmp_path, f"model.init_from={json.dumps(str(tmp_path / 'hf'))}")
 
 
@@ -255,11 +255,14 @@ def scaled_hf_folder(path: Path, rope_scaling: dict) -> transformers.LlamaForCau
 def test_rope_scaled_hf_folder_trains_and_exports_with_its_scaling(tmp_path, rope_scaling):
     source = scaled_hf_folder(tmp_path / "hf_in", rope_scaling)
     init = f"model.init_from={json.dumps(str(tmp_path / 'hf_in'))}"
-    with pytest.raises(ConfigError, match=r"model.rope_scaling.rope_type = 'default' \(unset: plain RoPE\), but "
+    other = {"rope_type": "linear", "factor": 3.0} if rope_scaling["rope_type"] == "llama3" else {**LLAMA3}
+    with pytest.raises(ConfigError, match=rf"model.rope_scaling.rope_type = '{other['rope_type']}', but "
                                           rf".*config.json has rope_parameters.rope_type = '{rope_scaling['rope_type']}'"):
-        checked(tmp_path, init, *SCALED_MODEL)
-    config = checked(tmp_path, init, *SCALED_MODEL, "tokens.train_steps=3",
-                  f"model.rope_scaling={toml_table(rope_scaling)}")
+        checked(tmp_path, init, *SCALED_MODEL, f"model.rope_scaling={toml_table(other)}")
+    # Unset, [model.rope_scaling] is config.json's; stated, it must be the same.
+    assert checked(tmp_path, init, *SCALED_MODEL).model.rope_scaling == \
+        checked(tmp_path, init, *SCALED_MODEL, f"model.rope_scaling={toml_table(rope_scaling)}").model.rope_scaling
+    config = checked(tmp_path, init, *SCALED_MODEL, "tokens.train_steps=3")
     ids = torch.randint(0, 288, (2, 100), generator=torch.Generator().manual_seed(0))   # past L = 32
     with torch.no_grad():
         assert (nanoflow.init_state(config).model(ids) - source(ids).logits).abs().max().item() <= 1e-5
@@ -338,9 +341,7 @@ def test_bad_rope_scaling_is_named_at_load(tmp_path, table, message):
 
 REFUSED = [   # config.json key, value, what the message says
     ("attention_dropout", 0.1, "attention_dropout = 0.1"),
-    ("attention_bias", True, "attention_bias = true"),
     ("mlp_bias", True, "mlp_bias = true"),
-    ("head_dim", 16, "head_dim = 16 != hidden_size / num_attention_heads"),
     ("hidden_act", "gelu", "hidden_act = 'gelu'"),
     ("pretraining_tp", 2, "pretraining_tp = 2"),
     ("rope_scaling", {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32},
@@ -352,8 +353,10 @@ REFUSED = [   # config.json key, value, what the message says
     ("sliding_window", 16, "sliding_window = 16"),
     ("layer_types", ["sliding_attention", "full_attention"], "layer_types = ['full_attention', 'sliding_attention']"),
     ("quantization_config", {"quant_method": "bitsandbytes", "load_in_4bit": True}, "quantization_config"),
-    ("model_type", "mistral", "model_type = 'mistral'"),
+    ("model_type", "qwen3_moe", "model_type = 'qwen3_moe' (a mixture of experts)"),
+    ("model_type", "gemma2", "model_type = 'gemma2' (logit soft-capping)"),
     ("architectures", ["LlamaForSequenceClassification"], "architectures = ['LlamaForSequenceClassification']"),
+    ("rope_parameters", {"full_attention": {"rope_type": "default", "rope_theta": 1e4}}, "rope_parameters by layer type"),
 ]
 
 
@@ -407,7 +410,8 @@ DAMAGE = [
      ["missing lm_head.weight", "tie_word_embeddings = false, so the output head lm_head.weight must be stored"]),
     ("q/k/v biases", True, llamafied_biases,
      ["unexpected model.layers.0.self_attn.k_proj.bias, model.layers.0.self_attn.q_proj.bias",
-      "model.layers.1.self_attn.v_proj.bias", "nanoflow's Llama has no biases"]),
+      "model.layers.1.self_attn.v_proj.bias", 'describes a llama without these biases (a Qwen2 "llamafied" with its '
+      'q/k/v biases is a qwen2: model_type = "qwen2" in its config.json)']),
     ("a shape", True, lambda t: t.update({"model.norm.weight": torch.ones(16)}),
      ["model.norm.weight has shape [16], the model expects [32]"]),
     ("a dtype", True, lambda t: t.update({"model.norm.weight": torch.ones(32, dtype=torch.int8)}),

@@ -660,7 +660,8 @@ def test_keys_of_current_nanotron_that_change_the_run_are_named():
     raw["optimizer"]["weight_decay_exclude_named_params"] = [".*norm.*"]
     lines = convert(raw)[1].lines()
     for line in ("not carried over: model.model_config.z_loss_enabled = true (no z-loss",
-                 "not carried over: model.model_config.attention_bias = true (nanoflow's projections have no bias)",
+                 "note: model.model_config.attention_bias = true: nanotron's Llama builds its projections without "
+                 "biases whatever it says",
                  "not carried over: model.model_config.sliding_window_size = 64",
                  "ignored: model.model_config._attn_implementation",
                  'not carried over: optimizer.weight_decay_exclude_named_params = [".*norm.*"]',
@@ -727,6 +728,50 @@ def test_a_model_config_that_is_not_a_llama_is_refused_by_name(tmp_path, model_c
 
     (tmp_path / "model.yaml").write_text(yaml.safe_dump(raw))
     assert convert_nanotron_config_main([str(tmp_path / "model.yaml")]) == 2
+
+
+# nanotron's Qwen2Config (models/qwen.py): attention_bias biases q, k and v; no_rope_layer = N skips RoPE where
+# (layer + 1) % N == 0; sliding_window_size W attends to W positions (window_size = (W - 1, 0)).
+@pytest.mark.parametrize("keys, family, model, line", [
+    ({"attention_bias": True}, "qwen2", {}, 'model.model_config.attention_bias = true → model_type = "qwen2"'),
+    ({"no_rope_layer": 2}, "smollm3", {"no_rope_layer_interval": 2},
+     'model.model_config.no_rope_layer = 2 → model_type = "smollm3", no_rope_layer_interval = 2'),
+    ({"no_rope_layer": 2, "attention_bias": True}, "smollm3", {"no_rope_layer_interval": 2},
+     "not carried over: model.model_config.attention_bias = true (nanotron's Qwen2 biases q, k and v; nanoflow's "
+     "smollm3"),
+    ({"sliding_window_size": 256}, "mistral", {"sliding_window": 256},
+     'model.model_config.sliding_window_size = 256 → model_type = "mistral", sliding_window = 256'),
+    ({"sliding_window_size": 256, "attention_bias": True}, "qwen2", {},
+     "not carried over: model.model_config.sliding_window_size = 256 (nanoflow reproduces a sliding window as "
+     "mistral only"),
+    ({"attention_bias": False, "_fused_rms_norm": True}, "llama", {}, "ignored: model.model_config._fused_rms_norm"),
+])
+def test_nanotron_s_qwen2_converts_to_the_family_its_decoder_is(tmp_path, monkeypatch, keys, family, model, line):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    write_data(tmp_path)
+    raw = yaml.safe_load(NANOTRON_YAML)
+    config = {k: v for k, v in raw["model"]["model_config"].items() if k != "is_llama_config"}
+    raw["model"]["model_config"] = {**config, "is_qwen2_config": True, "max_position_embeddings": 64, **keys}
+    raw["data_stages"][1]["sequence_length"] = 64
+    text, report = convert(raw)
+    assert any(l.startswith(line) or l.startswith(f"note: {line}") for l in report.lines()), report.lines()
+    (tmp_path / "schedule.toml").write_text(text)
+    loaded = load_config(tmp_path / "schedule.toml").model
+    assert loaded.model_type == family and all(getattr(loaded, k) == v for k, v in model.items())
+    arch = loaded.architecture
+    assert (arch.qkv_bias, arch.o_bias) == (family == "qwen2", False)
+    # nanotron's rule for the layers without RoPE: (layer_idx + 1) % no_rope_layer == 0
+    nope = keys.get("no_rope_layer")
+    assert arch.nope_layers == tuple(i for i in range(2) if nope and (i + 1) % nope == 0)
+
+
+def test_a_mixture_of_experts_qwen2_is_refused_by_name():
+    raw = yaml.safe_load(NANOTRON_YAML)
+    raw["model"]["model_config"] = {**raw["model"]["model_config"], "is_llama_config": None, "is_qwen2_config": True,
+                                    "moe_config": {"num_experts": 8, "top_k": 2}}
+    with pytest.raises(ValueError, match=r"model.model_config.moe_config: nanotron's Qwen2 with mixture-of-experts "
+                                         r"layers; nanoflow trains dense models"):
+        convert(raw)
 
 
 def test_llama_and_qwen2_model_configs_still_convert():
