@@ -181,14 +181,14 @@ def _parallelize_sequence(model: torch.nn.Module, tp_mesh: DeviceMesh) -> None:
         parallelize_module,
     )
 
-    def gather(args: int) -> PrepareModuleInput:  # the hidden state by position → whole; cos and sin pass as they are
+    def gather(args: int) -> PrepareModuleInput:  # the hidden state by position → whole; the rest pass as they are
         return PrepareModuleInput(input_layouts=(Shard(1),) + (None,) * (args - 1),
                                   desired_input_layouts=(Replicate(),) + (None,) * (args - 1), use_local_output=True)
 
     styles = {"colwise": ColwiseParallel(), "rowwise": RowwiseParallel(output_layouts=Shard(1))}
     for layer in model.model.layers:
         parallelize_module(layer, tp_mesh, {
-            "input_layernorm": SequenceParallel(), "self_attn": gather(3),
+            "input_layernorm": SequenceParallel(), "self_attn": gather(4),   # x, cos, sin, documents
             "post_attention_layernorm": SequenceParallel(), "mlp": gather(1),
             **{path: styles[style] for path, style in TP_PLAN.items()}})
     parallelize_module(model, tp_mesh, {
