@@ -5,6 +5,7 @@ against transformers' DataCollatorWithFlattening and datatrove's own positions."
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 import torch
 import torch.nn.functional as F
 import transformers
@@ -224,3 +225,43 @@ def test_sft_rows_under_document_masking_are_one_document_each(tmp_path):
     with open_stage(config, 0, BYTES, Schedule.from_config(config), cache_dir=str(tmp_path / "cache")) as loader:
         batch = loader.batch_at(1)
     assert torch.equal(batch["position_ids"], torch.arange(8).expand(2, 8))
+
+
+# ---- what a document is: the text builder's sample_by, as datasets reads it ----
+
+TEXT = "first line\nsecond line\n\nnew paragraph\n\n\nthird paragraph, one line\nlast line without a newline"
+
+
+@pytest.mark.parametrize("sample_by", ["document", "line", "paragraph"])
+def test_sample_by_makes_datasets_own_rows_the_documents(tmp_path, sample_by):
+    import datasets
+
+    for name in "ab":
+        (tmp_path / f"{name}.txt").write_text(f"{name}: {TEXT}")
+    files = [str(tmp_path / "a.txt"), str(tmp_path / "b.txt")]
+    dataset = {"hf_dataset_or_datasets": "text", "hf_data_files": files, "sample_by": sample_by}
+    config = load(tmp_path, [stage("pretrain", 1, dataset)], sequence_length=8, micro_batch_size=1, accumulation=1)
+    cache = str(tmp_path / "cache")   # one cache for all three: a sample_by must never read another's tokens
+    with open_stage(config, 0, BYTES, Schedule.from_config(config), cache_dir=cache) as loader:
+        tokens = loader.parts[0].source.tokens.tolist()
+    rows = datasets.load_dataset("text", data_files=files, sample_by=sample_by, split="train", cache_dir=cache)["text"]
+    assert tokens == [t for row in rows for t in BYTES.encode(row) + [EOS]]
+    assert (len(rows) == 2) == (sample_by == "document")    # two files: two documents, or many lines or paragraphs
+
+
+def test_sample_by_is_refused_where_rows_come_from_another_builder_and_shown_in_the_plan(tmp_path):
+    from nanoflow.commands.plan import render_plan
+    from nanoflow.config import ConfigError
+    from nanoflow.run import open_run
+
+    (tmp_path / "a.txt").write_text(TEXT * 20)
+    (tmp_path / "b.jsonl").write_text('{"text": "x"}\n')
+    text = {"hf_dataset_or_datasets": "text", "hf_data_files": str(tmp_path / "a.txt"), "sample_by": "paragraph"}
+    with pytest.raises(ConfigError, match='sample_by = "line" splits text files .* the rows come from the json builder'):
+        load(tmp_path, [stage("p", 1, {"hf_dataset_or_datasets": "json", "hf_data_files": str(tmp_path / "b.jsonl"),
+                                       "sample_by": "line"})])
+    config = load(tmp_path, [stage("p", 1, text), stage("q", 3, {**text, "sample_by": "document"},
+                                                          document_masking=True)], train_steps=4)
+    lines = render_plan(open_run(config, join=False)).splitlines()
+    assert 'stage "p": sample_by = "paragraph" (each paragraph one document)' in lines
+    assert 'stage "q": sample_by = "document" (each text file one document), document masking' in lines
