@@ -160,7 +160,7 @@ class LlamaModel(nn.Module):
             if position_ids.shape != input_ids.shape:
                 raise ValueError(f"position_ids of shape {list(position_ids.shape)} for input_ids of shape "
                                  f"{list(input_ids.shape)}")
-            documents = Documents.from_position_ids(position_ids, x.device)
+            documents = Documents.from_position_ids(position_ids)
             cos, sin = rope_cos_sin(position_ids, self.head_dim, self.rope_theta, x.device, self.rope_scaling)
             cos, sin = cos[:, None], sin[:, None]   # [rows, 1, T, head_dim]: the same angles for every head
         cos, sin = cos.to(x.dtype), sin.to(x.dtype)  # HF rounds the tables to the activation dtype too
