@@ -271,7 +271,7 @@ def _preview(args: argparse.Namespace) -> int:
     rows = args.rows if args.rows is not None or args.json else 4
     stage, step, shown, total, tokenizer, batch = preview(config, args.step, args.stage, rows)
     print("\n".join(json_rows(step, batch, shown)) if args.json else
-          render(config, stage, step, shown, total, tokenizer, batch))
+          render(stage, step, shown, total, tokenizer, batch))
     return EXIT_DONE
 
 

@@ -21,7 +21,7 @@ import torch
 from nanoflow.config import ConfigError
 from nanoflow.data import open_stage
 from nanoflow.data.sources import IGNORE_INDEX
-from nanoflow.data.tokenizer import load_run_tokenizer
+from nanoflow.run import open_run
 from nanoflow.schedule import Schedule, active_stage, stage_steps
 
 NO_LOSS_OPEN, NO_LOSS_CLOSE, NEW_DOCUMENT = "⟦", "⟧", "‖"
@@ -29,7 +29,7 @@ LEGEND = (f"{NO_LOSS_OPEN}…{NO_LOSS_CLOSE} no loss on these tokens · {NEW_DOC
           "↵ newline · ⇥ tab")
 
 
-def step_of(config, schedule: Schedule, step: int | None, stage: str | None) -> int:
+def step_of(schedule: Schedule, step: int | None, stage: str | None) -> int:
     """The step to show: `step`, else the first step of stage `stage`, else step 1."""
     if stage is not None:
         names = [s.name for s in schedule.stages]
@@ -49,10 +49,10 @@ def step_of(config, schedule: Schedule, step: int | None, stage: str | None) -> 
 
 def preview(config, step: int | None = None, stage: str | None = None, rows: int | None = None):
     """(stage name, step, rows shown, rows in the batch, the tokenizer, the batch) of the step to show."""
-    schedule = Schedule.from_config(config)
-    step = step_of(config, schedule, step, stage)
+    run = open_run(config, join=False)   # the checks --plan passes, in this process alone: no model is built
+    schedule, tokenizer = run.schedule, run.tokenizer
+    step = step_of(schedule, step, stage)
     index = active_stage(schedule, step)
-    tokenizer = load_run_tokenizer(config)
     with open_stage(config, index, tokenizer, schedule) as loader:
         batch = loader.batch_at(step)
     total = len(batch["input_ids"])
@@ -115,7 +115,7 @@ def render_row(tokenizer, input_ids: list[int], labels: list[int], position_ids:
     return "".join(pieces)
 
 
-def render(config, stage: str, step: int, shown: int, total: int, tokenizer, batch: dict[str, torch.Tensor]) -> str:
+def render(stage: str, step: int, shown: int, total: int, tokenizer, batch: dict[str, torch.Tensor]) -> str:
     seq = batch["input_ids"].shape[1]
     positions = batch.get("position_ids")
     masking = "document masking" if positions is not None else "no document masking"

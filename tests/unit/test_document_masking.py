@@ -263,3 +263,75 @@ def test_sample_by_is_refused_where_rows_come_from_another_builder_and_shown_in_
     lines = render_plan(open_run(config, join=False)).splitlines()
     assert 'stage "p": sample_by = "paragraph" (each paragraph one document)' in lines
     assert 'stage "q": sample_by = "document" (each text file one document), document masking' in lines
+
+
+# ---- train_step, recomputation and evaluation take the position ids through ----
+
+def packed_batch(rows: int, seq: int, seed: int = 0) -> dict:
+    rng = np.random.default_rng(seed)
+    stream = np.concatenate(documents(rng, 4 * rows * seq // 5, 97, 123, length=(1, 12)))
+    ids = stream[:rows * seq + 1]
+    input_ids, labels = ids[:-1].reshape(rows, seq).copy(), ids[1:].reshape(rows, seq).copy()
+    position_ids = mark_documents(input_ids, labels, EOS)
+    return {"input_ids": torch.from_numpy(input_ids), "labels": torch.from_numpy(labels),
+            "position_ids": torch.from_numpy(position_ids)}
+
+
+def test_train_steps_loss_is_the_models_masked_loss_whatever_the_micro_batches():
+    from helpers import TINY
+
+    from nanoflow import init_state, load_config, train_step
+
+    batch = packed_batch(8, 32)
+    losses = []
+    for micro in (8, 2):
+        config = load_config(TINY, [f"tokens.micro_batch_size={micro}", "tokens.global_batch_size=8"])
+        state = init_state(config)
+        with torch.no_grad():
+            expected = state.model(batch["input_ids"], batch["labels"], position_ids=batch["position_ids"])
+            unmasked = state.model(batch["input_ids"], batch["labels"])
+        targets = int((batch["labels"] != IGNORE_INDEX).sum())
+        _, metrics = train_step(state, batch)
+        assert metrics["loss"] == pytest.approx(expected.item() / targets, abs=1e-6)
+        assert abs(metrics["loss"] - unmasked.item() / targets) > 1e-4    # the documents were masked
+        losses.append(metrics["loss"])
+    assert losses[0] == pytest.approx(losses[1], abs=1e-6)
+    state = init_state(load_config(TINY, ["tokens.micro_batch_size=8", "tokens.global_batch_size=8"]))
+    with pytest.raises(ValueError, match=r"input_ids and labels and position_ids of shape \[8, 32\].*\[8, 31\]"):
+        train_step(state, {**batch, "position_ids": batch["position_ids"][:, :-1]})
+
+
+def test_recomputed_layers_give_the_same_gradients_with_documents():
+    from nanoflow.parallel.mesh import _recompute
+
+    _, plain = hf_and_ours()
+    _, recomputed = hf_and_ours()
+    for layer in recomputed.model.layers:
+        _recompute(layer)
+    batch = packed_batch(2, 40, seed=3)
+    for model in (plain, recomputed):
+        model(batch["input_ids"], batch["labels"], position_ids=batch["position_ids"]).backward()
+    for (name, a), (_, b) in zip(plain.named_parameters(), recomputed.named_parameters(), strict=True):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_an_eval_set_with_document_masking_scores_its_windows_within_documents(tmp_path):
+    from nanoflow.evaluation import load_eval_set, score
+    from nanoflow.parallel.mesh import SINGLE
+
+    rng = np.random.default_rng(13)
+    write_folder(tmp_path / "tokens", documents(rng, 300, 97, 123, length=(1, 30)))
+    config = load(tmp_path, [stage("a", 1, {"dataset_folder": str(tmp_path / "tokens")})],
+                  overrides=[f'evaluation.datasets=[{{name = "m", document_masking = true, dataset = {{dataset_folder = '
+                             f'"{tmp_path / "tokens"}"}}, max_samples = 6}}, {{name = "p", dataset = {{dataset_folder = '
+                             f'"{tmp_path / "tokens"}"}}, max_samples = 6}}]'])
+    masked, plain = (load_eval_set(config, entry, BYTES) for entry in config.evaluation.datasets)
+    assert plain.position_ids is None and torch.equal(masked.input_ids, plain.input_ids)
+    expected = mark_documents(plain.input_ids.numpy(), plain.labels.numpy().copy(), EOS)
+    assert masked.position_ids.tolist() == expected.tolist()
+    _, model = hf_and_ours()
+    with torch.no_grad():
+        summed = model(masked.input_ids, masked.labels, position_ids=masked.position_ids)
+    result = score(model, masked, SINGLE)
+    assert result["tokens"] == int((masked.labels != IGNORE_INDEX).sum())
+    assert result["loss"] == pytest.approx(summed.item() / result["tokens"], rel=1e-5)
