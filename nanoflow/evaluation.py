@@ -92,7 +92,9 @@ def load_eval_set(config: Config, entry: EvalDatasetArgs, tokenizer) -> EvalSet:
             if rows.size:
                 read = n.source.samples(picks[rows] - bounds[k])
                 inputs[rows], labels[rows] = read.input_ids, read.labels
-                if positions is not None and read.position_ids is not None:
+                if read.position_ids is not None:   # else one document a row: positions 0..seq-1
+                    if positions is None:
+                        positions = np.tile(np.arange(sequence_length), (len(picks), 1))
                     positions[rows] = read.position_ids
     finally:
         for n in named:

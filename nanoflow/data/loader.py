@@ -176,7 +176,8 @@ class StageLoader:
 
     def batch_at(self, step: int, rank: int = 0, world: int = 1) -> dict[str, torch.Tensor]:
         """Rank `rank`'s rows of global step `step`: {"input_ids", "labels"}, each [B // world, seq] int64, and
-        with document masking "position_ids" (restarting at 0 at each document; 0..seq-1 for a row of one)."""
+        and "position_ids" (restarting at 0 at each document; 0..seq-1 for a row of one) when the stage masks
+        documents or a source of the batch packs several into a row."""
         self._check_open()
         start, count = self._span(step, rank, world)
         if not self.workers:
@@ -214,7 +215,7 @@ class StageLoader:
         which, local = self.blend.assign(gs)
         inputs = np.empty((count, seq), np.int64)
         labels = np.empty((count, seq), np.int64)
-        position_ids = np.empty((count, seq), np.int64) if self.document_masking else None
+        position_ids = np.tile(np.arange(seq), (count, 1)) if self.document_masking else None
         epochs = {}
         for k, part in enumerate(parts):
             rows = np.flatnonzero(which == k)
@@ -233,8 +234,10 @@ class StageLoader:
                         raise SampleReadError(self._where(part, int(gs[row]), i) + f": {type(e).__name__}: {e}") from e
                 raise
             inputs[rows], labels[rows] = read.input_ids, read.labels
-            if position_ids is not None:   # an SFT row is one document: its positions are 0..seq-1
-                position_ids[rows] = np.arange(seq) if read.position_ids is None else read.position_ids
+            if read.position_ids is not None:   # else one document a row (an SFT row): positions 0..seq-1
+                if position_ids is None:
+                    position_ids = np.tile(np.arange(seq), (count, 1))
+                position_ids[rows] = read.position_ids
             top = max(int(inputs[rows].max()), int(labels[rows].max()))
             if top >= self.vocab_size:
                 row = next(r for r in rows.tolist() if max(inputs[r].max(), labels[r].max()) >= self.vocab_size)

@@ -202,6 +202,20 @@ def test_a_stage_with_document_masking_gives_position_ids_and_one_without_gives_
     assert after["position_ids"].tolist() == expected.tolist()
 
 
+def test_a_source_that_packs_documents_itself_gives_position_ids_in_a_stage_without_masking(tmp_path):
+    # The contract for packed sources of their own (packed SFT samples): a source whose Samples carry position ids
+    # has them passed on, the other rows of the batch at 0..seq-1, whatever the stage's document_masking says.
+    rng = np.random.default_rng(17)
+    write_folder(tmp_path / "tokens", documents(rng, 300, 97, 123, length=(1, 30)))
+    config = load(tmp_path, [stage("pretrain", 1, {"dataset_folder": str(tmp_path / "tokens")})])
+    with open_stage(config, 0, BYTES, Schedule.from_config(config)) as loader:
+        assert "position_ids" not in loader.batch_at(2)
+        loader.parts[0].source.eos_id = EOS    # as if the source packed its samples itself
+        batch = loader.batch_at(2)
+    expected = mark_documents(batch["input_ids"].numpy(), batch["labels"].numpy().copy(), EOS)
+    assert batch["position_ids"].tolist() == expected.tolist()
+
+
 def test_document_masking_is_overridden_per_stage_and_per_eval_set(tmp_path):
     rng = np.random.default_rng(11)
     write_folder(tmp_path / "tokens", documents(rng, 300, 97, 123))
