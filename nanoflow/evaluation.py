@@ -53,6 +53,7 @@ class EvalSet:
     input_ids: torch.Tensor        # [samples, sequence_length] int64
     labels: torch.Tensor           # the same shape; IGNORE_INDEX where no loss is taken
     micro_batch_size: int
+    position_ids: torch.Tensor | None = None   # with document masking: restarting at 0 at each document
 
     @property
     def answerable(self) -> int:
@@ -74,8 +75,10 @@ def load_eval_set(config: Config, entry: EvalDatasetArgs, tokenizer) -> EvalSet:
         dataset, label = stage.data.dataset, stage.name
     else:
         dataset, label = entry.dataset, f"evaluation {entry.name}"
+    masking = config.eval_document_masking(entry)
     named = open_sources(dataset, label, tokenizer, sequence_length, None, config.model.vocab_size,
-                         config.tokenizer.accept_recorded_names or (), held_out=entry.held_out_of is not None)
+                         config.tokenizer.accept_recorded_names or (), held_out=entry.held_out_of is not None,
+                         document_masking=masking)
     try:
         sizes = np.array([len(n.source) for n in named], dtype=np.int64)
         bounds = np.concatenate([[0], np.cumsum(sizes)])
@@ -83,10 +86,16 @@ def load_eval_set(config: Config, entry: EvalDatasetArgs, tokenizer) -> EvalSet:
         which = np.searchsorted(bounds, picks, side="right") - 1
         inputs = np.empty((len(picks), sequence_length), np.int64)
         labels = np.empty_like(inputs)
+        positions = np.tile(np.arange(sequence_length), (len(picks), 1)) if masking else None
         for k, n in enumerate(named):
             rows = np.flatnonzero(which == k)
             if rows.size:
-                inputs[rows], labels[rows] = n.source.samples(picks[rows] - bounds[k])
+                read = n.source.samples(picks[rows] - bounds[k])
+                inputs[rows], labels[rows] = read.input_ids, read.labels
+                if read.position_ids is not None:   # else one document a row: positions 0..seq-1
+                    if positions is None:
+                        positions = np.tile(np.arange(sequence_length), (len(picks), 1))
+                    positions[rows] = read.position_ids
     finally:
         for n in named:
             n.source.close()
@@ -95,7 +104,8 @@ def load_eval_set(config: Config, entry: EvalDatasetArgs, tokenizer) -> EvalSet:
         raise StageDataError(f'eval set "{entry.name}": token id {top} is outside model.vocab_size = '
                              f"{config.model.vocab_size} (was the data tokenized for another model?)")
     return EvalSet(entry.name, entry.metric, torch.from_numpy(inputs), torch.from_numpy(labels),
-                   entry.micro_batch_size or config.tokens.micro_batch_size)
+                   entry.micro_batch_size or config.tokens.micro_batch_size,
+                   None if positions is None else torch.from_numpy(positions))
 
 
 def load_eval_sets(config: Config, tokenizer) -> list[EvalSet]:
@@ -112,17 +122,23 @@ def score(model: torch.nn.Module, eval_set: EvalSet, topology: Topology, dtype: 
     per_rank = math.ceil(total / topology.dp)
     start = min(topology.dp_rank * per_rank, total)
     ids, labels = eval_set.input_ids[start:start + per_rank], eval_set.labels[start:start + per_rank]
+    positions = None if eval_set.position_ids is None else eval_set.position_ids[start:start + per_rank]
     padding = per_rank - len(ids)
     if padding:  # rows without targets: they count for nothing, but this rank runs the same forwards as the others
         ids = torch.cat([ids, torch.zeros(padding, ids.shape[1], dtype=ids.dtype)])
         labels = torch.cat([labels, torch.full((padding, labels.shape[1]), IGNORE_INDEX, dtype=labels.dtype)])
+        if positions is not None:
+            positions = torch.cat([positions, torch.arange(ids.shape[1]).expand(padding, -1)])
     target_device = next(model.parameters()).device
     sums = torch.zeros(3, dtype=torch.float64, device=target_device)   # loss, target tokens, right answers
     with torch.inference_mode():
-        for x, y in zip(ids.split(eval_set.micro_batch_size), labels.split(eval_set.micro_batch_size), strict=True):
+        chunks = [None] * len(ids.split(eval_set.micro_batch_size)) if positions is None \
+            else positions.split(eval_set.micro_batch_size)
+        for x, y, where in zip(ids.split(eval_set.micro_batch_size), labels.split(eval_set.micro_batch_size), chunks,
+                               strict=True):
             x, y = x.to(target_device), y.to(target_device)
             with _autocast(dtype, target_device):
-                logits = model(x)
+                logits = model(x, position_ids=where)
             if hasattr(logits, "full_tensor"):   # a DTensor under tensor parallelism
                 logits = logits.full_tensor()
             logits = logits.float()

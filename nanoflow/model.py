@@ -8,6 +8,9 @@ rope_type "default" | "linear" | "llama3" and that type's factor, low_freq_facto
 original_max_position_embeddings: nanoflow.config.RopeScalingArgs) and `architecture`, the family's switches
 (nanoflow.config.Architecture: head_dim, qkv_bias, o_bias, qk_norm, norm_after, nope_layers); without it, a
 plain Llama's.
+
+With `position_ids` (packed documents: they restart at 0 at each document), RoPE is taken at those
+positions and attention stays within each document (nanoflow.attention).
 """
 
 import math
@@ -17,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from nanoflow.attention import Documents, causal_attention
 from nanoflow.loss import describe, lm_loss
 
 
@@ -60,16 +64,21 @@ def rope_inv_freq(head_dim: int, theta: float, scaling) -> torch.Tensor:
     raise ValueError(f"rope_scaling.rope_type = {kind!r}: nanoflow implements default, linear and llama3")
 
 
-def rope_cos_sin(seq_len: int, head_dim: int, theta: float, device: torch.device,
+def rope_cos_sin(positions: int | torch.Tensor, head_dim: int, theta: float, device: torch.device,
                  scaling=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin of shape [seq_len, head_dim] for positions 0..seq_len-1, in float32.
+    """cos/sin at `positions`, in float32: an int T means positions 0..T-1 ([T, head_dim]); a tensor of
+    positions (position_ids [rows, T]) gives [rows, T, head_dim], each token's own angles.
 
     Recomputed every forward instead of cached in buffers: it is tiny next to the matmuls, and it stays
     correct after `model.to(bfloat16)` (which would round cached tables) and after meta-device init
     (which would leave cached tables empty).
     """
     inv_freq = rope_inv_freq(head_dim, theta, scaling).to(device)
-    freqs = torch.arange(seq_len, dtype=torch.float32, device=device)[:, None] * inv_freq[None, :]
+    if isinstance(positions, int):
+        positions = torch.arange(positions, dtype=torch.float32, device=device)
+    else:
+        positions = positions.to(device=device, dtype=torch.float32)
+    freqs = positions[..., None] * inv_freq  # one product a token, as transformers' matmul over a length-1 axis
     emb = torch.cat((freqs, freqs), dim=-1)  # HF's layout: pairs are (i, i + head_dim/2), not (2i, 2i+1)
     return emb.cos(), emb.sin()
 
@@ -108,7 +117,8 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(self.k_proj.out_features if whole else self.head_dim, cfg.rms_norm_eps)
         self.use_rope = layer not in arch.nope_layers   # SmolLM3's NoPE layers attend without positions
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                documents: Documents | None = None) -> torch.Tensor:
         B, T, _ = x.shape
         # Head counts come from the projection outputs, not the config, so column-sharded
         # (tensor-parallel) projections that hold only a slice of the heads still work.
@@ -121,8 +131,7 @@ class Attention(nn.Module):
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         if self.use_rope:
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        # enable_gqa maps query head h to kv head h // (n_heads // n_kv_heads), the same as HF's repeat_kv.
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        y = causal_attention(q, k, v, documents)  # within each document when the batch packs several
         return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))
 
 
@@ -149,11 +158,12 @@ class DecoderLayer(nn.Module):
         if self.norm_after:
             self.post_feedforward_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                documents: Documents | None = None) -> torch.Tensor:
         if self.norm_after:   # OLMo 2: each block's output is normed before it joins the residual stream
-            x = x + self.post_attention_layernorm(self.self_attn(x, cos, sin))
+            x = x + self.post_attention_layernorm(self.self_attn(x, cos, sin, documents))
             return x + self.post_feedforward_layernorm(self.mlp(x))
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin)
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, documents)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -170,15 +180,24 @@ class LlamaModel(nn.Module):
         self.rope_scaling = getattr(cfg, "rope_scaling", None)
         self.max_position_embeddings = cfg.max_position_embeddings
 
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None) -> torch.Tensor:
         T = input_ids.shape[1]
         if T > self.max_position_embeddings:
             raise ValueError(f"sequence length {T} exceeds max_position_embeddings={self.max_position_embeddings}")
         x = self.embed_tokens(input_ids)
-        cos, sin = rope_cos_sin(T, self.head_dim, self.rope_theta, x.device, self.rope_scaling)
+        if position_ids is None:
+            documents = None
+            cos, sin = rope_cos_sin(T, self.head_dim, self.rope_theta, x.device, self.rope_scaling)
+        else:
+            if position_ids.shape != input_ids.shape:
+                raise ValueError(f"position_ids of shape {list(position_ids.shape)} for input_ids of shape "
+                                 f"{list(input_ids.shape)}")
+            documents = Documents.from_position_ids(position_ids)
+            cos, sin = rope_cos_sin(position_ids, self.head_dim, self.rope_theta, x.device, self.rope_scaling)
+            cos, sin = cos[:, None], sin[:, None]   # [rows, 1, T, head_dim]: the same angles for every head
         cos, sin = cos.to(x.dtype), sin.to(x.dtype)  # HF rounds the tables to the activation dtype too
         for layer in self.layers:
-            x = layer(x, cos, sin)
+            x = layer(x, cos, sin, documents)
         return self.norm(x)
 
 
@@ -196,11 +215,13 @@ class Llama(nn.Module):
     loss_method = "fused"  # or "plain" (nanoflow.loss.lm_loss): the reference path, through the whole logits
 
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None,
-                ignore_index: int = -100, grad_scale: torch.Tensor | None = None) -> torch.Tensor:
+                ignore_index: int = -100, grad_scale: torch.Tensor | None = None,
+                position_ids: torch.Tensor | None = None) -> torch.Tensor:
         """Logits [B, T, vocab_size]; or, given labels [B, T], the cross-entropy summed over the positions
         whose label is not `ignore_index` (nanoflow.loss: the fused path never holds the whole logits;
-        `grad_scale`, the gradient the caller's backward will bring, makes its rounding the plain order's)."""
-        hidden = self.model(input_ids)
+        `grad_scale`, the gradient the caller's backward will bring, makes its rounding the plain order's).
+        `position_ids` [B, T]: packed documents, restarting at 0 at each one (None: 0..T-1, one per row)."""
+        hidden = self.model(input_ids, position_ids)
         if labels is None:
             return self.lm_head(hidden)
         return lm_loss(hidden, self.lm_head.weight, labels, ignore_index, grad_scale, self.loss_method)

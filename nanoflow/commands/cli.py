@@ -246,6 +246,36 @@ def _size(text: str) -> int:
     return value
 
 
+def preview_main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog=program("bin/preview"),
+        description="Show the rows a step trains on, read as training reads them (no model is opened): decoded, with "
+                    "the tokens no loss is taken on and the document boundaries marked; or, with --json, their ids.",
+        epilog=f"Example: {program('bin/preview')} schedules/curriculum.toml --stage sft --rows 2")
+    parser.add_argument("config", help="the run's TOML config")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                        help="override a config key, as bin/train --set does")
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--step", type=_step_number, metavar="N", help="the global step to show (default 1)")
+    where.add_argument("--stage", metavar="NAME", help="show the first step of this stage")
+    parser.add_argument("--rows", type=_step_number, metavar="K",
+                        help="the first K rows of the step's global batch (default 4; with --json, every row)")
+    parser.add_argument("--json", action="store_true",
+                        help="one JSON object a row: step, row, input_ids, labels, position_ids")
+    args = parser.parse_args(argv)
+    return guarded(lambda: _preview(args), where=args.config)
+
+
+def _preview(args: argparse.Namespace) -> int:
+    from nanoflow.commands.preview import json_rows, preview, render
+    config = load_config(args.config, args.overrides)
+    rows = args.rows if args.rows is not None or args.json else 4
+    stage, step, shown, total, tokenizer, batch = preview(config, args.step, args.stage, rows)
+    print("\n".join(json_rows(step, batch, shown)) if args.json else
+          render(stage, step, shown, total, tokenizer, batch))
+    return EXIT_DONE
+
+
 def report_main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog=program("bin/report"),
@@ -429,6 +459,10 @@ def prepare_command() -> None:
 
 def export_command() -> None:
     exit_process(export_main())
+
+
+def preview_command() -> None:
+    exit_process(preview_main())
 
 
 def report_command() -> None:

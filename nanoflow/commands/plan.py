@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from nanoflow.config import NanosetDatasetsArgs, untrained_splits
+from nanoflow.config import NanosetDatasetsArgs, locate_source, untrained_splits
 from nanoflow.io.store import is_remote
 from nanoflow.lr import scheduled_lr
 from nanoflow.schedule import active_stage, consumed_samples, consumed_tokens, stage_steps
@@ -48,6 +48,7 @@ def render_plan(run) -> str:
         *(line(r) for r in rows),
         "",
         f"total: {sum(samples):,} samples, {sum(tokens):,} tokens",
+        *_reading_lines(config),
         *untrained_splits(config),
         f"checkpoints: {_shown_path(config.checkpoints.checkpoints_path)} every {config.checkpoints.checkpoint_interval} steps",
     ]
@@ -60,6 +61,29 @@ def _family(model) -> str:
         return ""
     head = "" if model.head_dim * model.num_attention_heads == model.hidden_size else f" (head_dim {model.head_dim})"
     return f"{model.model_type}{head}, "
+
+
+_SAMPLE_BY = {"document": "each text file one document", "line": "each line one document",
+              "paragraph": "each paragraph one document"}
+
+
+def _reading_lines(config) -> list[str]:
+    """How the stages and eval sets read their text, where it is worth saying: the text builder's sample_by (what
+    a document is), and document masking (each document attends to itself only, its positions from 0)."""
+    lines = []
+    for i, stage in enumerate(config.data_stages):
+        dataset, parts = stage.data.dataset, []
+        if not isinstance(dataset, NanosetDatasetsArgs) and not dataset.is_sft and \
+                any(locate_source(dataset, name).builder == "text" for name, _ in dataset.weighted_names()):
+            parts.append(f'sample_by = "{dataset.sample_by}" ({_SAMPLE_BY[dataset.sample_by]})')
+        if config.stage_tokens(i).document_masking:
+            parts.append("document masking")
+        if parts:
+            lines.append(f'stage "{stage.name}": ' + ", ".join(parts))
+    for entry in config.evaluation.datasets if config.evaluation is not None else ():
+        if config.eval_document_masking(entry):
+            lines.append(f'eval set "{entry.name}": document masking')
+    return lines
 
 
 def source_shares(run, step: int) -> dict[str, float] | None:

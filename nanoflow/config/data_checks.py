@@ -45,6 +45,11 @@ def dataset_problems(dataset: DatasetArgs | NanosetDatasetsArgs) -> list[str]:
         problems += location.messages()
         if not location.problems:
             problems += _missing_split_problems(dataset, source, location)
+        if dataset.sample_by != "document" and not location.problems and location.builder != "text":
+            rows = f"the {location.builder} builder" if location.builder else f"a {location.kind} dataset"
+            which = f"{source}'s rows" if isinstance(name, dict) else "the rows"
+            problems.append(f'sample_by = "{dataset.sample_by}" splits text files (the "text" builder), but {which} '
+                            f"come from {rows}; remove sample_by")
     if (dataset.prompt_column_name is None) != (dataset.completion_column_name is None):
         problems.append("an SFT stage needs both prompt_column_name and completion_column_name")
     return problems

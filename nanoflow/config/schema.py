@@ -187,6 +187,9 @@ class TokensArgs:
     global_batch_size: int | None = key(
         "samples per step; stated alone, the accumulation follows from it (so the run keeps its batch on any dp); "
         "stated with the accumulation, the two must agree", None, validator=optional(positive))
+    document_masking: bool = key(
+        "packed windows: each document attends only to itself, its positions start at 0, and an end-of-text "
+        "token's prediction of the next document is no target (nanotron's _use_doc_masking)", False)
 
 
 @frozen
@@ -304,7 +307,8 @@ class Config:
         """[tokens] with stage `index`'s overrides applied and the accumulation resolved."""
         stage = self.data_stages[index]
         overrides = {key: getattr(stage, key) for key in
-                     ("sequence_length", "micro_batch_size", "batch_accumulation_per_replica", "global_batch_size")
+                     ("sequence_length", "micro_batch_size", "batch_accumulation_per_replica", "global_batch_size",
+                      "document_masking")
                      if getattr(stage, key) is not None}
         tokens = attrs.evolve(self.tokens, **overrides)
         if tokens.batch_accumulation_per_replica is None:
@@ -323,6 +327,15 @@ class Config:
         if entry.held_out_of in names:
             return self.stage_tokens(names.index(entry.held_out_of)).sequence_length
         return self.tokens.sequence_length
+
+    def eval_document_masking(self, entry: EvalDatasetArgs) -> bool:
+        """An eval set's document masking: its own; else, held out of a stage, that stage's; else tokens'."""
+        if entry.document_masking is not None:
+            return entry.document_masking
+        names = [stage.name for stage in self.data_stages]
+        if entry.held_out_of in names:
+            return self.stage_tokens(names.index(entry.held_out_of)).document_masking
+        return self.tokens.document_masking
 
     def data_seed(self, index: int) -> int:
         seed = self.data_stages[index].data.seed

@@ -66,6 +66,8 @@ def _hf_source(spec, stage_name: str) -> dict:
              "config_name": dataset.hf_dataset_config_name}
     if spec.builder is not None:
         entry["builder"], entry["files"] = spec.builder, _files(spec.files)
+        if dataset.sample_by != "document":   # absent: as before
+            entry["sample_by"] = dataset.sample_by
     elif spec.kind == "saved":
         entry["files"] = _files(os.path.join(d, f) for d, _, fs in os.walk(spec.name) for f in fs)
     else:   # a hub dataset: `datasets`' own fingerprint of the rows (from its cache when offline)
@@ -91,6 +93,8 @@ def stage_fingerprint(config: Config, index: int, tokenizer: Tokenizer, schedule
         fingerprint["mixture_samples"] = stage_samples(schedule, index)
     if dataset.held_out_samples:  # what training reads, and in which order, depends on it (absent: as before)
         fingerprint["held_out_samples"] = dataset.held_out_samples
+    if config.stage_tokens(index).document_masking:   # the positions and targets of its windows (absent: off)
+        fingerprint["document_masking"] = True
     return fingerprint
 
 
@@ -225,6 +229,18 @@ def _sources(saved: dict, current: dict, located: bool, out: list[str], moves: l
         _walk({}, {key: current[key]}, ("sources",), out)
 
 
+# Keys recorded only when not at their default (so fingerprints written before them compare equal): a side that
+# lacks one holds the default, and a change reads "was false, now true" rather than a key appearing.
+_DEFAULTS = {"document_masking": False}
+
+
+def _with_defaults(saved, current):
+    if not (isinstance(saved, dict) and isinstance(current, dict)):
+        return saved, current
+    present = {k: v for k, v in _DEFAULTS.items() if k in saved or k in current}
+    return {**present, **saved}, {**present, **current}
+
+
 def compare_fingerprints(saved: dict, current: dict, located=()) -> tuple[list[str], list[str]]:
     """(changes, moves) between a checkpoint's fingerprints and the current ones, one line each, by stage: a
     change ('stage "pretrain": data.seed: was 7, now 8') refuses the resume; a move (the same bytes read from
@@ -233,6 +249,7 @@ def compare_fingerprints(saved: dict, current: dict, located=()) -> tuple[list[s
     changes, moves = [], []
     for name, fingerprint in saved.items():
         now = current.get(name, {})
+        fingerprint, now = _with_defaults(fingerprint, now)
         lines: list[str] = []
         stage_moves: list[str] = []
         if isinstance(fingerprint, dict) and isinstance(now, dict) and \

@@ -94,7 +94,8 @@ def load_rows(dataset: DatasetArgs | HFSpec, stage_name: str, cache_dir: str | N
 def _load_rows(spec: HFSpec, stage_name: str, cache_dir: str | None = None):
     """The dataset's rows as a `datasets.Dataset`.
 
-    Local files go through a builder ("text" reads each file as one document); a folder written by
+    Local files go through a builder ("text" reads each file as one document, or by line or paragraph as
+    the stage's sample_by says); a folder written by
     `Dataset.save_to_disk` is loaded as is; any other name is tried on the hub (which `datasets`
     skips when HF_DATASETS_OFFLINE=1, answering from its cache). `datasets` caches what it builds
     under `cache_dir` (default: $HF_DATASETS_CACHE, ~/.cache/huggingface/datasets), keyed on the
@@ -116,7 +117,7 @@ def _load_rows(spec: HFSpec, stage_name: str, cache_dir: str | None = None):
 
     if spec.builder is not None:
         if spec.builder == "text":
-            options["sample_by"] = "document"
+            options["sample_by"] = dataset.sample_by   # "document" unless the stage says: not datasets' "line"
         try:
             return datasets.load_dataset(spec.builder, data_files=list(spec.files), **options)
         except Exception as e:  # noqa: BLE001 - `datasets` raises many kinds here; name the file and line instead
@@ -344,6 +345,8 @@ def tokenized_array(spec: HFSpec, kind: str, tokenizer: Tokenizer, sequence_leng
     material = [_CACHE_VERSION, kind, spec.name, [spec.split], dataset.hf_dataset_config_name, list(columns),
                 sequence_length if kind == "sft" else None, tokenizer_fingerprint(tokenizer), tokenizer.eos_id,
                 _data_fingerprint(spec, load)]
+    if spec.builder == "text" and dataset.sample_by != "document":   # other rows, other tokens (the default's key
+        material.append(["sample_by", dataset.sample_by])            # stays as it was, and so its caches)
     key = hashlib.sha256(json.dumps(material).encode()).hexdigest()[:32]
     root = cache_root(cache_dir)
     path = os.path.join(root, f"{key}.npy")

@@ -88,6 +88,7 @@ class _Conversion:
     def __init__(self):
         self.dropped: list[tuple[str, object, str]] = []
         self.notes: list[str] = []
+        self.document_masking: bool | None = None   # the model's _use_doc_masking, which nanoflow's [tokens] holds
 
     def drop(self, key: str, value, why: str | None = None) -> None:
         if value is not None:
@@ -215,6 +216,10 @@ def convert(nanotron: dict) -> tuple[str, Report]:
     for key, value in nanotron.items():
         if key not in (*SECTIONS, "data_stages", "data"):
             record.drop(str(key), value)
+    if record.document_masking:   # nanotron's switch is the model's; nanoflow's is the data's, as it makes the positions
+        out.setdefault("tokens", {})["document_masking"] = True
+        record.notes.append("model.model_config._use_doc_masking = true → tokens.document_masking = true (every "
+                            "stage; a stage may set its own)")
     evaluation = _split_eval_sets(record, out.get("data_stages", []))
     if evaluation:
         out["evaluation"] = {"datasets": evaluation}
@@ -251,6 +256,11 @@ def _model(record: _Conversion, model) -> dict:
         del model_config["hidden_act"]
     if model_config.get("rope_interleaved") is False:
         del model_config["rope_interleaved"]
+    masking = model_config.pop("_use_doc_masking", None)
+    if isinstance(masking, bool):
+        record.document_masking = masking
+    else:
+        record.drop("model.model_config._use_doc_masking", masking, "expected true or false")
     rope = _rope_scaling(record, model_config.pop("rope_scaling", None),
                          model_config.pop("rope_seq_len_interpolation_factor", None))
     family = _family(record, model_config)   # before the table: attention_bias means another thing per class

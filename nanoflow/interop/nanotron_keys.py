@@ -26,7 +26,6 @@ REASONS = {
     "model.model_config.sliding_window_size": "nanoflow reproduces a sliding window as mistral only: no biases, RoPE "
                                               "in every layer",
     "model.model_config.flex_attention_mask": "causal attention over the whole sequence only",
-    "model.model_config._use_doc_masking": "no document masking: attention spans the whole packed sequence",
     "model.model_config._fused_rotary_emb": "a kernel choice", "model.model_config._fused_rms_norm": "a kernel choice",
     "model.model_config._use_qkv_packed": "a kernel choice", "model.model_config.log_attn_probs": "a logging switch",
     "model.model_config.ring_attn_heads_k_stride": "no context parallelism",
@@ -98,7 +97,7 @@ NEUTRAL = {
     "tokenizer.tokenizer_revision": None, "tokenizer.tokenizer_max_length": None,
     "model.model_config.attention_bias": False, "model.model_config._attn_implementation": None,
     "model.model_config.z_loss_enabled": False, "model.model_config.z_loss_coefficient": None,
-    "model.model_config.is_qwen2_config": True, "model.model_config._use_doc_masking": False,
+    "model.model_config.is_qwen2_config": True,
     "model.model_config._fused_rotary_emb": None, "model.model_config._fused_rms_norm": None,
     "model.model_config._use_qkv_packed": None, "model.model_config.log_attn_probs": None,
     "model.model_config.ring_attn_heads_k_stride": None, "model.init_method.scaling_method": "NONE",

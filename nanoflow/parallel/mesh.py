@@ -193,7 +193,7 @@ def _parallelize_sequence(model: torch.nn.Module, tp_mesh: DeviceMesh, plan: dic
         parallelize_module,
     )
 
-    def gather(args: int) -> PrepareModuleInput:  # the hidden state by position → whole; cos and sin pass as they are
+    def gather(args: int) -> PrepareModuleInput:  # the hidden state by position → whole; the rest pass as they are
         return PrepareModuleInput(input_layouts=(Shard(1),) + (None,) * (args - 1),
                                   desired_input_layouts=(Replicate(),) + (None,) * (args - 1), use_local_output=True)
 
@@ -201,7 +201,7 @@ def _parallelize_sequence(model: torch.nn.Module, tp_mesh: DeviceMesh, plan: dic
               "by_head": _by_head}
     for layer in model.model.layers:
         parallelize_module(layer, tp_mesh, {
-            "input_layernorm": SequenceParallel(), "self_attn": gather(3),
+            "input_layernorm": SequenceParallel(), "self_attn": gather(4),   # x, cos, sin, documents
             "post_attention_layernorm": SequenceParallel(), "mlp": gather(1),
             **{path: styles[style]() for path, style in plan.items()}})
     parallelize_module(model, tp_mesh, {

@@ -90,7 +90,7 @@ def test_guarded_prints_nanoflow_messages_as_plain_lines(capsys):
 
 
 @pytest.mark.parametrize("front_end", ["export", "report", "prepare", "verify-resume", "train",
-                                       "convert-nanotron-config"])
+                                       "convert-nanotron-config", "preview"])
 def test_every_front_end_exits_2_with_a_message_naming_the_culprit(tmp_path, front_end):
     missing = str(tmp_path / "no_such_thing")
     args = {"export": [missing, str(tmp_path / "out")],
@@ -98,8 +98,10 @@ def test_every_front_end_exits_2_with_a_message_naming_the_culprit(tmp_path, fro
             "prepare": [missing + ".txt", "--output", str(tmp_path / "tokens")],
             "verify-resume": [TINY, "--set", "tokens.trian_steps=3"],
             "train": [TINY, "--plan", "--set", "model.dtype=bf16"],
-            "convert-nanotron-config": [missing + ".yaml"]}[front_end]
-    culprit = {"verify-resume": "trian_steps", "train": "model.dtype"}.get(front_end, "no_such_thing")
+            "convert-nanotron-config": [missing + ".yaml"],
+            "preview": [TINY, "--set", "tokens.document_masking=yes"]}[front_end]
+    culprit = {"verify-resume": "trian_steps", "train": "model.dtype", "preview": "tokens.document_masking"}.get(
+        front_end, "no_such_thing")
     assert_clean_failure(run_command(front_end, *args), errors.EXIT_BAD_INPUT, culprit)
 
 

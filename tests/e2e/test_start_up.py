@@ -89,7 +89,7 @@ runpy.run_path("bin/train", run_name="__main__")
 """
 
 @pytest.mark.parametrize("command", ["train", "eval", "export", "prepare", "report", "verify-resume",
-                                     "convert-nanotron-config"])
+                                     "convert-nanotron-config", "preview"])
 def test_ctrl_c_while_bin_imports_is_one_line_and_130(command):
     script = _CTRL_C_WHILE_IMPORTING.replace("bin/train", f"bin/{command}")
     result = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=30)

@@ -814,3 +814,21 @@ def test_a_list_of_splits_trains_on_train_and_the_other_splits_become_eval_sets_
     evaluated = "".join(tokenizer.decode(row.tolist()) for row in load_eval_set(config, entry, tokenizer).input_ids)
     assert "train row" in trained and "valid" not in trained
     assert "valid row" in evaluated and "train" not in evaluated
+
+
+def test_use_doc_masking_becomes_document_masking_of_every_stage(tmp_path, monkeypatch):
+    # nanotron keeps the switch in model.model_config (models_config.py; examples/config_qwen.yaml sets it true)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    write_data(tmp_path)
+    raw = yaml.safe_load(NANOTRON_YAML)
+    raw["model"]["model_config"]["_use_doc_masking"] = True
+    text, report = convert(raw)
+    assert tomllib.loads(text)["tokens"]["document_masking"] is True
+    assert not any("_use_doc_masking" in line for line in report.lines() if not line.startswith("note:"))
+    assert any(n.startswith("model.model_config._use_doc_masking = true → tokens.document_masking") for n in report.notes)
+    (tmp_path / "converted.toml").write_text(text)
+    config = load_config(tmp_path / "converted.toml")
+    assert all(config.stage_tokens(i).document_masking for i in range(len(config.data_stages)))
+    raw["model"]["model_config"]["_use_doc_masking"] = False
+    text, report = convert(raw)
+    assert "document_masking" not in tomllib.loads(text)["tokens"] and "_use_doc_masking" not in "\n".join(report.lines())
