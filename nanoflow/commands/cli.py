@@ -50,7 +50,8 @@ def exit_process(code: int) -> None:
 def guarded(work: Callable[[], int], where: str | None = None) -> int:
     """Run a front end's work and return its exit status. A NanoflowError becomes its message on
     stderr, prefixed with `where` (the file the command was given) unless the message names it
-    already, and the error's exit_status; Ctrl-C, one line and 130. Never a traceback for either."""
+    already, and the error's exit_status; Ctrl-C, one line and 130; a closed pipe on stdout, a quiet 0.
+    Never a traceback for any of them."""
     try:
         with console.installed():
             return work()
@@ -64,6 +65,9 @@ def guarded(work: Callable[[], int], where: str | None = None) -> int:
     except KeyboardInterrupt:  # at start-up, or a second Ctrl-C in training: a save it cuts never commits
         print(INTERRUPTED, file=sys.stderr)
         return EXIT_INTERRUPTED
+    except BrokenPipeError:   # the reader stopped reading (`| head`): as a C tool ends on SIGPIPE, quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())   # so the exit's flush raises nothing more
+        return 0
     except signals.StoppedAtStartUp as e:  # SIGTERM / SIGUSR1 before the first step: nothing to save, requeue
         print(f"stopped by {e.name} during start-up, before any step was trained: nothing to save; the last "
               "committed checkpoint (if any) is untouched; run the same command again to resume", file=sys.stderr)
