@@ -138,6 +138,11 @@ class RunFolderError(NanoflowError, OSError):
     """A run folder that is not a folder, cannot be created or written, or has no room for a checkpoint."""
 
 
+class LinkError(NanoflowError):   # no OSError: a writer's `except OSError` must not take it for a failed write
+    """A file or folder nanoflow was about to write is a symlink it did not make: refused, nothing written
+    through it (nanoflow.io.files)."""
+
+
 class MetricsError(NanoflowError, ValueError):
     """A run folder without usable metrics."""
 

@@ -105,7 +105,7 @@ def average_checkpoints(run_dir: str, out_dir: str, *, last: int | None = None, 
     info["topology"] = SINGLE_PROCESS
     info["averaged_from"] = [{"checkpoint": r.path, "step": r.metadata["step"], "weight": w}
                              for r, w in zip(readers, weights, strict=True)]
-    suffix = new_save(out_dir, step)
+    suffix = new_save(out_dir, step, ["model"])
     written = write_files(out_dir, step, {"model": tensors}, suffix, rank=0)
     path = commit(out_dir, step, [written], info)
     return {"path": path, "step": step, "sources": [r.path for r in readers], "weights": weights}

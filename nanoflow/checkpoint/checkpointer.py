@@ -330,7 +330,7 @@ class Checkpointer:
         groups = state_blocks(state.model, state.optimizer, topology)
         root, step = checkpoints.checkpoints_path, state.step
         on_main(self._confirm_lock, self.topology)  # still ours: renewed now
-        suffix = on_main(lambda: new_save(root, step), self.topology)
+        suffix = on_main(lambda: new_save(root, step, groups), self.topology)
         if not checkpoints.async_save:
             gathered = gather_objects(write_files(root, step, groups, suffix, topology.rank), topology)
             return self._commit(step, gathered, info)

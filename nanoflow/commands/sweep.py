@@ -19,6 +19,7 @@ from pathlib import Path
 
 from nanoflow.config import ConfigError
 from nanoflow.errors import EXIT_DONE
+from nanoflow.io.files import write_atomically
 from nanoflow.io.store import is_remote
 
 try:
@@ -109,5 +110,4 @@ def _average(study: dict, average: dict) -> None:
         config = load_config(study["base"], [*source.get("set", []), f"checkpoints.checkpoints_path={json.dumps(out)}"])
         rows = evaluate_checkpoint(out, config)
         text = "".join(json.dumps(row) + "\n" for row in rows)
-        eval_file.with_suffix(".tmp").write_text(text)
-        os.replace(eval_file.with_suffix(".tmp"), eval_file)   # whole, or not there: a rerun evaluates again
+        write_atomically(eval_file, text.encode(), root=out)   # whole or not there (a rerun evaluates again); no link

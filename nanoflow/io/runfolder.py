@@ -41,10 +41,3 @@ def check_room(path: str, needed: int = 0) -> None:
         raise RunFolderError(f"{path}: {free:,} bytes free, but the next checkpoint needs about {needed:,}; free "
                              "some space (or set checkpoints.keep) and run the same command again")
 
-
-def open_for_append(path: str):
-    """`path` opened to append text, or a RunFolderError naming it."""
-    try:
-        return open(path, "a")  # noqa: SIM115 - the caller closes it
-    except OSError as e:
-        raise RunFolderError(f"cannot write {path}: {_reason(e)}") from None

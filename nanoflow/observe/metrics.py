@@ -13,8 +13,8 @@ import math
 import os
 from pathlib import Path
 
-from nanoflow.errors import MetricsError, StorageLostError
-from nanoflow.io.runfolder import RunFolderError, open_for_append
+from nanoflow.errors import MetricsError, RunFolderError, StorageLostError
+from nanoflow.io.files import open_to_append, refuse_link
 
 FILE = "metrics.jsonl"
 # The keys of a record that measure the machine, not the training: two runs of the same steps differ in these alone
@@ -33,19 +33,19 @@ class MetricsLog:
         self.file = None
         if not enabled:
             return
-        if os.path.islink(path):  # its target lies outside the run folder, wherever the link points
-            raise RunFolderError(f"{path} is a symlink (to {os.readlink(path)}); nanoflow writes no file through a "
-                                 "link it did not make: move the link away and run again")
-        try:
-            with open(path, "a+b") as f:  # created when missing
-                f.truncate(_kept_length(f, start_step))
-        except OSError as e:
-            raise RunFolderError(f"cannot write {path}: {e.strerror or e}") from None
         self.path = path
+        with self._opened(binary=True) as f:  # created when missing; never through a link (its target lies anywhere)
+            f.truncate(_kept_length(f, start_step))
+
+    def _opened(self, binary: bool = False):
+        try:
+            return open_to_append(self.path, binary=binary)
+        except OSError as e:
+            raise RunFolderError(f"cannot write {self.path}: {e.strerror or e}") from None
 
     def __enter__(self) -> MetricsLog:
         if self.enabled:
-            self.file = open_for_append(self.path)
+            self.file = self._opened()
         return self
 
     def write(self, metrics: dict) -> None:
@@ -72,11 +72,12 @@ def set_aside(directory: Path) -> list[tuple[Path, Path]]:
     found = [Path(directory, name) for name in (FILE, EVAL_FILE)]
     found = [path for path in found if path.is_file() and not path.is_symlink() and path.stat().st_size]
     n = 1
-    while any(path.with_suffix(f".{n}.jsonl").exists() for path in found):
+    while any(os.path.lexists(path.with_suffix(f".{n}.jsonl")) for path in found):   # a dangling link is taken too
         n += 1
     moved = []
     for path in found:
         try:
+            refuse_link(path.with_suffix(f".{n}.jsonl"))   # (taken between the two looks: never renamed over)
             path.rename(path.with_suffix(f".{n}.jsonl"))
         except OSError as e:
             raise RunFolderError(f"cannot move {path} aside before a fresh start: {e.strerror or e}") from None
