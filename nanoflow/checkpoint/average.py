@@ -72,7 +72,8 @@ def _same_model(readers: list[io.CheckpointReader]) -> None:
 def average_checkpoints(run_dir: str, out_dir: str, *, last: int | None = None, steps: list[int] | None = None,
                         weights: list[float] | None = None) -> dict:
     """Commit the weighted mean of the chosen checkpoints of `run_dir` as a checkpoint in `out_dir` (a run
-    folder that holds no committed checkpoint yet); its step is the newest source's. Returns a summary:
+    folder that holds no committed checkpoint yet, locked while it is written as a training run locks its folder);
+    its step is the newest source's. Returns a summary:
     {"path", "step", "sources", "weights"}."""
     if (last is None) == (steps is None):
         raise AverageError("name the checkpoints with one of --last K or --steps A,B,...")
@@ -85,11 +86,21 @@ def average_checkpoints(run_dir: str, out_dir: str, *, last: int | None = None, 
         raise AverageError(f"--weights: {len(weights)} weights for {len(folders)} checkpoints")
     if any(not w >= 0 for w in weights) or sum(weights) <= 0:
         raise AverageError(f"--weights {','.join(map(str, weights))}: weights must be ≥ 0, not all 0")
-    if io.checkpoints_to_try(out_dir):
-        raise AverageError(f"{out_dir} already holds a committed checkpoint; name a new folder")
     weights = [w / sum(weights) for w in weights]
     readers = [io.CheckpointReader(folder) for folder in folders]
     _same_model(readers)
+    # OUT_DIR's lock, the one a training run takes, from before it is found empty to after the commit: a second
+    # average into it meanwhile is refused naming this one; one that comes after finds the committed checkpoint.
+    lock = io.RunLock.acquire(out_dir, run="bin/average")
+    try:
+        if io.checkpoints_to_try(out_dir):
+            raise AverageError(f"{out_dir} already holds a committed checkpoint; name a new folder")
+        return _average(readers, weights, out_dir, lock)
+    finally:
+        lock.release()
+
+
+def _average(readers: list[io.CheckpointReader], weights: list[float], out_dir: str, lock) -> dict:
     newest = readers[-1]
     tensors = {}
     for name in newest.names("model"):
@@ -105,7 +116,9 @@ def average_checkpoints(run_dir: str, out_dir: str, *, last: int | None = None, 
     info["topology"] = SINGLE_PROCESS
     info["averaged_from"] = [{"checkpoint": r.path, "step": r.metadata["step"], "weight": w}
                              for r, w in zip(readers, weights, strict=True)]
+    lock.confirm()   # still this average's (its lease renewed): only then is anything written
     suffix = new_save(out_dir, step, ["model"])
     written = write_files(out_dir, step, {"model": tensors}, suffix, rank=0)
+    lock.confirm()
     path = commit(out_dir, step, [written], info)
     return {"path": path, "step": step, "sources": [r.path for r in readers], "weights": weights}
