@@ -11,6 +11,8 @@ plus one tensor. The result has no optimizer state. Its metadata is the newest s
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from nanoflow import io
@@ -84,6 +86,10 @@ def average_checkpoints(run_dir: str, out_dir: str, *, last: int | None = None, 
         weights = [1.0] * len(folders)
     if len(weights) != len(folders):
         raise AverageError(f"--weights: {len(weights)} weights for {len(folders)} checkpoints")
+    if not all(math.isfinite(w) for w in weights) or not math.isfinite(sum(weights)):
+        # inf normalises to nan, and 1e308 + 1e308 overflows the sum: a NaN or all-zero "average"
+        raise AverageError(f"--weights {','.join(map(str, weights))}: weights must be finite numbers whose sum is "
+                           "finite too")
     if any(not w >= 0 for w in weights) or sum(weights) <= 0:
         raise AverageError(f"--weights {','.join(map(str, weights))}: weights must be ≥ 0, not all 0")
     weights = [w / sum(weights) for w in weights]

@@ -112,6 +112,10 @@ def test_checkpoints_of_different_tokenizers_are_refused_naming_them(run_dir, tm
     (["--steps", "3,4"], "no committed checkpoint of step 3"),
     (["--steps", "4,6", "--weights", "1"], "1 weights for 2 checkpoints"),
     ([], "one of --last K or --steps"),
+    # Issue 30, item 1: weights that normalise to (nan, 0) or (0, 0) were averaged into a NaN or all-zero model.
+    (["--last", "2", "--weights", "inf,1"], "finite"),
+    (["--last", "2", "--weights", "1e308,1e308"], "finite"),
+    (["--last", "2", "--weights", "nan,1"], "finite"),
 ])
 def test_bad_selections_exit_2_with_one_line(run_dir, tmp_path, capsys, args, words):
     assert average_main([str(run_dir), str(tmp_path / "avg"), *args]) == 2
