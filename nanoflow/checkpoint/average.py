@@ -16,6 +16,7 @@ import math
 import torch
 
 from nanoflow import io
+from nanoflow.checkpoint.lineage import one_history
 from nanoflow.config import MODEL_KEYS
 from nanoflow.errors import AverageError
 from nanoflow.io.checkpoint import commit, new_save, write_files
@@ -28,21 +29,32 @@ SINGLE_PROCESS = {"dp": 1, "tp": 1, "world_size": 1}
 
 def committed_steps(run_dir: str) -> dict[int, str]:
     """{step: step folder} of a run folder's intact committed checkpoints."""
-    return {step_of(folder.rstrip("/").rpartition("/")[2]): folder for folder in io.checkpoints_to_try(run_dir)}
+    return {_step(folder): folder for folder in io.checkpoints_to_try(run_dir)}
+
+
+def _step(folder: str) -> int:
+    return step_of(folder.rstrip("/").rpartition("/")[2])
 
 
 def choose(run_dir: str, *, last: int | None = None, steps: list[int] | None = None) -> list[str]:
-    """The step folders to average, in step order: the `last` highest committed steps, or the `steps` named."""
+    """The step folders to average, in step order: the `last` most recently committed of one history (the newest
+    checkpoint's: nanoflow.checkpoint.lineage.one_history), or the `steps` named."""
     found = committed_steps(run_dir)
     if not found:
         raise AverageError(f"{run_dir} holds no committed checkpoint")
     if last is not None:
         if last < 1:
             raise AverageError(f"--last {last}: name one checkpoint or more")
-        if last > len(found):
-            raise AverageError(f"--last {last}: {run_dir} keeps only {len(found)} committed checkpoint"
-                               f"{'s' * (len(found) > 1)} (steps {', '.join(map(str, sorted(found)))})")
-        return [found[s] for s in sorted(found)[-last:]]
+        history, others = one_history(run_dir)
+        if last > len(history):
+            mine = sorted(_step(folder) for folder in history)
+            beside = (f"; step{'s' * (len(others) > 1)} {', '.join(str(s) for s in sorted(map(_step, others)))} "
+                      f"{'are' if len(others) > 1 else 'is'} of another history (a --fresh start or a start from an "
+                      "older step passed over it), which --steps can name" if others else "")
+            raise AverageError(f"--last {last}: {run_dir} keeps only {len(history)} committed checkpoint"
+                               f"{'s' * (len(history) > 1)} of its latest history (step"
+                               f"{'s' * (len(history) > 1)} {', '.join(map(str, mine))}){beside}")
+        return sorted(history[:last], key=_step)
     missing = [s for s in steps if s not in found]
     if missing:
         raise AverageError(f"--steps: {run_dir} holds no committed checkpoint of step "

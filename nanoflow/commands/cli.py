@@ -308,7 +308,8 @@ def average_main(argv: list[str] | None = None) -> int:
         epilog="Example: bin/average runs/trunk runs/trunk-avg --last 3")
     parser.add_argument("run_dir", help="the run folder whose checkpoints to average (local or s3://)")
     parser.add_argument("out_dir", help="a new run folder for the averaged checkpoint (local or s3://)")
-    parser.add_argument("--last", metavar="K", help="average the K highest committed steps")
+    parser.add_argument("--last", metavar="K", help="average the K most recently committed checkpoints of the run's "
+                                                    "latest history (not the steps a --fresh start left behind)")
     parser.add_argument("--steps", metavar="A,B,...", help="average these committed steps")
     parser.add_argument("--weights", metavar="W,W,...", help="one weight per checkpoint, in step order "
                                                              "(normalised; default: uniform)")
