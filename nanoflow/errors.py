@@ -159,7 +159,8 @@ class CompareError(NanoflowError):
 
 
 class PlotError(NanoflowError):
-    """The plan picture cannot be written where --plot says."""
+    """A figure cannot be written where a command was told (--plot, --out, --output): a missing folder, a format
+    matplotlib does not write, a folder named."""
 
 
 class NanotronConfigError(NanoflowError, ValueError):

@@ -20,7 +20,6 @@ from nanoflow.errors import (
     MissingExtraError,
     NanoflowError,
     NanotronConfigError,
-    PlotError,
 )
 from nanoflow.training import signals
 
@@ -116,16 +115,16 @@ def _train(args: argparse.Namespace) -> int:
     if args.plan:
         from nanoflow.commands.plan import render_plan
         from nanoflow.run import open_run
+        if args.plot is not None:
+            from nanoflow.commands.report import check_figure_path
+            check_figure_path(args.plot, "--plot")   # before the plan's checks, which open the data
         run = open_run(config, join=False)   # the checks a training run would pass first, in this process alone
         print(render_plan(run))
         if args.until_step is not None:
             print(f"stops after step {args.until_step} (--until-step)")
         if args.plot is not None:
             from nanoflow.commands.plan_plot import write_plan_plot
-            try:
-                print(f"\nwrote {write_plan_plot(run, args.plot)}")
-            except OSError as e:
-                raise PlotError(f"--plot {args.plot}: cannot write it: {e.strerror or e}") from None
+            print(f"\nwrote {write_plan_plot(run, args.plot)}")
         return EXIT_DONE
     from nanoflow.parallel.mesh import shutdown
     from nanoflow.training.loop import train  # the training machinery, once the config is known to be good
@@ -259,7 +258,9 @@ def report_main(argv: list[str] | None = None) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from nanoflow.commands.report import format_summary, write_report
+    from nanoflow.commands.report import check_figure_path, format_summary, write_report
+    if args.out is not None:
+        check_figure_path(args.out, "--out")   # before the run is read
     path, rows = write_report(args.run_dir, args.out)
     print(format_summary(rows))
     print(f"\nwrote {path}")
@@ -355,8 +356,11 @@ def compare_main(argv: list[str] | None = None) -> int:
 
 
 def _compare(args: argparse.Namespace) -> int:
-    from nanoflow.commands.compare import format_table, plot, read_runs
+    from nanoflow.commands.compare import check_dataset, format_table, plot, read_runs
+    from nanoflow.commands.report import check_figure_path
+    check_figure_path(args.output, "--output")   # before any run is read
     runs = read_runs(args.run_dirs)
+    check_dataset(runs, args.dataset)
     path = plot(runs, args.output, args.dataset)
     print(format_table(runs))
     print(f"\nwrote {path}")
