@@ -83,12 +83,10 @@ def _same_model(readers: list[io.CheckpointReader]) -> None:
             raise AverageError("cannot average checkpoints of different models: " + "; ".join(differences))
 
 
-def average_checkpoints(run_dir: str, out_dir: str, *, last: int | None = None, steps: list[int] | None = None,
-                        weights: list[float] | None = None) -> dict:
-    """Commit the weighted mean of the chosen checkpoints of `run_dir` as a checkpoint in `out_dir` (a run
-    folder that holds no committed checkpoint yet, locked while it is written as a training run locks its folder);
-    its step is the newest source's. Returns a summary:
-    {"path", "step", "sources", "weights"}."""
+def selection(run_dir: str, *, last: int | None = None, steps: list[int] | None = None,
+              weights: list[float] | None = None) -> tuple[list[str], list[float]]:
+    """(the step folders of `run_dir` to average, in step order; their weights, normalised): what an average of
+    these arguments is made from, checked before anything is read."""
     if (last is None) == (steps is None):
         raise AverageError("name the checkpoints with one of --last K or --steps A,B,...")
     if steps is not None and not steps:
@@ -104,7 +102,16 @@ def average_checkpoints(run_dir: str, out_dir: str, *, last: int | None = None, 
                            "finite too")
     if any(not w >= 0 for w in weights) or sum(weights) <= 0:
         raise AverageError(f"--weights {','.join(map(str, weights))}: weights must be ≥ 0, not all 0")
-    weights = [w / sum(weights) for w in weights]
+    return folders, [w / sum(weights) for w in weights]
+
+
+def average_checkpoints(run_dir: str, out_dir: str, *, last: int | None = None, steps: list[int] | None = None,
+                        weights: list[float] | None = None) -> dict:
+    """Commit the weighted mean of the chosen checkpoints of `run_dir` as a checkpoint in `out_dir` (a run
+    folder that holds no committed checkpoint yet, locked while it is written as a training run locks its folder);
+    its step is the newest source's. Returns a summary:
+    {"path", "step", "sources", "weights"}."""
+    folders, weights = selection(run_dir, last=last, steps=steps, weights=weights)
     readers = [io.CheckpointReader(folder) for folder in folders]
     _same_model(readers)
     # OUT_DIR's lock, the one a training run takes, from before it is found empty to after the commit: a second

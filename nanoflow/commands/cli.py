@@ -382,7 +382,17 @@ def sweep_main(argv: list[str] | None = None) -> int:
 
 def _sweep(args: argparse.Namespace) -> int:
     from nanoflow.commands.sweep import run_study
-    return run_study(args.study, args.only, train_main=train_main)
+    return run_study(args.study, args.only, train_main=_train_in_sweep)
+
+
+def _train_in_sweep(argv: list[str]) -> int:
+    """One run of a study: bin/train's front end, with the start-up handlers of a command around it (a run that
+    finished ignores every stop signal from then on; the study's next start-up, averages and comparison do not)."""
+    signals.reinstall_start_up_handlers()
+    try:
+        return train_main(argv)
+    finally:
+        signals.reinstall_start_up_handlers()
 
 
 def convert_nanotron_config_main(argv: list[str] | None = None) -> int:
@@ -452,6 +462,7 @@ def compare_command() -> None:
 
 
 def sweep_command() -> None:
+    signals.install_start_up_handlers()  # as bin/train's: a stop signal while a run starts up ends the study with 75
     exit_process(sweep_main())
 
 
