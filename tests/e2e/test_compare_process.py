@@ -65,13 +65,15 @@ def without_reading_rights() -> tuple[str, ...]:
     return (setpriv, f"--inh-caps={drop}", f"--bounding-set={drop}", PYTHON)
 
 
-@pytest.mark.parametrize("name", ["eval.jsonl", "metrics.jsonl"])
-def test_a_record_the_user_cannot_read_is_one_line_not_a_traceback(tmp_path, name):
+@pytest.mark.parametrize("command, name", [("compare", "eval.jsonl"), ("compare", "metrics.jsonl"),
+                                           ("report", "metrics.jsonl"), ("report", "eval.jsonl")])
+def test_a_record_the_user_cannot_read_is_one_line_not_a_traceback(tmp_path, command, name):
     run = tmp_path / "run"
     train(tiny(run, *PRETRAIN, "tokens.train_steps=2"), out=quiet(), fresh=True)
     fake_eval(run, {2: 3.0})
     (run / name).chmod(0)
-    result = run_command("compare", run, "--output", tmp_path / "c.png", cwd=tmp_path, launcher=without_reading_rights())
+    option = "--output" if command == "compare" else "--out"
+    result = run_command(command, run, option, tmp_path / "c.png", cwd=tmp_path, launcher=without_reading_rights())
     assert result.returncode == 2, result.stdout + result.stderr
     err = result.stderr.strip()
     assert len(err.splitlines()) == 1 and f"{run / name}: cannot read it: Permission denied" in err, err
