@@ -27,6 +27,7 @@ from nanoflow import io
 from nanoflow.config import LRSchedulerArgs, StageLRSchedulerArgs, converter
 from nanoflow.errors import LRChangedError  # noqa: F401 - imported from here
 from nanoflow.io.marker import committed_at
+from nanoflow.io.store import is_remote
 from nanoflow.lr import lr_of, scheduled_lr
 from nanoflow.schedule import Schedule, Stage, active_stage
 
@@ -154,7 +155,7 @@ def _history(found: list[tuple[str, dict]], lineage: Lineage, run_dir: str) -> l
 
 
 def _same_folder(a: str, b: str) -> bool:
-    if "://" in a or "://" in b:
+    if is_remote(a) or is_remote(b):
         return same_place(a, b)
     return os.path.realpath(a) == os.path.realpath(b)
 
