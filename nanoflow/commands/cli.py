@@ -252,7 +252,8 @@ def report_main(argv: list[str] | None = None) -> int:
         epilog=f"Example: {program('bin/report')} runs/curriculum")
     parser.add_argument("run_dir", help="the run folder holding metrics.jsonl (checkpoints.checkpoints_path, or "
                                         "runs/s3/<bucket>/<prefix> when checkpoints go to S3)")
-    parser.add_argument("--out", help="where to write the PNG (default RUN_DIR/report.png)")
+    parser.add_argument("--out", help="where to write the figure (default RUN_DIR/report.png); its suffix names the "
+                                      "format (.png, .svg, .pdf …; PNG without one)")
     args = parser.parse_args(argv)
     return guarded(lambda: _report(args))
 
@@ -348,8 +349,12 @@ def compare_main(argv: list[str] | None = None) -> int:
                     "FLOPs counted once, shared by its branches), and a table: steps, FLOPs, final held-out loss per "
                     "eval set, the gap to the cosine run of the same length, the compute a shared trunk saved.",
         epilog="Example: bin/compare runs/trunk runs/cooldown-* runs/cosine-* --output compare.png")
-    parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run folders holding eval.jsonl")
-    parser.add_argument("--output", default="compare.png", help="the PNG to write (default compare.png)")
+    parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR",
+                        help="run folders holding eval.jsonl; a run on S3 by its s3:// URL or its local record folder "
+                             "runs/s3/<bucket>/<prefix>")
+    parser.add_argument("--output", default="compare.png", help="the figure to write, exactly there (default "
+                                                                "compare.png); its suffix names the format (PNG "
+                                                                "without one)")
     parser.add_argument("--dataset", help="the eval set to draw (default: the first)")
     args = parser.parse_args(argv)
     return guarded(lambda: _compare(args))
