@@ -134,7 +134,7 @@ def read_run(path: str | os.PathLike, origins: dict[str, RunResult] | None = Non
     if metadata is None:
         raise CompareError(f"{path}: no committed checkpoint, so no config to count its FLOPs from")
     note = None
-    if (records(path) / FILE).exists() or os.path.lexists(records(path) / FILE):
+    if os.path.lexists(records(path) / FILE):   # (one that cannot be read is the reader's one-line error)
         own = step_flops(metadata, read_metrics(records(path)))
     elif metadata.get("averaged_from"):
         own = {}    # an average trained nothing of its own
