@@ -138,6 +138,11 @@ class RunFolderError(NanoflowError, OSError):
     """A run folder that is not a folder, cannot be created or written, or has no room for a checkpoint."""
 
 
+class LinkError(NanoflowError):   # no OSError: a writer's `except OSError` must not take it for a failed write
+    """A file or folder nanoflow was about to write is a symlink it did not make: refused, nothing written
+    through it (nanoflow.io.files)."""
+
+
 class MetricsError(NanoflowError, ValueError):
     """A run folder without usable metrics."""
 
@@ -154,7 +159,8 @@ class CompareError(NanoflowError):
 
 
 class PlotError(NanoflowError):
-    """The plan picture cannot be written where --plot says."""
+    """A figure cannot be written where a command was told (--plot, --out, --output): a missing folder, a format
+    matplotlib does not write, a folder named."""
 
 
 class NanotronConfigError(NanoflowError, ValueError):

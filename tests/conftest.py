@@ -89,6 +89,18 @@ def _nothing_of_the_checkout_touched(checkout_guard):
                     "tmp_path):\n" + "\n".join(found[:20]), pytrace=False)
 
 
+@pytest.fixture(autouse=True)
+def _stop_signals_restored():
+    """Each test ends with the stop signals' handlers it began with: a finished run's bin/train front end, called in
+    this process, ignores them from then on (as its process ends), which would leave a later test's SIGTERM unseen."""
+    import signal
+
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)}
+    yield
+    for s, handler in saved.items():
+        signal.signal(s, handler)
+
+
 @pytest.fixture(scope="session")
 def s3_endpoint():
     pytest.importorskip("moto.server")

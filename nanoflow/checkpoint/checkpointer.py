@@ -145,7 +145,7 @@ class Checkpointer:
 
     def _restore(self, fresh: bool) -> TrainState:
         root, folders, start = on_main(lambda: self._checkpoints_to_try(fresh), self.topology)
-        self.lineage = Lineage()
+        self.lineage = Lineage.started()   # a fresh start begins a history of its own
         if not folders:
             return init_state(self.run)
         state, reader, point, self.lineage = self._first_intact(root, folders, start)
@@ -259,8 +259,8 @@ class Checkpointer:
             lr_origin, lineage, moments = saved_origin, saved, True
         else:
             lr_origin = saved_origin if checkpoints.load_lr_scheduler else trained.completed
-            lineage = Lineage(saved.optimizer_origin if checkpoints.load_optimizer else trained.completed,
-                              start.rstrip("/"), trained.completed)
+            lineage = Lineage.started(saved.optimizer_origin if checkpoints.load_optimizer else trained.completed,
+                                      start.rstrip("/"), trained.completed)
             moments = checkpoints.load_optimizer
         if lr_origin == saved_origin:  # (a restarted schedule was asked for: its LR is new by design)
             self._tell(check_lr(reader, self.run, trained.completed, lr_origin))
@@ -330,7 +330,7 @@ class Checkpointer:
         groups = state_blocks(state.model, state.optimizer, topology)
         root, step = checkpoints.checkpoints_path, state.step
         on_main(self._confirm_lock, self.topology)  # still ours: renewed now
-        suffix = on_main(lambda: new_save(root, step), self.topology)
+        suffix = on_main(lambda: new_save(root, step, groups), self.topology)
         if not checkpoints.async_save:
             gathered = gather_objects(write_files(root, step, groups, suffix, topology.rank), topology)
             return self._commit(step, gathered, info)

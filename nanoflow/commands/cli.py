@@ -20,7 +20,6 @@ from nanoflow.errors import (
     MissingExtraError,
     NanoflowError,
     NanotronConfigError,
-    PlotError,
 )
 from nanoflow.training import signals
 
@@ -120,16 +119,16 @@ def _train(args: argparse.Namespace) -> int:
     if args.plan:
         from nanoflow.commands.plan import render_plan
         from nanoflow.run import open_run
+        if args.plot is not None:
+            from nanoflow.commands.report import check_figure_path
+            check_figure_path(args.plot, "--plot")   # before the plan's checks, which open the data
         run = open_run(config, join=False)   # the checks a training run would pass first, in this process alone
         print(render_plan(run))
         if args.until_step is not None:
             print(f"stops after step {args.until_step} (--until-step)")
         if args.plot is not None:
             from nanoflow.commands.plan_plot import write_plan_plot
-            try:
-                print(f"\nwrote {write_plan_plot(run, args.plot)}")
-            except OSError as e:
-                raise PlotError(f"--plot {args.plot}: cannot write it: {e.strerror or e}") from None
+            print(f"\nwrote {write_plan_plot(run, args.plot)}")
         return EXIT_DONE
     from nanoflow.parallel.mesh import shutdown
     from nanoflow.training.loop import train  # the training machinery, once the config is known to be good
@@ -288,13 +287,16 @@ def report_main(argv: list[str] | None = None) -> int:
         epilog=f"Example: {program('bin/report')} runs/curriculum")
     parser.add_argument("run_dir", help="the run folder holding metrics.jsonl (checkpoints.checkpoints_path, or "
                                         "runs/s3/<bucket>/<prefix> when checkpoints go to S3)")
-    parser.add_argument("--out", help="where to write the PNG (default RUN_DIR/report.png)")
+    parser.add_argument("--out", help="where to write the figure (default RUN_DIR/report.png); its suffix names the "
+                                      "format (.png, .svg, .pdf …; PNG without one)")
     args = parser.parse_args(argv)
     return guarded(lambda: _report(args))
 
 
 def _report(args: argparse.Namespace) -> int:
-    from nanoflow.commands.report import format_summary, write_report
+    from nanoflow.commands.report import check_figure_path, format_summary, write_report
+    if args.out is not None:
+        check_figure_path(args.out, "--out")   # before the run is read
     path, rows = write_report(args.run_dir, args.out)
     print(format_summary(rows))
     print(f"\nwrote {path}")
@@ -343,7 +345,8 @@ def average_main(argv: list[str] | None = None) -> int:
         epilog="Example: bin/average runs/trunk runs/trunk-avg --last 3")
     parser.add_argument("run_dir", help="the run folder whose checkpoints to average (local or s3://)")
     parser.add_argument("out_dir", help="a new run folder for the averaged checkpoint (local or s3://)")
-    parser.add_argument("--last", metavar="K", help="average the K highest committed steps")
+    parser.add_argument("--last", metavar="K", help="average the K most recently committed checkpoints of the run's "
+                                                    "latest history (not the steps a --fresh start left behind)")
     parser.add_argument("--steps", metavar="A,B,...", help="average these committed steps")
     parser.add_argument("--weights", metavar="W,W,...", help="one weight per checkpoint, in step order "
                                                              "(normalised; default: uniform)")
@@ -381,16 +384,23 @@ def compare_main(argv: list[str] | None = None) -> int:
                     "FLOPs counted once, shared by its branches), and a table: steps, FLOPs, final held-out loss per "
                     "eval set, the gap to the cosine run of the same length, the compute a shared trunk saved.",
         epilog="Example: bin/compare runs/trunk runs/cooldown-* runs/cosine-* --output compare.png")
-    parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run folders holding eval.jsonl")
-    parser.add_argument("--output", default="compare.png", help="the PNG to write (default compare.png)")
+    parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR",
+                        help="run folders holding eval.jsonl; a run on S3 by its s3:// URL or its local record folder "
+                             "runs/s3/<bucket>/<prefix>")
+    parser.add_argument("--output", default="compare.png", help="the figure to write, exactly there (default "
+                                                                "compare.png); its suffix names the format (PNG "
+                                                                "without one)")
     parser.add_argument("--dataset", help="the eval set to draw (default: the first)")
     args = parser.parse_args(argv)
     return guarded(lambda: _compare(args))
 
 
 def _compare(args: argparse.Namespace) -> int:
-    from nanoflow.commands.compare import format_table, plot, read_runs
+    from nanoflow.commands.compare import check_dataset, format_table, plot, read_runs
+    from nanoflow.commands.report import check_figure_path
+    check_figure_path(args.output, "--output")   # before any run is read
     runs = read_runs(args.run_dirs)
+    check_dataset(runs, args.dataset)
     path = plot(runs, args.output, args.dataset)
     print(format_table(runs))
     print(f"\nwrote {path}")
@@ -412,7 +422,17 @@ def sweep_main(argv: list[str] | None = None) -> int:
 
 def _sweep(args: argparse.Namespace) -> int:
     from nanoflow.commands.sweep import run_study
-    return run_study(args.study, args.only, train_main=train_main)
+    return run_study(args.study, args.only, train_main=_train_in_sweep)
+
+
+def _train_in_sweep(argv: list[str]) -> int:
+    """One run of a study: bin/train's front end, with the start-up handlers of a command around it (a run that
+    finished ignores every stop signal from then on; the study's next start-up, averages and comparison do not)."""
+    signals.reinstall_start_up_handlers()
+    try:
+        return train_main(argv)
+    finally:
+        signals.reinstall_start_up_handlers()
 
 
 def convert_nanotron_config_main(argv: list[str] | None = None) -> int:
@@ -486,6 +506,7 @@ def compare_command() -> None:
 
 
 def sweep_command() -> None:
+    signals.install_start_up_handlers()  # as bin/train's: a stop signal while a run starts up ends the study with 75
     exit_process(sweep_main())
 
 

@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 
 from nanoflow.commands.plan import source_shares
-from nanoflow.commands.report import COLORS, DPI, StageSpan, _figure, draw_stage_bands, label_stages
+from nanoflow.commands.report import COLORS, DPI, StageSpan, _figure, draw_stage_bands, label_stages, save_figure
 from nanoflow.lr import scheduled_lr
 from nanoflow.schedule import Schedule, active_stage, stage_steps
 
@@ -104,7 +104,4 @@ def _draw_shares(ax, run, steps: list[int], edges: list[float]) -> None:
 
 def write_plan_plot(run, path: str | os.PathLike) -> Path:
     """Draw the plan of `run` into the PNG at `path`."""
-    figure = plan_figure(run)
-    path = Path(path)
-    figure.savefig(path, dpi=DPI, format="png")
-    return path
+    return save_figure(plan_figure(run), path, "--plot", dpi=DPI)

@@ -152,11 +152,20 @@ def _run_place_problems(config: Config) -> list[str]:
         elif value is not None and value.startswith("s3://") and any(
                 part in ("", ".", "..") for part in value[len("s3://"):].rstrip("/").split("/")):
             problems.append(f"{key} = {value}: an empty, '.' or '..' part; write s3://bucket/prefix/of/plain/parts")
-    run = config.general.run
-    if run in ("", ".", "..") or any(c in run for c in "/\\\0"):
-        problems.append(f"general.run = {run!r}: a run's name, not a path (no '/', not '.' or '..', not empty); "
-                        "where it writes is checkpoints.checkpoints_path")
+    problem = run_name_problem("general.run", config.general.run)
+    if problem is not None:
+        problems.append(f"{problem}; where it writes is checkpoints.checkpoints_path")
     return problems
+
+
+def run_name_problem(key: str, name) -> str | None:
+    """Why `name` (at `key`) is no run's name — a path would write elsewhere: '/' or '\\' in it, '.', '..', empty —
+    or None when it is one. The one rule for run names: general.run, and bin/sweep's runs and averages."""
+    if not isinstance(name, str):
+        return f"{key}: a run's name (a string), not {name!r}"
+    if name in ("", ".", "..") or any(c in name for c in "/\\\0"):
+        return f"{key} = {name!r}: a run's name, not a path (no '/', not '.' or '..', not empty)"
+    return None
 
 
 def _stage_lr_problems(config: Config, schedule: Schedule, index: int) -> list[str]:

@@ -121,6 +121,9 @@ def _load_rows(spec: HFSpec, stage_name: str, cache_dir: str | None = None):
         try:
             return datasets.load_dataset(spec.builder, data_files=list(spec.files), **options)
         except Exception as e:  # noqa: BLE001 - `datasets` raises many kinds here; name the file and line instead
+            stop = _stop_within(e)
+            if stop is not None:   # a Ctrl-C or stop signal that came before the first row, wrapped by `datasets`
+                raise stop from None
             problem = next(filter(None, (file_problem(path, spec.builder) for path in spec.files)), None)
             full = None if problem else _disk_error(e)
             if full is not None:   # the files are fine: it is `datasets`' own cache that cannot be written
@@ -144,6 +147,18 @@ def _load_rows(spec: HFSpec, stage_name: str, cache_dir: str | None = None):
         offline = " (HF_DATASETS_OFFLINE is set: only datasets already in the cache can load)" \
             if os.environ.get("HF_DATASETS_OFFLINE", "0") not in ("", "0") else ""
         raise StageDataError(f"{where}: cannot load {spec.name!r} from the hub or a local path{offline}: {e}") from None
+
+
+def _stop_within(error: BaseException) -> BaseException | None:
+    """The KeyboardInterrupt or stop signal (a BaseException that is no Exception) `error` was raised over, if any:
+    `datasets` turns one that interrupts a split before its first row into a DatasetGenerationError."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if not isinstance(error, Exception):
+            return error
+        error = error.__cause__ or error.__context__
+    return None
 
 
 # A write that failed for want of room or permission, not because of what was written.
