@@ -19,7 +19,6 @@ from nanoflow.errors import (
     INTERRUPTED,
     MissingExtraError,
     NanoflowError,
-    NanotronConfigError,
     PlotError,
 )
 from nanoflow.training import signals
@@ -392,17 +391,9 @@ def convert_nanotron_config_main(argv: list[str] | None = None) -> int:
 
 
 def _convert_nanotron_config(args: argparse.Namespace) -> int:
-    try:
-        import yaml
-    except ImportError:
-        raise MissingExtraError("reading YAML", "pyyaml") from None
     from nanoflow.interop.nanotron import convert
-    try:
-        with open(args.config) as f:
-            raw = yaml.safe_load(f)
-    except (OSError, yaml.YAMLError) as e:
-        raise NanotronConfigError(str(e)) from None
-    text, report = convert(raw)
+    from nanoflow.interop.nanotron_yaml import read_nanotron_yaml
+    text, report = convert(read_nanotron_yaml(args.config))
     sys.stdout.write(text)
     for line in report.lines():
         print(f"{args.config}: {line}", file=sys.stderr)

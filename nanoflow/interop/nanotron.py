@@ -8,7 +8,8 @@ Nothing is dropped silently; a null value means "not set" and needs no report. A
 whose value changes nothing in nanoflow (pp = 1, zero_stage = 0 …) is reported as "ignored".
 
     from nanoflow.interop.nanotron import convert
-    toml_text, report = convert(yaml.safe_load(open("config.yaml")))
+    from nanoflow.interop.nanotron_yaml import read_nanotron_yaml
+    toml_text, report = convert(read_nanotron_yaml("config.yaml"))   # yaml.safe_load, bounded
 
 Paths are carried over verbatim: nanotron reads them relative to the working directory, nanoflow
 relative to the TOML file, so place the TOML accordingly or make them absolute.

@@ -769,3 +769,71 @@ def test_a_list_of_splits_trains_on_train_and_the_other_splits_become_eval_sets_
     evaluated = "".join(tokenizer.decode(row.tolist()) for row in load_eval_set(config, entry, tokenizer).input_ids)
     assert "train row" in trained and "valid" not in trained
     assert "valid row" in evaluated and "train" not in evaluated
+
+
+# ---------------------------------------------------------------------------------------------
+# YAML that is no config: one line and exit status 2, at once (issue 30, item 14)
+
+def _alias_bomb(levels: int = 10) -> str:
+    """A "billion laughs": each anchor a list of nine aliases of the one before, 9**levels strings in about 500 bytes."""
+    lines = ['a0: &a0 ["x", "x", "x", "x", "x", "x", "x", "x", "x"]']
+    lines += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, levels)]
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize("case, expected", [
+    ("not UTF-8", "not UTF-8 (byte 0xe9 on line 1)"),
+    ("nested 5,000 deep", "line 1: nested more than 64 levels deep"),
+    ("a 5,001-digit integer", "line 1: an integer of 5,001 digits"),
+    ("an alias inside its anchor", "line 1: alias *g inside the node it names"),
+    ("a list that holds itself", "line 1: alias *a inside the node it names"),
+    ("a date that is none", "not a config: "),
+    ("a folder", "is a folder, not a config file"),
+    ("NUL bytes", "not a text file"),
+])
+def test_a_yaml_that_is_no_config_is_one_line_and_exit_2(tmp_path, capsys, case, expected):
+    path = tmp_path / "config.yaml"
+    content = {"not UTF-8": "general: {project: caf\xe9}\n".encode("latin-1"),
+               "nested 5,000 deep": b"a: " + b"[" * 5000 + b"]" * 5000 + b"\n",
+               "a 5,001-digit integer": b"tokens: {train_steps: " + b"9" * 5001 + b"}\n",
+               "an alias inside its anchor": b"general: &g {project: demo, again: *g}\n",
+               "a list that holds itself": b"a: &a [*a]\n",
+               "a date that is none": b"general: {project: 2024-02-30}\n",
+               "NUL bytes": b"general: {project: \x00}\n"}.get(case)
+    if content is None:
+        path.mkdir()
+    else:
+        path.write_bytes(content)
+    result = run_in_process("convert-nanotron-config", path, capsys=capsys)
+    assert result.returncode == 2 and not result.stdout, result
+    assert result.stderr.startswith(f"error: {path}: ") and expected in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and len(result.stderr) < 400, result.stderr
+
+
+def test_a_yaml_alias_bomb_is_refused_at_once(tmp_path):
+    from process_helpers import run_command
+
+    path = tmp_path / "bomb.yaml"
+    path.write_text(_alias_bomb())
+    assert len(path.read_bytes()) < 600
+    # A generous limit: the refusal takes a second; without it the converter walked 9**10 strings for hours.
+    result = run_command("convert-nanotron-config", path, timeout=300)
+    assert result.returncode == 2 and not result.stdout, result
+    assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert "aliases expand to more than 100,000 values" in result.stderr, result.stderr
+
+
+def test_aliases_that_expand_to_a_config_still_convert(tmp_path, capsys):
+    """nanotron's loader (yaml SafeLoader) takes anchors and aliases; a config that shares a table through one
+    converts as if it were written out twice."""
+    raw = yaml.safe_load(NANOTRON_YAML)
+    text = yaml.safe_dump(raw, sort_keys=False)
+    shared = "    dataset: &corpus\n      hf_dataset_or_datasets: text\n      hf_data_files: corpus/*.txt\n"
+    path = tmp_path / "config.yaml"
+    stages = (f"data_stages:\n- name: stable\n  start_training_step: 1\n  data:\n{shared}"
+              "- name: again\n  start_training_step: 10\n  data:\n    dataset: *corpus\n")
+    path.write_text(text[:text.index("data_stages:")] + stages + text[text.index("general:"):])
+    result = run_in_process("convert-nanotron-config", path, capsys=capsys)
+    assert result.returncode == 0, result.stderr
+    stages = tomllib.loads(result.stdout)["data_stages"]
+    assert stages[0]["data"]["dataset"] == stages[1]["data"]["dataset"] == TEXT_DATA
