@@ -407,11 +407,10 @@ def _schedule_defaults(record: _Conversion, raw: dict, out: dict, train_steps) -
         _fill(record, out, where, "lr_decay_style", "linear", "nanotron's default; nanoflow's is cosine")
     if _unset(raw, "min_decay_lr") and "learning_rate" in out:
         _fill(record, out, where, "min_decay_lr", out["learning_rate"], "nanotron's default: = learning_rate, no decay")
-    if raw.get("lr_decay_steps") == 0 and "lr_decay_steps" in out:
-        del out["lr_decay_steps"]
-        record.drop(f"{where}.lr_decay_steps", 0, "nanoflow's lr_decay_steps is positive; nanotron jumps to "
-                    "min_decay_lr at lr_decay_starting_step (and with lr_warmup_steps = 0 trains at learning_rate²)")
     warmup = out.get("lr_warmup_steps")
+    length = out.get("lr_decay_steps")
+    if isinstance(length, int) and length <= 0:
+        _no_length_decay(record, out, length, train_steps)
     if _unset(raw, "lr_decay_steps") and isinstance(train_steps, int) and isinstance(warmup, int):
         length = train_steps - warmup   # nanotron's Config sets this whatever lr_decay_starting_step is
         if length > 0:
@@ -419,6 +418,35 @@ def _schedule_defaults(record: _Conversion, raw: dict, out: dict, train_steps) -
                 if raw.get("lr_decay_starting_step") is not None else ""
             _fill(record, out, where, "lr_decay_steps", length,
                   f"nanotron's default: train_steps - lr_warmup_steps{wsd}")
+
+
+def _no_length_decay(record: _Conversion, out: dict, length: int, train_steps) -> None:
+    """lr_decay_steps <= 0, as nanotron's dump of a run whose warmup outlasts it holds (Config derived train_steps -
+    lr_warmup_steps): lr_scheduler_builder's lr_lambda then has no decay phase, so the LR drops from learning_rate to
+    min_decay_lr at once, at index max(lr_warmup_steps + 1, lr_decay_starting_step). nanoflow's lr_decay_steps is
+    positive: the same drop is a decay of one step ending there, and a drop after the last step is no decay at all."""
+    where = "optimizer.learning_rate_scheduler"
+    warmup = out.get("lr_warmup_steps", 0)
+    if not isinstance(warmup, int) or (warmup == 0 and length == 0):   # nanotron then trains at learning_rate²
+        del out["lr_decay_steps"]
+        record.drop(f"{where}.lr_decay_steps", length, "nanoflow's lr_decay_steps is positive; nanotron jumps to "
+                    "min_decay_lr at lr_decay_starting_step (and with lr_warmup_steps = 0 trains at learning_rate²)")
+        return
+    start = out.get("lr_decay_starting_step")
+    drop = max(warmup + 1, start if isinstance(start, int) else 0)   # the first index at min_decay_lr
+    if isinstance(train_steps, int) and drop > train_steps:
+        del out["lr_decay_steps"]
+        record.notes.append(f"{where}.lr_decay_steps = {length}: nanotron drops the LR to min_decay_lr at step {drop}, "
+                            f"after train_steps = {train_steps}; left unset (nanoflow's derived decay is not reached "
+                            "either)")
+        return
+    out["lr_decay_steps"] = 1
+    if drop > warmup + 1:
+        out["lr_decay_starting_step"] = drop - 1
+    at = f" and lr_decay_starting_step = {drop - 1}" if drop > warmup + 1 else ""
+    record.notes.append(f"{where}.lr_decay_steps = {length}: nanotron has no decay then, and drops the LR from "
+                        f"learning_rate to min_decay_lr at once at step {drop}; written as lr_decay_steps = 1{at}, "
+                        "the same drop")
 
 
 def _stage(record: _Conversion, stage, index: int) -> dict:

@@ -837,3 +837,39 @@ def test_aliases_that_expand_to_a_config_still_convert(tmp_path, capsys):
     assert result.returncode == 0, result.stderr
     stages = tomllib.loads(result.stdout)["data_stages"]
     assert stages[0]["data"]["dataset"] == stages[1]["data"]["dataset"] == TEXT_DATA
+
+
+# ---------------------------------------------------------------------------------------------
+# lr_decay_steps as nanotron computes it (issue 30, item 19)
+
+@pytest.mark.parametrize("train_steps, scheduler", [
+    # nanotron's dump of a run whose warmup is longer than the run: Config.__post_init__ derived
+    # lr_decay_steps = train_steps - lr_warmup_steps = -90, and its saved config.yaml holds that.
+    (10, {"lr_warmup_steps": 100, "lr_decay_steps": -90}),
+    (10, {"lr_warmup_steps": 100}),
+    # A decay of length <= 0 after the warmup: nanotron's lr_lambda goes to min_decay_lr at once.
+    (20, {"lr_warmup_steps": 4, "lr_decay_steps": -3}),
+    (20, {"lr_warmup_steps": 4, "lr_decay_steps": 0}),
+    (20, {"lr_warmup_steps": 4, "lr_decay_starting_step": 9, "lr_decay_steps": -2}),
+    (20, {"lr_warmup_steps": 0, "lr_decay_starting_step": 9, "lr_decay_steps": -2}),
+    (20, {"lr_warmup_steps": 4, "lr_decay_starting_step": 30, "lr_decay_steps": -2}),
+    (20, {"lr_warmup_steps": 4, "lr_decay_starting_step": 9}),   # lr_decay_steps = 16 derived: runs past the end
+])
+def test_a_decay_of_no_length_converts_to_nanotrons_lr_at_every_step(tmp_path, monkeypatch, train_steps, scheduler):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    write_data(tmp_path)
+    raw = yaml.safe_load(GOLDEN["unset_lr_clip_eps"])
+    raw["tokens"]["train_steps"] = train_steps
+    raw["optimizer"]["learning_rate_scheduler"] = {"learning_rate": 0.001, "lr_warmup_style": "linear",
+                                                   "lr_decay_style": "cosine", "min_decay_lr": 1e-4, **scheduler}
+    text, report = convert(raw)
+    converted = tomllib.loads(text)["optimizer"]["learning_rate_scheduler"]
+    assert converted.get("lr_decay_steps", 1) > 0, converted
+    (tmp_path / "converted.toml").write_text(text)
+    config = load_config(tmp_path / "converted.toml")
+    for s in range(1, train_steps + 1):
+        ours = lr_at(s, config.optimizer.learning_rate_scheduler, train_steps)
+        assert ours == pytest.approx(nanotron_lr(s, raw["optimizer"]["learning_rate_scheduler"], train_steps),
+                                     rel=1e-12, abs=1e-15), f"step {s}"
+    if scheduler.get("lr_decay_steps", 1) <= 0:
+        assert any("lr_decay_steps" in line for line in report.lines()), report.lines()
