@@ -457,6 +457,8 @@ def _stage(record: _Conversion, stage, index: int) -> dict:
         dataset = data.get("dataset")
         if isinstance(dataset, dict) and isinstance(dataset.get("dataset_folder"), dict):
             dataset = _folder_weights(record, dataset, f"{where}.data.dataset")
+        if isinstance(dataset, dict) and "sft_dataloader" in dataset:
+            dataset = _sft_columns(record, dataset, f"{label}.data.dataset")
         stage = {**stage, "data": {**data, "dataset": dataset}}
     out = record.table(stage, schema.DatasetStageArgs, where)
     if isinstance(data, dict):
@@ -468,6 +470,25 @@ def _stage(record: _Conversion, stage, index: int) -> dict:
             out_data["seed"] = NANOTRON_DATA_SEED
             out["data"] = _in_order(out_data, schema.DataArgs)
     return out
+
+
+def _sft_columns(record: _Conversion, dataset: dict, where: str) -> dict:
+    """A dataset with an sft_dataloader key is nanotron's SFTDatasetsArgs, whatever the key's value (dacite's strict
+    union: PretrainDatasetsArgs has no such key), and run_train.py tokenizes it with sft_processing.process_sft:
+    prompt + completion + eos from the columns "prompt" and "completion", the loss on the completion and eos only.
+    That is nanoflow's SFT stage on those two columns."""
+    dataset = dict(dataset)
+    flag = dataset.pop("sft_dataloader")
+    if dataset.get("text_column_name") is not None:
+        record.drop(f"{where}.text_column_name", dataset.pop("text_column_name"),
+                    'nanotron\'s SFT dataset has no text column: it reads "prompt" and "completion"')
+    dataset.setdefault("prompt_column_name", "prompt")
+    dataset.setdefault("completion_column_name", "completion")
+    record.notes.append(f"{where}.sft_dataloader = {_show(flag)}: nanotron's SFT data (prompt + completion + "
+                        "end-of-text, the loss on the completion), read from its columns \"prompt\" and "
+                        "\"completion\" → nanoflow's SFT stage: prompt_column_name = \"prompt\", "
+                        "completion_column_name = \"completion\"")
+    return dataset
 
 
 def _split_eval_sets(record: _Conversion, stages: list) -> list[dict]:

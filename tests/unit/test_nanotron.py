@@ -873,3 +873,38 @@ def test_a_decay_of_no_length_converts_to_nanotrons_lr_at_every_step(tmp_path, m
                                      rel=1e-12, abs=1e-15), f"step {s}"
     if scheduler.get("lr_decay_steps", 1) <= 0:
         assert any("lr_decay_steps" in line for line in report.lines()), report.lines()
+
+
+# ---------------------------------------------------------------------------------------------
+# nanotron's SFT datasets (issue 30, item 20)
+
+@pytest.mark.parametrize("flag", [True, False])
+def test_an_sft_dataloader_stage_converts_to_a_prompt_completion_stage(tmp_path, monkeypatch, flag):
+    """nanotron reads a dataset with an sft_dataloader key as SFTDatasetsArgs (dacite's strict union: it is no
+    PretrainDatasetsArgs key), whatever its value, and run_train.py then tokenizes it with
+    sft_processing.process_sft: prompt + completion + eos from the columns "prompt" and "completion", the loss on
+    the completion and eos only."""
+    from nanoflow.data import ByteTokenizer, open_stage
+
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    write_data(tmp_path)
+    (tmp_path / "sft.jsonl").write_text('{"prompt": "1+1=", "completion": "2"}\n' * 4)
+    raw = yaml.safe_load(NANOTRON_YAML)
+    raw["data_stages"][1]["data"]["dataset"] = {"hf_dataset_or_datasets": "json", "hf_data_files": "sft.jsonl",
+                                                "hf_dataset_splits": "train", "sft_dataloader": flag,
+                                                "dataset_processing_num_proc_per_process": 1}
+    raw["parallelism"].update(dp=1, tp=1, pp=1)
+    text, report = convert(raw)
+    dataset = tomllib.loads(text)["data_stages"][1]["data"]["dataset"]
+    assert (dataset["prompt_column_name"], dataset["completion_column_name"]) == ("prompt", "completion")
+    assert not any(key.endswith("sft_dataloader") for key, _, _ in report.dropped), report.dropped
+    assert any("sft_dataloader" in note for note in report.notes), report.notes
+    (tmp_path / "converted.toml").write_text(text)
+    config = load_config(tmp_path / "converted.toml")
+    tokenizer = ByteTokenizer()
+    with open_stage(config, 1, tokenizer, Schedule.from_config(config), cache_dir=str(tmp_path / "cache")) as loader:
+        batch = loader.samples(0, 1)
+    ids, labels = batch["input_ids"][0].tolist(), batch["labels"][0].tolist()
+    prompt = tokenizer.encode("1+1=")
+    assert ids[:len(prompt) + 2] == prompt + tokenizer.encode("2") + [tokenizer.eos_id]
+    assert [t for t in labels if t >= 0] == tokenizer.encode("2") + [tokenizer.eos_id]
