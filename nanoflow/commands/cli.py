@@ -12,6 +12,7 @@ from pathlib import Path
 from nanoflow import console
 from nanoflow.config import ConfigError, load_config
 from nanoflow.errors import (
+    EXIT_BAD_INPUT,
     EXIT_BUG,
     EXIT_DONE,
     EXIT_INTERRUPTED,
@@ -20,6 +21,7 @@ from nanoflow.errors import (
     MissingExtraError,
     NanoflowError,
     PlotError,
+    not_installed,
 )
 from nanoflow.training import signals
 
@@ -49,7 +51,8 @@ def exit_process(code: int) -> None:
 def guarded(work: Callable[[], int], where: str | None = None) -> int:
     """Run a front end's work and return its exit status. A NanoflowError becomes its message on
     stderr, prefixed with `where` (the file the command was given) unless the message names it
-    already, and the error's exit_status; Ctrl-C, one line and 130. Never a traceback for either."""
+    already, and the error's exit_status; a dependency that is not installed, one line and 2; Ctrl-C, one line
+    and 130. Never a traceback for these."""
     try:
         with console.installed():
             return work()
@@ -60,6 +63,11 @@ def guarded(work: Callable[[], int], where: str | None = None) -> int:
             message = f"{where}: {message}"
         print(f"error: {message}", file=sys.stderr)
         return e.exit_status
+    except ModuleNotFoundError as e:   # a dependency imported on first use (torch, datasets, ...) is not installed
+        if e.name is None or e.name.partition(".")[0] == "nanoflow":
+            raise  # a module of nanoflow's own that is not there: a bug, with its traceback
+        print(f"error: {not_installed(e.name, sys.executable)}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     except KeyboardInterrupt:  # at start-up, or a second Ctrl-C in training: a save it cuts never commits
         print(INTERRUPTED, file=sys.stderr)
         return EXIT_INTERRUPTED
