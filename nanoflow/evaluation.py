@@ -35,6 +35,7 @@ from nanoflow.data.sources import IGNORE_INDEX, open_sources
 from nanoflow.data.tokens import StageDataError
 from nanoflow.io import read_init_weights
 from nanoflow.observe.metrics import EVAL_FILE, MetricsLog
+from nanoflow.parallel import threads
 from nanoflow.parallel.agree import on_every_rank
 from nanoflow.parallel.mesh import Topology, all_reduce_sum
 from nanoflow.parallel.shards import load_weights
@@ -216,6 +217,10 @@ def evaluate_checkpoint(path: str, config: Config | None = None, overrides=(), t
         raise ConfigError(f"{path}: the config has no [evaluation] datasets to evaluate on; pass a CONFIG that has "
                           "[[evaluation.datasets]], or add them with --set")
     step = int(metadata["step"])
+    if threads.chosen():   # the checkpoint's count: the rows training wrote, bit for bit
+        count, line = threads.choose(metadata.get("threads"))
+        threads.apply(count)
+        log.info(line)
     run = open_run(config, topology=topology)
     sets = load_eval_sets(config, run.tokenizer)
     model = load_checkpoint_weights(config, run.topology, reader, path)

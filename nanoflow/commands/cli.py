@@ -23,6 +23,7 @@ from nanoflow.errors import (
     PlotError,
     not_installed,
 )
+from nanoflow.parallel import threads
 from nanoflow.training import signals
 
 # What a command says as it works (and its closing summary line) is a message, through logging; what a command
@@ -166,6 +167,10 @@ def verify_resume_main(argv: list[str] | None = None) -> int:
 def _verify_resume(args: argparse.Namespace) -> int:
     load_config(args.config, args.overrides)  # fail fast, with the usual message, on a bad config
     import tempfile
+    if threads.chosen():   # one count for both runs, which its bin/train processes inherit: both start fresh
+        count, line = threads.choose(None)
+        os.environ[threads.ENV] = str(count)
+        log.info(f"{line}; both runs train with it")
 
     from nanoflow.commands.verify import verify_resume
     with tempfile.TemporaryDirectory(prefix="verify-resume-") as temporary:
@@ -414,10 +419,12 @@ def _convert_nanotron_config(args: argparse.Namespace) -> int:
 
 def train_command() -> None:
     signals.install_start_up_handlers()  # before torch is imported: its seconds are start-up too
+    threads.choose_by_default()   # each command that computes: nanoflow.parallel.threads
     exit_process(train_main())
 
 
 def verify_resume_command() -> None:
+    threads.choose_by_default()
     exit_process(verify_resume_main())
 
 
@@ -434,6 +441,7 @@ def report_command() -> None:
 
 
 def eval_command() -> None:
+    threads.choose_by_default()
     exit_process(eval_main())
 
 
@@ -446,6 +454,7 @@ def compare_command() -> None:
 
 
 def sweep_command() -> None:
+    threads.choose_by_default()
     exit_process(sweep_main())
 
 
