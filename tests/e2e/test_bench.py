@@ -36,6 +36,8 @@ SMALLEST = {
     "step_overhead.py": ([], [rf"\| eager \| torch [^|]+\| {N} \| {N} \| {N} \|"]),
     "loss.py": ([], [rf"\| 1 \| 2,048 \| {N} \| {N} \| {N} \| {N} \| {N} "]),
     "average.py": ([], [rf"peak {N} MB above it = {N} × one model"]),
+    "layouts.py": ([], [rf"resumed on dp1: weights {N}, moments {N}, loss {N} from one process's run; weights {N} "
+                        rf"from dp1's own", rf"resumed on dp2: .* weights {N} from dp2's own"]),
     "threads.py": ([], [rf"busy \+0: .*; two / one = {N}, choice / one = {N}"]),
 }
 
