@@ -78,6 +78,11 @@ def guarded(work: Callable[[], int], where: str | None = None) -> int:
         return EXIT_STOPPED
 
 
+# What every --set help says of a path: a value is read as the file's own would be.
+SET_PATHS = ("A path is relative to the config file, as the file's own paths are (not to the working directory): "
+             "--set 'checkpoints.checkpoints_path=\"../runs/x\"' next to schedules/tiny.toml is runs/x.")
+
+
 def program(script: str) -> str:
     """The name a command calls itself in --help: the installed entry point's (nanoflow-train) when it was run by
     that name, else its script's (bin/train)."""
@@ -92,7 +97,7 @@ def train_main(argv: list[str] | None = None) -> int:
         epilog=f"Example: {program('bin/train')} schedules/curriculum.toml --set tokens.train_steps=50 --plan")
     parser.add_argument("config", help="the run's TOML config (paths inside it are relative to it)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                        help="override a config key; the value is TOML (a bare word is a string). "
+                        help=f"override a config key; the value is TOML (a bare word is a string). {SET_PATHS} "
                              "Stages by name or index: data_stages.sft.sequence_length=64. Repeatable.")
     parser.add_argument("--plan", action="store_true", help="print the stage plan and exit without training")
     parser.add_argument("--plot", metavar="PNG", help="with --plan: also draw it (stages, LR, global batch, sequence "
@@ -156,7 +161,8 @@ def verify_resume_main(argv: list[str] | None = None) -> int:
         description="Train CONFIG straight, then again with kill -9 at random moments (mid-step and mid-save) and "
                     "a resume after each; PASS if both end bit-identical (weights and optimizer moments).")
     parser.add_argument("config")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                        help=f"override a config key, as in bin/train. {SET_PATHS} Repeatable.")
     parser.add_argument("--kills", type=int, default=6, help="how many times to kill the run (default 6)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the kill moments")
     parser.add_argument("--workdir", help="where the two runs go (default: a temporary folder, removed after)")
@@ -290,7 +296,7 @@ def eval_main(argv: list[str] | None = None) -> int:
     parser.add_argument("config", nargs="?", help="the TOML config whose eval sets to use (default: the config "
                                                   "the checkpoint recorded)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                        help="override a config key, as in bin/train. Repeatable.")
+                        help=f"override a config key, as in bin/train. {SET_PATHS} Repeatable.")
     args = parser.parse_args(argv)
     return guarded(lambda: _eval(args), where=args.config)
 

@@ -87,3 +87,17 @@ def test_a_dependency_missing_when_a_command_imports_it_is_the_same_line(capsys)
     import pytest
     with pytest.raises(ModuleNotFoundError):   # a module of nanoflow's own that is not there is a bug: its traceback
         cli.guarded(needs("nanoflow.nothing"))
+
+
+def test_set_says_its_paths_are_relative_to_the_config_file(capsys):
+    """--set checkpoints.checkpoints_path=runs/x next to schedules/x.toml is schedules/runs/x: every --set help says
+    so (issue 30, item 25)."""
+    import pytest
+
+    from nanoflow.commands import cli
+
+    for main in (cli.train_main, cli.eval_main, cli.verify_resume_main):
+        with pytest.raises(SystemExit):
+            main(["--help"])
+        shown = " ".join(capsys.readouterr().out.split())
+        assert "A path is relative to the config file, as the file's own paths are" in shown, (main, shown)
