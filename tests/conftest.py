@@ -222,6 +222,7 @@ def layout_run(tmp_path_factory):
         if layout not in trained:
             result = run_layout(layout, root / layout)
             assert result.returncode == 0, f"{layout}:\n{result.stdout}\n{result.stderr}"
+            (root / f"{layout}.log").write_text(result.stdout + result.stderr)   # what it said, for the tests
             trained[layout] = root / layout
         return trained[layout]
 
