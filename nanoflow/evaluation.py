@@ -221,9 +221,14 @@ def evaluate_checkpoint(path: str, config: Config | None = None, overrides=(), t
         count, line = threads.choose(metadata.get("threads"))
         threads.apply(count)
         log.info(line)
+    names = [entry.name for entry in config.evaluation.datasets]
+    log.info(f"evaluating {reader.path} (step {step}) on {len(names)} eval set{'s' * (len(names) != 1)}: "
+             f"{', '.join(names)}; reading the data and the weights")   # minutes can pass before its rows
     run = open_run(config, topology=topology)
     sets = load_eval_sets(config, run.tokenizer)
     model = load_checkpoint_weights(config, run.topology, reader, path)
+    log.info(f"scoring {sum(len(s.input_ids) for s in sets):,} samples" + "".join(
+        f"; {s.name}: greedy answers to {len(s.input_ids):,} prompts" for s in sets if s.metric == "exact_match"))
     schedule = run.schedule
     stage = schedule.stages[active_stage(schedule, min(step, schedule.train_steps))].name
     return evaluate(model, sets, run.topology, step, stage, config.model.dtype)

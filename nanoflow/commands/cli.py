@@ -129,6 +129,10 @@ def _train(args: argparse.Namespace) -> int:
     if args.plan:
         from nanoflow.commands.plan import render_plan
         from nanoflow.run import open_run
+        stages = len(config.data_stages) + (len(config.evaluation.datasets) if config.evaluation else 0)
+        with console.routed(sys.stderr):   # stdout is the plan's; a line before the silence of opening the data
+            log.info(f"--plan: opening the tokenizer and the data of {stages} stages and eval sets, as training "
+                     "would (a large source takes a while)")
         run = open_run(config, join=False)   # the checks a training run would pass first, in this process alone
         print(render_plan(run))
         if args.until_step is not None:

@@ -131,4 +131,4 @@ def test_a_study_of_fifteen_runs_is_drawn_by_family_with_each_line_named_at_its_
         ends.setdefault(text.xy[0], []).append(text.xyann[1] if text.xyann else text.xy[1])
     for heights in ends.values():
         heights.sort()
-        assert all(b - a >= 0.025 * (high - low) - 1e-9 for a, b in zip(heights, heights[1:])), heights
+        assert all(b - a >= 0.025 * (high - low) - 1e-9 for a, b in zip(heights, heights[1:], strict=False)), heights
