@@ -22,6 +22,19 @@ STATUSES = {name: value for name, value in dict(globals()).items() if name.start
 INTERRUPTED = "interrupted: stopped at once, without saving; the last committed checkpoint (if any) is untouched"
 
 
+# The README's Quickstart install, which a command run outside nanoflow's environment names (bin/* carry a copy of
+# not_installed's line, as they must say it when nanoflow itself cannot be imported; a test holds them equal).
+QUICKSTART_INSTALL = ("python3 -m venv .venv && . .venv/bin/activate && pip install torch==2.13.0 && "
+                      "pip install -e '.[test]'")
+
+
+def not_installed(module: str, python: str) -> str:
+    """What a command says when `module` cannot be imported by the Python `python` that runs it: nanoflow or one of its
+    dependencies is not installed there (the venv not activated?)."""
+    return (f"no module named {module!r} in {python}: activate the venv nanoflow is installed in "
+            f"(. .venv/bin/activate in the checkout), or install it as the README's Quickstart does: {QUICKSTART_INSTALL}")
+
+
 def exit_interrupted() -> None:
     """Ctrl-C while bin/* imports nanoflow.commands.cli: the one line and the status of a Ctrl-C at any later moment."""
     import sys

@@ -35,6 +35,7 @@ from nanoflow.data.sources import IGNORE_INDEX, open_sources
 from nanoflow.data.tokens import StageDataError
 from nanoflow.io import read_init_weights
 from nanoflow.observe.metrics import EVAL_FILE, MetricsLog
+from nanoflow.parallel import threads
 from nanoflow.parallel.agree import on_every_rank
 from nanoflow.parallel.mesh import Topology, all_reduce_sum
 from nanoflow.parallel.shards import load_weights
@@ -232,10 +233,19 @@ def evaluate_checkpoint(path: str, config: Config | None = None, overrides=(), t
         raise ConfigError(f"{path}: the config has no [evaluation] datasets to evaluate on; pass a CONFIG that has "
                           "[[evaluation.datasets]], or add them with --set")
     step = int(metadata["step"])
+    if threads.chosen():   # the checkpoint's count: the rows training wrote, bit for bit
+        count, line = threads.choose(metadata.get("threads"))
+        threads.apply(count)
+        log.info(line)
+    names = [entry.name for entry in config.evaluation.datasets]
+    log.info(f"evaluating {reader.path} (step {step}) on {len(names)} eval set{'s' * (len(names) != 1)}: "
+             f"{', '.join(names)}; reading the data and the weights")   # minutes can pass before its rows
     run = open_run(config, topology=topology)
     config = run.config   # its [model] complete
     sets = load_eval_sets(config, run.tokenizer)
     model = load_checkpoint_weights(config, run.topology, reader, path)
+    log.info(f"scoring {sum(len(s.input_ids) for s in sets):,} samples" + "".join(
+        f"; {s.name}: greedy answers to {len(s.input_ids):,} prompts" for s in sets if s.metric == "exact_match"))
     schedule = run.schedule
     stage = schedule.stages[active_stage(schedule, min(step, schedule.train_steps))].name
     return evaluate(model, sets, run.topology, step, stage, config.model.dtype)

@@ -36,6 +36,7 @@ from nanoflow.config import Config
 from nanoflow.errors import StorageLostError
 from nanoflow.io.checkpoint import commit, new_save, no_intact_checkpoint, write_files
 from nanoflow.io.store import StoreError
+from nanoflow.parallel import threads
 from nanoflow.parallel.agree import any_failed, every_rank, on_every_rank, on_main
 from nanoflow.parallel.mesh import Topology, gather_objects
 from nanoflow.parallel.shards import load_moments, load_weights, state_blocks
@@ -62,6 +63,7 @@ def checkpoint_info(state: TrainState, data_fingerprint: dict | None = None, lin
         "lr_origin": state.lr_origin,
         "lineage": lineage.to_dict(),
         "topology": state.topology.to_dict(),
+        "threads": threads.current(),   # the intra-op threads it trained with: a resume keeps them
         "config": state.config.to_dict(),
     }
     if data_fingerprint is not None:
@@ -147,6 +149,7 @@ class Checkpointer:
         root, folders, start = on_main(lambda: self._checkpoints_to_try(fresh), self.topology)
         self.lineage = Lineage.started()   # a fresh start begins a history of its own
         if not folders:
+            self._settle_threads(None)   # before the weights are drawn: the count is part of the numbers
             return init_state(self.run)
         state, reader, point, self.lineage = self._first_intact(root, folders, start)
         checkpoints, schedule = self.config.checkpoints, self.run.schedule
@@ -249,6 +252,7 @@ class Checkpointer:
         schedule restarted (warmup included) at the resume step; a resume of the run's own checkpoint continues
         what it holds."""
         reader = on_every_rank(lambda: io.CheckpointReader(folder), self.topology)
+        self._settle_threads(reader.metadata.get("threads"))
         trained = TrainingMetadata.from_dict(reader.metadata["training"])
         point = resume_point(self.run.schedule, trained)  # raises ScheduleDriftError if the config rewrites history
         self._tell(check_model(reader, self.run))
@@ -266,6 +270,17 @@ class Checkpointer:
             self._tell(check_lr(reader, self.run, trained.completed, lr_origin))
         state = on_every_rank(lambda: self._read_state(reader, trained, lr_origin, moments), self.topology)
         return state, reader, point, lineage
+
+    def _settle_threads(self, recorded: int | None) -> None:
+        """The intra-op thread count this run trains with (nanoflow.parallel.threads): the count the checkpoint
+        resumed from recorded, else one chosen now, by rank 0 for every rank; or the user's, said when it
+        differs from the recorded one."""
+        if threads.chosen():
+            count, line = on_main(lambda: threads.choose(recorded), self.topology)
+            threads.apply(count)
+            self._say(line + ("; a resume keeps it, bit for bit" if recorded is None else ""))
+        elif (line := threads.mismatch(recorded)) is not None:
+            self._warn(line)
 
     def _read_state(self, reader: io.CheckpointReader, trained: TrainingMetadata, lr_origin: int,
                     moments: bool) -> TrainState:

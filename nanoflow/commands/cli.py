@@ -12,6 +12,7 @@ from pathlib import Path
 from nanoflow import console
 from nanoflow.config import ConfigError, load_config
 from nanoflow.errors import (
+    EXIT_BAD_INPUT,
     EXIT_BUG,
     EXIT_DONE,
     EXIT_INTERRUPTED,
@@ -19,8 +20,9 @@ from nanoflow.errors import (
     INTERRUPTED,
     MissingExtraError,
     NanoflowError,
-    NanotronConfigError,
+    not_installed,
 )
+from nanoflow.parallel import threads
 from nanoflow.training import signals
 
 # What a command says as it works (and its closing summary line) is a message, through logging; what a command
@@ -49,8 +51,8 @@ def exit_process(code: int) -> None:
 def guarded(work: Callable[[], int], where: str | None = None) -> int:
     """Run a front end's work and return its exit status. A NanoflowError becomes its message on
     stderr, prefixed with `where` (the file the command was given) unless the message names it
-    already, and the error's exit_status; Ctrl-C, one line and 130; a closed pipe on stdout, a quiet 0.
-    Never a traceback for any of them."""
+    already, and the error's exit_status; a dependency that is not installed, one line and 2; Ctrl-C, one line
+    and 130; a closed pipe on stdout, a quiet 0. Never a traceback for these."""
     try:
         with console.installed():
             return work()
@@ -61,6 +63,11 @@ def guarded(work: Callable[[], int], where: str | None = None) -> int:
             message = f"{where}: {message}"
         print(f"error: {message}", file=sys.stderr)
         return e.exit_status
+    except ModuleNotFoundError as e:   # a dependency imported on first use (torch, datasets, ...) is not installed
+        if e.name is None or e.name.partition(".")[0] == "nanoflow":
+            raise  # a module of nanoflow's own that is not there: a bug, with its traceback
+        print(f"error: {not_installed(e.name, sys.executable)}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     except KeyboardInterrupt:  # at start-up, or a second Ctrl-C in training: a save it cuts never commits
         print(INTERRUPTED, file=sys.stderr)
         return EXIT_INTERRUPTED
@@ -71,6 +78,11 @@ def guarded(work: Callable[[], int], where: str | None = None) -> int:
         print(f"stopped by {e.name} during start-up, before any step was trained: nothing to save; the last "
               "committed checkpoint (if any) is untouched; run the same command again to resume", file=sys.stderr)
         return EXIT_STOPPED
+
+
+# What every --set help says of a path: a value is read as the file's own would be.
+SET_PATHS = ("A path is relative to the config file, as the file's own paths are (not to the working directory): "
+             "--set 'checkpoints.checkpoints_path=\"../runs/x\"' next to schedules/tiny.toml is runs/x.")
 
 
 def program(script: str) -> str:
@@ -87,7 +99,7 @@ def train_main(argv: list[str] | None = None) -> int:
         epilog=f"Example: {program('bin/train')} schedules/curriculum.toml --set tokens.train_steps=50 --plan")
     parser.add_argument("config", help="the run's TOML config (paths inside it are relative to it)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                        help="override a config key; the value is TOML (a bare word is a string). "
+                        help=f"override a config key; the value is TOML (a bare word is a string). {SET_PATHS} "
                              "Stages by name or index: data_stages.sft.sequence_length=64. Repeatable.")
     parser.add_argument("--plan", action="store_true", help="print the stage plan and exit without training")
     parser.add_argument("--plot", metavar="PNG", help="with --plan: also draw it (stages, LR, global batch, sequence "
@@ -122,6 +134,10 @@ def _train(args: argparse.Namespace) -> int:
         if args.plot is not None:
             from nanoflow.commands.report import check_figure_path
             check_figure_path(args.plot, "--plot")   # before the plan's checks, which open the data
+        stages = len(config.data_stages) + (len(config.evaluation.datasets) if config.evaluation else 0)
+        with console.routed(sys.stderr):   # stdout is the plan's; a line before the silence of opening the data
+            log.info(f"--plan: opening the tokenizer and the data of {stages} stages and eval sets, as training "
+                     "would (a large source takes a while)")
         run = open_run(config, join=False)   # the checks a training run would pass first, in this process alone
         print(render_plan(run))
         if args.until_step is not None:
@@ -151,7 +167,8 @@ def verify_resume_main(argv: list[str] | None = None) -> int:
         description="Train CONFIG straight, then again with kill -9 at random moments (mid-step and mid-save) and "
                     "a resume after each; PASS if both end bit-identical (weights and optimizer moments).")
     parser.add_argument("config")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                        help=f"override a config key, as in bin/train. {SET_PATHS} Repeatable.")
     parser.add_argument("--kills", type=int, default=6, help="how many times to kill the run (default 6)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the kill moments")
     parser.add_argument("--workdir", help="where the two runs go (default: a temporary folder, removed after)")
@@ -162,6 +179,10 @@ def verify_resume_main(argv: list[str] | None = None) -> int:
 def _verify_resume(args: argparse.Namespace) -> int:
     load_config(args.config, args.overrides)  # fail fast, with the usual message, on a bad config
     import tempfile
+    if threads.chosen():   # one count for both runs, which its bin/train processes inherit: both start fresh
+        count, line = threads.choose(None)
+        os.environ[threads.ENV] = str(count)
+        log.info(f"{line}; both runs train with it")
 
     from nanoflow.commands.verify import verify_resume
     with tempfile.TemporaryDirectory(prefix="verify-resume-") as temporary:
@@ -315,7 +336,7 @@ def eval_main(argv: list[str] | None = None) -> int:
     parser.add_argument("config", nargs="?", help="the TOML config whose eval sets to use (default: the config "
                                                   "the checkpoint recorded)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                        help="override a config key, as in bin/train. Repeatable.")
+                        help=f"override a config key, as in bin/train. {SET_PATHS} Repeatable.")
     args = parser.parse_args(argv)
     return guarded(lambda: _eval(args), where=args.config)
 
@@ -447,17 +468,9 @@ def convert_nanotron_config_main(argv: list[str] | None = None) -> int:
 
 
 def _convert_nanotron_config(args: argparse.Namespace) -> int:
-    try:
-        import yaml
-    except ImportError:
-        raise MissingExtraError("reading YAML", "pyyaml") from None
     from nanoflow.interop.nanotron import convert
-    try:
-        with open(args.config) as f:
-            raw = yaml.safe_load(f)
-    except (OSError, yaml.YAMLError) as e:
-        raise NanotronConfigError(str(e)) from None
-    text, report = convert(raw)
+    from nanoflow.interop.nanotron_yaml import read_nanotron_yaml
+    text, report = convert(read_nanotron_yaml(args.config))
     sys.stdout.write(text)
     for line in report.lines():
         print(f"{args.config}: {line}", file=sys.stderr)
@@ -470,10 +483,12 @@ def _convert_nanotron_config(args: argparse.Namespace) -> int:
 
 def train_command() -> None:
     signals.install_start_up_handlers()  # before torch is imported: its seconds are start-up too
+    threads.choose_by_default()   # each command that computes: nanoflow.parallel.threads
     exit_process(train_main())
 
 
 def verify_resume_command() -> None:
+    threads.choose_by_default()
     exit_process(verify_resume_main())
 
 
@@ -494,6 +509,7 @@ def report_command() -> None:
 
 
 def eval_command() -> None:
+    threads.choose_by_default()
     exit_process(eval_main())
 
 
@@ -507,6 +523,7 @@ def compare_command() -> None:
 
 def sweep_command() -> None:
     signals.install_start_up_handlers()  # as bin/train's: a stop signal while a run starts up ends the study with 75
+    threads.choose_by_default()
     exit_process(sweep_main())
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import attrs
 
-from nanoflow.commands.report import COLORS, _figure, read_run_metadata, save_figure
+from nanoflow.commands.report import _figure, read_run_metadata, save_figure
 from nanoflow.config import recorded_model
 from nanoflow.errors import CompareError
 from nanoflow.flops import flops_per_token
@@ -262,28 +262,83 @@ def check_dataset(runs: list[RunResult], dataset: str | None) -> str:
     return dataset
 
 
+# Ten colours that stay apart (matplotlib's tab10), one a family; within a family, line styles, then markers.
+FAMILY_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
+                 "#17becf")
+MEMBER_STYLES = ("-", "--", ":", "-.")
+MEMBER_MARKERS = ("", "o", "s", "^", "v")
+
+
+def family(name: str) -> str:
+    """A run's family: its name up to the first part that is a number (wsd-1sqrt-160-decay5 → wsd-1sqrt,
+    cosine-40 → cosine, trunk → trunk): the runs of one schedule at several lengths."""
+    parts = name.split("-")
+    cut = next((i for i, part in enumerate(parts) if i > 0 and part.isdigit()), len(parts))
+    return "-".join(parts[:cut])
+
+
+def line_styles(names: list[str]) -> dict[str, dict]:
+    """How each run is drawn: its family's colour, and a line style (then a marker) of its own within the family."""
+    families = list(dict.fromkeys(map(family, names)))
+    members: dict[str, int] = {}
+    styles = {}
+    for name in names:
+        k = members[family(name)] = members.get(family(name), -1) + 1
+        styles[name] = dict(color=FAMILY_COLORS[families.index(family(name)) % len(FAMILY_COLORS)],
+                            linestyle=MEMBER_STYLES[k % len(MEMBER_STYLES)],
+                            marker=MEMBER_MARKERS[k // len(MEMBER_STYLES) % len(MEMBER_MARKERS)] or None)
+    return styles
+
+
 def plot(runs: list[RunResult], output: str | os.PathLike, dataset: str | None = None) -> Path:
     """Held-out loss of `dataset` (default: the first) against step and against FLOPs, one line per run, written
     to exactly `output` (its suffix names the format; PNG without one). Returns the path written."""
+    return save_figure(draw(runs, dataset), output, "--output")
+
+
+def draw(runs: list[RunResult], dataset: str | None = None):
+    """The figure plot() writes: each family of runs in one colour (the legend lists the families), each run in a
+    line style of its own and named at the end of its line on the step panel."""
     figure = _figure()
     dataset = check_dataset(runs, dataset)
     by_step, by_flops = figure.subplots(1, 2)
-    styles = ("-", "--", ":", "-.")
-    for i, r in enumerate(runs):
+    styles, named = line_styles([r.name for r in runs]), set()
+    ends = []
+    for r in runs:
         points = r.evals.get(dataset, [])
         steps = [s for s, _ in points]
         losses = [v for _, v in points]
         flops = [r.flops_at.get(s, math.nan) for s in steps]
-        marker = "o" if len(points) == 1 else None
-        style = dict(color=COLORS[i % len(COLORS)], linestyle=styles[(i // len(COLORS)) % len(styles)], marker=marker,
-                     label=r.name)
+        style = dict(styles[r.name], gid=r.name, label="_nolegend_" if family(r.name) in named else family(r.name))
+        if len(points) == 1 and style["marker"] is None:
+            style["marker"] = "o"
+        named.add(family(r.name))
         by_step.plot(steps, losses, **style)
         by_flops.plot(flops, losses, **style)
+        if points:
+            ends.append((steps[-1], losses[-1], r.name, style["color"]))
     for ax, label in ((by_step, "step"), (by_flops, "training FLOPs (a trunk's counted once, up to each branch)")):
         ax.set_xlabel(label)
         ax.set_ylabel(f"held-out loss ({dataset})")
         ax.grid(alpha=0.3)
+    _name_line_ends(by_step, ends)
     by_step.legend(fontsize=7)
     figure.suptitle(f"held-out {dataset} loss of {len(runs)} runs")
     figure.tight_layout()
-    return save_figure(figure, output, "--output")
+    return figure
+
+
+def _name_line_ends(ax, ends: list[tuple[float, float, str, str]]) -> None:
+    """Each run's name beside the last point of its line; names that end at one step are pushed apart to at least
+    3 % of the panel's height, in the order of their losses."""
+    low, high = ax.get_ylim()
+    gap, width = 0.03 * (high - low), ax.get_xlim()[1] - ax.get_xlim()[0]
+    by_step: dict[float, list] = {}
+    for end in ends:
+        by_step.setdefault(end[0], []).append(end)
+    for step, group in by_step.items():
+        placed = None
+        for _, loss, name, color in sorted(group, key=lambda e: e[1]):
+            placed = loss if placed is None else max(loss, placed + gap)
+            ax.annotate(name, xy=(step, loss), xytext=(step + 0.01 * width, placed), textcoords="data", fontsize=6,
+                        color=color, va="center", annotation_clip=False)

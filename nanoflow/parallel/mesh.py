@@ -18,6 +18,7 @@ are recomputed in backward instead of kept from the forward.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from datetime import timedelta
@@ -102,7 +103,26 @@ def init_topology(config: Config) -> Topology:
     global _joined_a_group
     _joined_a_group = True
     mesh = init_device_mesh(device().type, (dp, tp), mesh_dim_names=("dp", "tp"))
+    if dp > 1 and tp > 1:
+        _quiet_norm_redistribution()
     return Topology(dp, tp, dist.get_rank(), mesh)
+
+
+class _NotTheGradNorm(logging.Filter):
+    """Drops DTensor's warning that a value partial over both "dp" and "tp" is made whole by two all-reduces, one
+    per mesh dimension, instead of one over both. Here that value is the gradient norm (grad_norm: a scalar a
+    step), so the second all-reduce costs nothing measurable, and every rank reduces in the same order (dp, then
+    tp), so no two ranks can differ, which is the warning's other concern. Left in, it is one line per rank on
+    every dp × tp run, telling the user to change what nanoflow decides."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "sequential all_reduce operations will be performed" not in record.getMessage()
+
+
+def _quiet_norm_redistribution() -> None:
+    logger = logging.getLogger("torch.distributed.tensor._redistribute")
+    if not any(isinstance(f, _NotTheGradNorm) for f in logger.filters):
+        logger.addFilter(_NotTheGradNorm())
 
 
 def _restart_store(timeout: timedelta):

@@ -38,6 +38,9 @@ SMALLEST = {
     "average.py": ([], [rf"peak {N} MB above it = {N} × one model"]),
     "document_masking.py": ([], [rf"\| 256 \| 64 \| 2 \| {N} \| {N} \| {N} \| {N} \|",
                                  rf"the worst cell: time {N}×, peak memory {N}×"]),
+    "layouts.py": ([], [rf"resumed on dp1: weights {N}, moments {N}, loss {N} from one process's run; weights {N} "
+                        rf"from dp1's own", rf"resumed on dp2: .* weights {N} from dp2's own"]),
+    "threads.py": ([], [rf"busy \+0: .*; two / one = {N}, choice / one = {N}"]),
 }
 
 

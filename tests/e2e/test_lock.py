@@ -2,8 +2,9 @@
 
 A second process really tries to take a lock a first one holds; holders really die by SIGKILL; a
 busy holder is a real bin/train held still by SIGSTOP (so the second launch meets it mid-run on a
-loaded machine, not by luck of timing). S3 is moto's server on loopback (s3_server.py), whose
-conditional writes (If-None-Match, If-Match) answer 412 as S3 does — the first test checks that.
+loaded machine, not by luck of timing). S3 is each of two real servers on loopback, moto's (s3_server.py)
+and SeaweedFS's (seaweedfs_server.py), whose conditional writes (If-None-Match, If-Match) answer 412 as S3
+does — the first test checks that.
 """
 
 from __future__ import annotations
@@ -65,23 +66,28 @@ def read_lock(root: str, endpoint=None) -> dict | None:
         return None
 
 
-@pytest.fixture(params=["local", "s3"])
+@pytest.fixture(params=["local", "moto", "seaweedfs"])
 def root(request, tmp_path):
-    """A run folder: a local one, or an s3:// prefix on the moto server."""
+    """A run folder: a local one, or an s3:// prefix on each real S3 server (conftest.py's s3_server)."""
     if request.param == "local":
         return str(tmp_path / "run"), None
-    endpoint = request.getfixturevalue("s3_endpoint")
+    endpoint = request.getfixturevalue("seaweedfs_endpoint" if request.param == "seaweedfs" else "s3_endpoint")
+    if request.param == "seaweedfs":
+        request.getfixturevalue("monkeypatch").setenv("AWS_ENDPOINT_URL", endpoint.url)
+        return endpoint.make_bucket(), endpoint
     return request.getfixturevalue("s3_bucket"), endpoint
 
 
 # ---------------------------------------------------------------------------------------------
 # The lock itself
 
-def test_the_s3_server_honours_conditional_writes(s3_endpoint, s3_bucket):
+def test_the_s3_server_honours_conditional_writes(s3_server, s3_server_bucket):
+    """What the lock needs of a server (docs/s3.md): PUT with If-None-Match: * and with If-Match, DELETE with
+    If-Match, each answered 412 PreconditionFailed when its condition fails. moto and SeaweedFS both do."""
     from botocore.exceptions import ClientError
 
-    client = s3_endpoint.client()
-    bucket, prefix = split(s3_bucket)
+    client = s3_server.client()
+    bucket, prefix = split(s3_server_bucket)
     key = f"{prefix}/probe"
     first = client.put_object(Bucket=bucket, Key=key, Body=b"1", IfNoneMatch="*")["ETag"]
     for condition in ({"IfNoneMatch": "*"}, {"IfMatch": '"0123"'}):

@@ -44,6 +44,15 @@ def test_parallel_layouts_match_single_process(runs, layout):
     assert_close_weights(io.read_model(str(runs / layout)), io.read_model(str(runs / "dp1")))
 
 
+@pytest.mark.parametrize("layout", ["dp2tp2", "dp2tp2sp"])
+def test_a_dp_by_tp_run_prints_no_torch_warning_from_each_rank(runs, layout):
+    """DTensor warned once per rank that the gradient norm is made whole by two all-reduces (issue 30, item 25);
+    nanoflow drops that one warning, with its reason (nanoflow/parallel/mesh.py), and prints its own lines once."""
+    said = (runs / f"{layout}.log").read_text()
+    assert "sequential all_reduce" not in said and "[rank" not in said, said
+    assert said.count("saved step 4:") == 1, said
+
+
 def test_each_rank_writes_only_its_own_shards(runs):
     meta = io.read_metadata(str(runs / "dp2tp2"))
     assert meta["topology"] == {"dp": 2, "tp": 2, "world_size": 4}

@@ -245,8 +245,9 @@ def test_endpoint_stopped_mid_save_then_resume(s3_endpoint, s3_bucket, tiny_toml
 
 
 @pytest.mark.slow
-def test_trainer_killed_mid_upload_then_resume(s3_endpoint, s3_bucket, tiny_toml, reference, monkeypatch, tmp_path):
-    url = s3_bucket
+def test_trainer_killed_mid_upload_then_resume(s3_server, s3_server_bucket, tiny_toml, reference, monkeypatch,
+                                               tmp_path):
+    url, s3_endpoint = s3_server_bucket, s3_server
     monkeypatch.chdir(tmp_path)
     run(tiny(tiny_toml, url, "checkpoints.checkpoint_interval=2"), until_step=2)  # step 2 committed
     assert get(s3_endpoint, url, "latest.txt").decode().strip() == "2"

@@ -96,3 +96,16 @@ def test_ctrl_c_while_bin_imports_is_one_line_and_130(command):
     assert result.returncode == 130, result.stderr
     assert result.stderr.strip().splitlines() == ["interrupted: stopped at once, without saving; the last committed "
                                                   "checkpoint (if any) is untouched"], result.stderr
+
+
+def test_plan_says_it_opens_the_data_before_the_silence_on_stderr_alone(capsys):
+    """--plan opens every source as training would, which takes a while on large data: one line on stderr says so
+    first; stdout holds the plan alone (issue 30, item 25)."""
+    from helpers import TINY
+    from process_helpers import run_in_process
+
+    result = run_in_process("train", TINY, "--plan", capsys=capsys)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.splitlines()[0] == ("--plan: opening the tokenizer and the data of 2 stages and eval sets, as "
+                                             "training would (a large source takes a while)"), result.stderr
+    assert "--plan: opening" not in result.stdout and result.stdout.startswith("nanoflow/tiny:"), result.stdout

@@ -173,3 +173,56 @@ def test_a_branch_without_metrics_has_no_flops_count_and_says_so(runs, tmp_path,
     table = {line.split()[0]: line.split() for line in out.splitlines() if line[:1].isalpha()}
     assert table["branch"][2] == "n/a" and table["trunk"][2] != "n/a", out   # never the trunk's count alone
     assert f"{branch} has no metrics.jsonl" in out and "saved" not in out, out
+
+
+# The figure of a whole study: 15 runs (issue 30, item 25)
+
+STUDY = ["trunk", "wsd-1sqrt-40", "wsd-linear-40", "wsd-1sqrt-80", "wsd-linear-80", "wsd-1sqrt-160",
+         "wsd-linear-160", "wsd-1sqrt-160-decay5", "wsd-1sqrt-160-decay10", "wsd-1sqrt-160-decay40", "cosine-40",
+         "cosine-80", "cosine-160", "trunk-avg-80", "trunk-avg-160"]   # schedules/wsd_vs_cosine/study.toml's
+
+
+def study_runs():
+    from nanoflow.commands.compare import RunResult
+
+    runs = []
+    for i, name in enumerate(STUDY):
+        end = int(next((p for p in name.split("-") if p.isdigit()), 160))
+        points = [(s, 3.0 - s / 100 - i / 1000) for s in range(10, end + 1, 10)]
+        runs.append(RunResult(name=name, path=f"runs/{name}", steps=end, own_flops=1.0, flops=1.0, origin=None,
+                              cosine=name.startswith("cosine"), evals={"prose": points},
+                              flops_at={s: s * 1e9 for s, _ in points}))
+    return runs
+
+
+def test_a_study_of_fifteen_runs_is_drawn_by_family_with_each_line_named_at_its_end(tmp_path):
+    from nanoflow.commands.compare import draw, family
+
+    assert [family(n) for n in ("trunk", "wsd-1sqrt-160-decay5", "cosine-40", "trunk-avg-80")] == \
+        ["trunk", "wsd-1sqrt", "cosine", "trunk-avg"]
+    runs = study_runs()
+    by_step, by_flops = draw(runs, "prose").axes
+    lines = {line.get_gid(): line for line in by_step.get_lines()}
+    assert sorted(lines) == sorted(STUDY)
+    looks = {name: (line.get_color(), line.get_linestyle(), line.get_marker()) for name, line in lines.items()}
+    assert len(set(looks.values())) == len(STUDY)   # no two runs drawn alike
+    colors = {}
+    for name, (color, _, _) in looks.items():
+        colors.setdefault(family(name), set()).add(color)
+    assert all(len(c) == 1 for c in colors.values()), colors             # a family shares its colour
+    assert len({c.pop() for c in colors.values()}) == len(colors)       # and no other family has it
+    # Each line is named at its end, in its colour, on the step panel; the legend lists the families.
+    labels = {text.get_text(): text for text in by_step.texts}
+    for run in runs:
+        assert run.name in labels, run.name
+        assert labels[run.name].get_color() == looks[run.name][0]
+        assert labels[run.name].xy[0] == run.evals["prose"][-1][0]
+    assert [t.get_text() for t in by_step.get_legend().get_texts()] == list(dict.fromkeys(map(family, STUDY)))
+    # Names at one step never overlap: at least 2.5 % of the panel's height apart.
+    low, high = by_step.get_ylim()
+    ends: dict = {}
+    for text in by_step.texts:
+        ends.setdefault(text.xy[0], []).append(text.xyann[1] if text.xyann else text.xy[1])
+    for heights in ends.values():
+        heights.sort()
+        assert all(b - a >= 0.025 * (high - low) - 1e-9 for a, b in zip(heights, heights[1:], strict=False)), heights

@@ -4,6 +4,7 @@ evaluation that never changes training, bin/eval on run and step folders, and th
 from __future__ import annotations
 
 import io as text_io
+import json
 import sys
 
 import attrs
@@ -170,6 +171,26 @@ def test_a_progress_line_per_evaluation(tmp_path):
     lines = [line for line in out.getvalue().splitlines() if line.startswith("eval step")]
     assert len(lines) == 2 and lines[0].startswith("eval step 3 (pretrain): text loss ")
     assert " sums loss " in lines[1] and " exact " in lines[1]
+
+
+def test_bin_eval_says_what_it_evaluates_before_its_silence(tmp_path, capsys):
+    """bin/eval read, built and scored for minutes on the curriculum without a word (issue 30, item 25): it says the
+    checkpoint, its step and the eval sets first, then how much it scores; the rows stay alone on stdout."""
+    from process_helpers import run_in_process
+
+    from nanoflow.training.loop import train
+
+    config = write_run(tmp_path)
+    train(load_config(config, ["tokens.train_steps=4", "data_stages.sft.start_training_step=10"]), fresh=True,
+          out=text_io.StringIO())
+    result = run_in_process("eval", tmp_path / "run", config, capsys=capsys)
+    assert result.returncode == 0, result.stderr
+    said = result.stderr.splitlines()
+    first = next(i for i, line in enumerate(said) if line.startswith("evaluating "))
+    assert said[first] == f"evaluating {tmp_path / 'run' / '4'} (step 4) on 2 eval sets: text, sums; reading the data " \
+                          "and the weights"
+    assert said[first + 1].startswith("scoring ") and "sums: greedy answers to " in said[first + 1], said
+    assert [json.loads(line)["dataset"] for line in result.stdout.splitlines()] == ["text", "sums"]
 
 
 def test_tensorboard_gets_the_eval_curves(tmp_path):
