@@ -53,7 +53,7 @@ def with_dispositions(ignored=()):
     return preexec
 
 
-def signal_when_ready(command: list[str], ready, signum: int, *, cwd, env=None, timeout: float = 60, ignored=(),
+def signal_when_ready(command: list[str], ready, signum: int, *, cwd, env=None, timeout: float = 600, ignored=(),
                       confirm=None):
     """Start `command` (its stop signals at their default disposition, but `ignored`), poll ready(process)
     until it is true (the process still running, within `timeout` seconds), send `signum`, and wait for the
@@ -116,7 +116,7 @@ def layout_overrides(layout: str) -> list[str]:
 
 
 def run_layout(layout: str, run: Path, *overrides: str, script: str | None = None, args=(),
-               timeout: float = 240) -> subprocess.CompletedProcess:
+               timeout: float = 600) -> subprocess.CompletedProcess:
     """bin/train on tiny.toml in `layout` with COMMON and `overrides`, its checkpoints in `run`, under torchrun
     (this interpreter alone for one process); or the Python `script` (relative to the repository) with `args`."""
     dp, tp, _ = LAYOUTS[layout]

@@ -85,9 +85,9 @@ def test_two_averages_into_one_out_dir_one_commits_the_other_is_refused(run_dir,
             assert first.poll() is None and time.monotonic() < deadline, first.communicate()
             time.sleep(0.02)
         # The first holds OUT_DIR, mid-way: the second, into the same folder, is refused at once, writing nothing.
-        second = run_command("average", run_dir, out, "--last", "3", cwd=tmp_path, timeout=300)
+        second = run_command("average", run_dir, out, "--last", "3", cwd=tmp_path, timeout=600)
         release(fifo, first)
-        stdout, stderr = first.communicate(timeout=300)
+        stdout, stderr = first.communicate(timeout=600)
     finally:
         if first.poll() is None:
             first.kill()
@@ -99,5 +99,5 @@ def test_two_averages_into_one_out_dir_one_commits_the_other_is_refused(run_dir,
     assert [a["step"] for a in io.read_metadata(str(out))["averaged_from"]] == [6, 8]   # the first's, whole
     assert_mean(out, mean_from_files([run_dir / "6", run_dir / "8"]))
     # Once it is done, a third is refused too: the folder holds a committed average.
-    third = run_command("average", run_dir, out, "--last", "3", cwd=tmp_path, timeout=300)
+    third = run_command("average", run_dir, out, "--last", "3", cwd=tmp_path, timeout=600)
     assert third.returncode == 2 and "already holds a committed checkpoint" in third.stderr, third.stderr

@@ -196,9 +196,9 @@ def run_page(page: str, folder: Path) -> str | None:
         else:
             command = ["bash", "-e", "-o", "pipefail", "-c", code]
         try:
-            result = subprocess.run(command, cwd=folder, env=env, capture_output=True, text=True, timeout=180)
+            result = subprocess.run(command, cwd=folder, env=env, capture_output=True, text=True, timeout=600)
         except subprocess.TimeoutExpired:
-            return f"{page}:{line}: the {language} block ran over 180 s"
+            return f"{page}:{line}: the {language} block ran over 600 s"
         if result.returncode != 0:
             return (f"{page}:{line}: the {language} block exits {result.returncode}\n"
                     f"--- stdout\n{result.stdout[-3000:]}\n--- stderr\n{result.stderr[-3000:]}")

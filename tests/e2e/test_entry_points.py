@@ -34,7 +34,7 @@ def test_each_bin_command_is_a_console_script_calling_the_same_function():
 def test_a_console_script_function_exits_with_the_front_ends_status(tmp_path):
     code = ("import sys; sys.argv = ['nanoflow-train', 'nope.toml']\n"
             "from nanoflow.commands.cli import train_command\ntrain_command()")
-    result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert result.returncode == 2 and "nope.toml: no such config file" in result.stderr, result.stderr
 
 
@@ -65,7 +65,7 @@ def test_each_bin_command_outside_its_environment_says_what_to_do(tmp_path):
             if pythonpath:
                 env["PYTHONPATH"] = pythonpath
             result = subprocess.run([sys.executable, "-S", str(REPO / "bin" / name), "--help"], cwd=tmp_path, env=env,
-                                    capture_output=True, text=True, timeout=60)
+                                    capture_output=True, text=True, timeout=600)
             lines = result.stderr.strip().splitlines()
             assert result.returncode == 2 and len(lines) == 1 and "Traceback" not in result.stderr, (name, result)
             module = missing or lines[0].split("'")[1]

@@ -200,7 +200,7 @@ def test_a_token_file_cut_short_mid_run_exits_2_and_keeps_the_checkpoint(tmp_pat
         intact = checkpoint_bytes(folder, 2)
         for path in tokens.glob("*.ds"):
             os.truncate(path, path.stat().st_size // 3)
-        stdout, stderr = process.communicate(timeout=120)
+        stdout, stderr = process.communicate(timeout=600)
     finally:
         if process.poll() is None:
             process.kill()
@@ -339,7 +339,7 @@ def test_a_ctrl_c_inherited_as_ignored_is_ignored_for_the_whole_run(tmp_path):
             lines.append(line)
         process.send_signal(signal.SIGINT)   # in the loop, twice
         process.send_signal(signal.SIGINT)
-        stdout, stderr = process.communicate(timeout=120)
+        stdout, stderr = process.communicate(timeout=600)
     finally:
         if process.poll() is None:
             process.kill()
@@ -375,7 +375,7 @@ def test_a_signal_just_after_done_leaves_a_finished_run_at_exit_0(tmp_path, sign
                 break
         process.send_signal(signum)   # twice: a second Ctrl-C would be an interrupt, were the run not finished
         process.send_signal(signum)
-        stdout, stderr = process.communicate(timeout=60)
+        stdout, stderr = process.communicate(timeout=600)
     finally:
         if process.poll() is None:
             process.kill()

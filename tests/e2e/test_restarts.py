@@ -189,6 +189,18 @@ def test_a_signal_to_torchrun_saves_and_the_same_command_resumes_exactly(referen
     assert problem is None, problem
 
 
+def wait_listening(port: int, process, log, timeout: float = 600) -> None:
+    """Until something accepts connections on 127.0.0.1:`port` (the store `process` hosts), however busy the machine."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with socket.socket() as probe:
+            if probe.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        assert process.poll() is None, f"the first launcher exited: {log.read_text()[-3000:]}"
+        assert time.monotonic() < deadline, f"nothing listens on port {port}: {log.read_text()[-3000:]}"
+        time.sleep(0.05)
+
+
 def test_two_launchers_on_loopback_train_dp2_together(reference, tmp_path):
     run_dir = tmp_path / "run"
     port, rdzv_id = free_port(), uuid.uuid4().hex[:8]
@@ -197,7 +209,7 @@ def test_two_launchers_on_loopback_train_dp2_together(reference, tmp_path):
     logs = [tmp_path / "node0.log", tmp_path / "node1.log"]
     nodes = [torchrun(run_dir, logs[0], *launcher)]
     try:
-        time.sleep(1)  # the first launcher hosts the rendezvous store; the second joins it as a client
+        wait_listening(port, nodes[0], logs[0])  # the first launcher hosts the rendezvous store; the second joins it
         nodes.append(torchrun(run_dir, logs[1], *launcher))
         outputs = [finish(node, log) for node, log in zip(nodes, logs, strict=True)]
     finally:

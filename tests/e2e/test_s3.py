@@ -194,7 +194,7 @@ def test_retention_on_s3_keeps_the_newest_committed_steps(s3_endpoint, s3_bucket
 # bin/train as a subprocess, against an endpoint that goes away / a trainer that is killed
 
 def bin_train(tiny_toml: Path, url: str, cwd: Path, *, fail_fast: bool = False, env: dict | None = None,
-              timeout: float = 90) -> subprocess.CompletedProcess:
+              timeout: float = 600) -> subprocess.CompletedProcess:
     # The AWS_* variables the s3_endpoint fixture set are inherited; fail_fast: one try per S3 request.
     fast = {"NANOFLOW_S3_ATTEMPTS": "1"} if fail_fast else {}
     return run_command("train", *train_args(url, "checkpoints.checkpoint_interval=2", config=tiny_toml), cwd=cwd,
@@ -404,7 +404,7 @@ def test_bin_train_storage_errors_at_start_up_exit_2_without_a_traceback(s3_endp
     own_folder = f"checkpoints.checkpoints_path={json.dumps(str(tmp_path / 'run'))}"   # not the checkout's runs/tiny
     for override, env, message in cases:
         result = run_command("train", tiny_toml, *sets(own_folder, override), cwd=tmp_path,
-                             env={**env, "NANOFLOW_S3_ATTEMPTS": "1"}, timeout=120)
+                             env={**env, "NANOFLOW_S3_ATTEMPTS": "1"}, timeout=600)
         assert result.returncode == 2, (override, result.stdout + result.stderr)
         assert message in result.stderr and "Traceback" not in result.stderr, result.stderr
         assert not (tmp_path / "s3:").exists()

@@ -118,7 +118,7 @@ def test_a_stop_signal_while_a_run_of_the_study_starts_up_ends_it_with_75(tmp_pa
         return f"study run {runs}/{runs}: big" in line
 
     code, stdout, stderr = signal_when_ready(bin_command("sweep", study), starting, signal.SIGTERM, cwd=REPO,
-                                             env=env, timeout=300)
+                                             env=env, timeout=600)
     assert code == EXIT_STOPPED, "".join(seen) + stdout + "\n--- stderr:\n" + stderr
     assert "Traceback" not in stderr and stderr.strip().splitlines()[-1].startswith(
         "stopped by SIGTERM during start-up, before any step was trained"), stderr
