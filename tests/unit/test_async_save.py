@@ -130,10 +130,19 @@ def test_a_stop_signal_waits_for_the_save_in_flight(straight, tmp_path, monkeypa
     """SIGTERM arrives while step 4's files are still being written: the run finishes the step, waits for
     step 4's commit, saves the step it stops after, and says so; both are committed, in that order."""
     import nanoflow.checkpoint.checkpointer as checkpointer_module
+    import nanoflow.training.loop as loop_module
 
     reference, _ = straight
-    real_write_files, real_save, finished = checkpointer_module.write_files, checkpointer_module.Checkpointer.save, []
-    stop_save_asked = threading.Event()
+    real_write_files, real_save, real_train_step = \
+        checkpointer_module.write_files, checkpointer_module.Checkpointer.save, loop_module.train_step
+    finished, signalled, stop_save_asked = [], threading.Event(), threading.Event()
+
+    def train_step(state, batch):
+        # step 5 starts only once step 4's write has begun and sent the signal: a busy machine may start the
+        # writer late, and the loop must not run on past step 5 (to step 8's save) before the signal lands
+        if state.step == 4:
+            assert signalled.wait(300), "step 4's write never began"
+        return real_train_step(state, batch)
 
     def save(self, state, **kwargs):
         if state.step == 5:
@@ -142,7 +151,8 @@ def test_a_stop_signal_waits_for_the_save_in_flight(straight, tmp_path, monkeypa
 
     def signalled_write_files(root, step, *args, **kwargs):
         if step == 4:
-            os.kill(os.getpid(), signal.SIGTERM)   # to the main thread, which is training step 5 by now
+            os.kill(os.getpid(), signal.SIGTERM)   # handled by the main thread, which is held before step 5
+            signalled.set()
             # held until the stop's own save has been asked for: however fast or slow the machine, the stop comes
             # while this write is still in flight, and has to wait for it
             assert stop_save_asked.wait(300), "the stop never asked for its save"
@@ -150,6 +160,7 @@ def test_a_stop_signal_waits_for_the_save_in_flight(straight, tmp_path, monkeypa
         finished.append(step)
         return written
 
+    monkeypatch.setattr(loop_module, "train_step", train_step)
     monkeypatch.setattr(checkpointer_module, "write_files", signalled_write_files)
     monkeypatch.setattr(checkpointer_module.Checkpointer, "save", save)
     out = quiet()
