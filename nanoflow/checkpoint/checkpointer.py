@@ -40,7 +40,15 @@ from nanoflow.parallel.agree import any_failed, every_rank, on_every_rank, on_ma
 from nanoflow.parallel.mesh import Topology, gather_objects
 from nanoflow.parallel.shards import load_moments, load_weights, state_blocks
 from nanoflow.run import Run, as_run
-from nanoflow.schedule import ResumePoint, TrainingMetadata, begun_stages, is_save_step, resume_point, training_metadata
+from nanoflow.schedule import (
+    ResumePoint,
+    TrainingMetadata,
+    active_stage,
+    begun_stages,
+    is_save_step,
+    resume_point,
+    training_metadata,
+)
 from nanoflow.state import TrainState
 
 log = logging.getLogger(__name__)
@@ -271,7 +279,8 @@ class Checkpointer:
                     moments: bool) -> TrainState:
         """This rank's boxes of the weights (and of the AdamW state, with `moments`) into a new model and optimizer."""
         config = self.config
-        model = build_model(config, self.topology, init=False)
+        model = build_model(config, self.topology, init=False,   # the RoPE of the stage that trained its last step
+                            stage=active_stage(self.run.schedule, max(trained.completed, 1)))
         load_weights(model, reader, reader.path)
         optimizer = build_optimizer(model, config.optimizer)
         if moments:
