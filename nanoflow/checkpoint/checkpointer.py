@@ -31,7 +31,7 @@ from nanoflow import console, io
 from nanoflow.build import build_model, build_optimizer, init_state
 from nanoflow.checkpoint.async_save import BackgroundWork, HostCopy
 from nanoflow.checkpoint.lineage import Lineage, begun_from_start, flags_note
-from nanoflow.checkpoint.resume_checks import Findings, check_data, check_lr, check_model
+from nanoflow.checkpoint.resume_checks import Findings, check_data, check_lr, check_model, check_rope
 from nanoflow.config import Config
 from nanoflow.errors import StorageLostError
 from nanoflow.io.checkpoint import commit, new_save, no_intact_checkpoint, write_files
@@ -252,13 +252,14 @@ class Checkpointer:
                                                                       Lineage]:
         """The state step folder `folder` holds, its reader, where training goes on from it and the lineage the
         run's checkpoints record from now on; checked before any tensor is read: the trained history
-        (ScheduleDriftError), the model, the data, the LR (LRChangedError). With `start` (the run starts from
-        resume_checkpoint_path), load_optimizer / load_lr_scheduler = false act: fresh AdamW state, the LR
-        schedule restarted (warmup included) at the resume step; a resume of the run's own checkpoint continues
-        what it holds."""
+        (ScheduleDriftError), the begun stages' RoPE (ScheduleDriftError), the model, the data, the LR
+        (LRChangedError). With `start` (the run starts from resume_checkpoint_path), load_optimizer /
+        load_lr_scheduler = false act: fresh AdamW state, the LR schedule restarted (warmup included) at the resume
+        step; a resume of the run's own checkpoint continues what it holds."""
         reader = on_every_rank(lambda: io.CheckpointReader(folder), self.topology)
         trained = TrainingMetadata.from_dict(reader.metadata["training"])
         point = resume_point(self.run.schedule, trained)  # raises ScheduleDriftError if the config rewrites history
+        self._tell(check_rope(reader, self.run, trained))   # first: a [model] RoPE change that refuses is not said
         self._tell(check_model(reader, self.run))
         self._tell(check_data(reader, self.run))
         checkpoints, saved_origin = self.config.checkpoints, int(reader.metadata.get("lr_origin", 0))

@@ -125,8 +125,9 @@ def trained_rope(metadata: dict) -> Rope:
 
 # Every [model] key, by what a change of it means to weights that already exist (a resume): "shape" keys decide
 # the weights' shapes and "numbers" keys what they were trained to compute — a change of either is refused; a
-# change of a "changes" key is deliberate (a context extension moves RoPE; a new machine another autocast dtype,
-# like another parallel layout) and warned of; "free" keys touch neither (a change is said). The middle entry:
+# change of a "changes" key is deliberate (a new machine another autocast dtype, like another parallel layout) and
+# warned of; "free" keys touch neither (a change is said). RoPE is a stage's (nanoflow.config.rope): a begun
+# stage's may not change (nanoflow.checkpoint.resume_checks.check_rope), a context extension is a new stage. The middle entry:
 # whether an HF init_from's config.json gives the key (model_from_hf).
 MODEL_KEYS = {
     "model_type": ("shape", True, ""),
@@ -144,8 +145,9 @@ MODEL_KEYS = {
     "max_position_embeddings": ("free", True,
                                 "it bounds the sequence length; RoPE's tables are computed for the positions used"),
     "rms_norm_eps": ("numbers", True, ""),
-    "rope_theta": ("changes", True, "the positions are encoded otherwise from this step on (a context extension)"),
-    "rope_scaling": ("changes", True, "the positions are encoded otherwise from this step on (a context extension)"),
+    "rope_theta": ("free", True, "the RoPE of the stages that set none; each begun stage's is checked with the stage"),
+    "rope_scaling": ("free", True, "the RoPE of the stages that set none; each begun stage's is checked with the "
+                     "stage"),
     "tie_word_embeddings": ("shape", True, ""),
     "initializer_range": ("free", True, "it draws the weights of a fresh start only"),
     "dtype": ("changes", False, "the steps from here compute in it; the weights and moments stay float32"),
