@@ -229,3 +229,23 @@ def test_a_bad_stage_rope_is_named_with_its_stage_at_load(tmp_path, override, me
     with pytest.raises(ConfigError) as error:
         tiny(tmp_path / "run", override)
     assert message in str(error.value) and "tiny.toml" in str(error.value), str(error.value)
+
+
+def test_a_new_rope_does_not_recompile_a_compiled_layer(tmp_path):
+    """cos and sin are computed outside the layers ([model] compile compiles each layer): a stage's RoPE reaches
+    them as new values of the same tensors, so the compiled layers run on without recompiling."""
+    from nanoflow.build import build_model
+
+    config = tiny(tmp_path / "run", "model.compile=true", "data_stages.sft.rope_theta=500000.0",
+                  'data_stages.sft.rope_scaling={rope_type = "yarn", factor = 2.0, original_max_position_embeddings = 32}')
+    model = build_model(config)
+    ids = torch.randint(0, 288, (2, 32), generator=torch.Generator().manual_seed(0))
+    first = logits(model, ids)
+    rope = stage_rope(config, 1)
+    model.set_rope(rope.theta, rope.scaling)
+    with torch.compiler.set_stance("fail_on_recompile"):
+        second = logits(model, ids)
+    model.set_rope(10000.0, None)
+    with torch.compiler.set_stance("fail_on_recompile"):
+        assert torch.equal(logits(model, ids), first)
+    assert (second - first).abs().max().item() > 1e-4
