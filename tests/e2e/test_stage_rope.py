@@ -31,7 +31,12 @@ EXTEND = ("data_stages.sft.rope_theta=500000.0",)
 @pytest.fixture(scope="module")
 def straight(tmp_path_factory):
     folder = tmp_path_factory.mktemp("straight")
-    return folder, train(tiny(folder, *EXTEND), out=quiet())
+    out = quiet()
+    state = train(tiny(folder, *EXTEND), out=out)
+    said = out.getvalue()   # each stage's RoPE, as the stages differ in it
+    assert 'stage "pretrain": steps 1–7, global batch 4, sequence length 32, rope θ 10,000\n' in said
+    assert 'stage "sft": steps 8–12, global batch 8, sequence length 24, rope θ 500,000\n' in said
+    return folder, state
 
 
 @pytest.mark.parametrize("k", [7, 9])
