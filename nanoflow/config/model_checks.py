@@ -115,8 +115,11 @@ def recorded_stage_ropes(saved: dict) -> dict[str, Rope]:
 
 
 def trained_rope(metadata: dict) -> Rope:
-    """The RoPE of the stage that trained a checkpoint's step (its metadata: the last stage begun)."""
-    return recorded_stage_ropes(metadata["config"])[metadata["training"]["stages"][-1]["name"]]
+    """The RoPE of the stage that trained a checkpoint's step (its metadata: the last stage begun; at step 0, the
+    first stage's, which the model starts with)."""
+    ropes = recorded_stage_ropes(metadata["config"])
+    begun = metadata["training"]["stages"]
+    return ropes[begun[-1]["name"]] if begun else next(iter(ropes.values()))
 
 
 # ---------------------------------------------------------------------------------------------
