@@ -209,9 +209,10 @@ class Evaluator:
 # ---------------------------------------------------------------------------------------------
 # bin/eval: a committed checkpoint, evaluated without training
 
-def load_checkpoint_weights(config: Config, topology: Topology, reader, path: str) -> torch.nn.Module:
-    """The model of `config` on `topology`, its weights read from `reader` (each rank reads only its own boxes)."""
-    model = build_model(config, topology, init=False)
+def load_checkpoint_weights(config: Config, topology: Topology, reader, path: str, stage: int = 0) -> torch.nn.Module:
+    """The model of `config` on `topology` with stage `stage`'s RoPE, its weights read from `reader` (each rank
+    reads only its own boxes)."""
+    model = build_model(config, topology, init=False, stage=stage)
     on_every_rank(lambda: load_weights(model, reader, path), topology)
     return model
 
@@ -243,12 +244,12 @@ def evaluate_checkpoint(path: str, config: Config | None = None, overrides=(), t
     run = open_run(config, topology=topology)
     config = run.config   # its [model] complete
     sets = load_eval_sets(config, run.tokenizer)
-    model = load_checkpoint_weights(config, run.topology, reader, path)
+    schedule = run.schedule
+    index = active_stage(schedule, min(step, schedule.train_steps))   # evaluated with the RoPE it trained with
+    model = load_checkpoint_weights(config, run.topology, reader, path, index)
     log.info(f"scoring {sum(len(s.input_ids) for s in sets):,} samples" + "".join(
         f"; {s.name}: greedy answers to {len(s.input_ids):,} prompts" for s in sets if s.metric == "exact_match"))
-    schedule = run.schedule
-    stage = schedule.stages[active_stage(schedule, min(step, schedule.train_steps))].name
-    return evaluate(model, sets, run.topology, step, stage, config.model.dtype)
+    return evaluate(model, sets, run.topology, step, schedule.stages[index].name, config.model.dtype)
 
 
 def format_rows(rows: list[dict]) -> str:

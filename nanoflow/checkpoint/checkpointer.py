@@ -31,7 +31,7 @@ from nanoflow import console, io
 from nanoflow.build import build_model, build_optimizer, init_state
 from nanoflow.checkpoint.async_save import BackgroundWork, HostCopy
 from nanoflow.checkpoint.lineage import Lineage, begun_from_start, flags_note
-from nanoflow.checkpoint.resume_checks import Findings, check_data, check_lr, check_model
+from nanoflow.checkpoint.resume_checks import Findings, check_data, check_lr, check_model, check_rope
 from nanoflow.config import Config
 from nanoflow.errors import StorageLostError
 from nanoflow.io.checkpoint import commit, new_save, no_intact_checkpoint, write_files
@@ -41,7 +41,15 @@ from nanoflow.parallel.agree import any_failed, every_rank, on_every_rank, on_ma
 from nanoflow.parallel.mesh import Topology, gather_objects
 from nanoflow.parallel.shards import load_moments, load_weights, state_blocks
 from nanoflow.run import Run, as_run
-from nanoflow.schedule import ResumePoint, TrainingMetadata, begun_stages, is_save_step, resume_point, training_metadata
+from nanoflow.schedule import (
+    ResumePoint,
+    TrainingMetadata,
+    active_stage,
+    begun_stages,
+    is_save_step,
+    resume_point,
+    training_metadata,
+)
 from nanoflow.state import TrainState
 
 log = logging.getLogger(__name__)
@@ -247,14 +255,15 @@ class Checkpointer:
                                                                       Lineage]:
         """The state step folder `folder` holds, its reader, where training goes on from it and the lineage the
         run's checkpoints record from now on; checked before any tensor is read: the trained history
-        (ScheduleDriftError), the model, the data, the LR (LRChangedError). With `start` (the run starts from
-        resume_checkpoint_path), load_optimizer / load_lr_scheduler = false act: fresh AdamW state, the LR
-        schedule restarted (warmup included) at the resume step; a resume of the run's own checkpoint continues
-        what it holds."""
+        (ScheduleDriftError), the begun stages' RoPE (ScheduleDriftError), the model, the data, the LR
+        (LRChangedError). With `start` (the run starts from resume_checkpoint_path), load_optimizer /
+        load_lr_scheduler = false act: fresh AdamW state, the LR schedule restarted (warmup included) at the resume
+        step; a resume of the run's own checkpoint continues what it holds."""
         reader = on_every_rank(lambda: io.CheckpointReader(folder), self.topology)
         self._settle_threads(reader.metadata.get("threads"))
         trained = TrainingMetadata.from_dict(reader.metadata["training"])
         point = resume_point(self.run.schedule, trained)  # raises ScheduleDriftError if the config rewrites history
+        self._tell(check_rope(reader, self.run, trained))   # first: a [model] RoPE change that refuses is not said
         self._tell(check_model(reader, self.run))
         self._tell(check_data(reader, self.run))
         checkpoints, saved_origin = self.config.checkpoints, int(reader.metadata.get("lr_origin", 0))
@@ -286,7 +295,8 @@ class Checkpointer:
                     moments: bool) -> TrainState:
         """This rank's boxes of the weights (and of the AdamW state, with `moments`) into a new model and optimizer."""
         config = self.config
-        model = build_model(config, self.topology, init=False)
+        model = build_model(config, self.topology, init=False,   # the RoPE of the stage that trained its last step
+                            stage=active_stage(self.run.schedule, max(trained.completed, 1)))
         load_weights(model, reader, reader.path)
         optimizer = build_optimizer(model, config.optimizer)
         if moments:

@@ -11,9 +11,11 @@ import attrs
 
 from nanoflow import io
 from nanoflow.checkpoint.lineage import LRChangedError, lr_schedule_change
-from nanoflow.config import model_changes
+from nanoflow.config import Rope, model_changes, recorded_stage_ropes, stage_rope
 from nanoflow.data.fingerprint import DataChangedError
+from nanoflow.errors import ScheduleDriftError
 from nanoflow.run import Run
+from nanoflow.schedule import TrainingMetadata
 
 MOST_CHANGES_SHOWN = 20   # of the data changes one refusal lists; the rest are counted
 
@@ -28,8 +30,8 @@ class Findings:
 
 def check_model(reader: io.CheckpointReader, run: Run) -> Findings:
     """Refuse a [model] whose weights would not fit the checkpoint's, or would compute something else than they
-    were trained to; warn of the deliberate changes (RoPE, dtype), note the harmless ones (nanoflow.config's
-    MODEL_KEYS says which keys are which)."""
+    were trained to; warn of the deliberate changes (dtype), note the harmless ones (nanoflow.config's MODEL_KEYS
+    says which keys are which; RoPE is the stages', check_rope's)."""
     changes = model_changes(reader.metadata["config"]["model"], run.config.to_dict()["model"])
     refused = changes["shape"] + changes["numbers"]
     if refused:
@@ -39,6 +41,35 @@ def check_model(reader: io.CheckpointReader, run: Run) -> Findings:
                f"settings, start a new run with [model] init_from = {reader.path}"))
     return Findings(tuple(f"resuming with {line}" for line in changes["changes"]),
                     tuple(f"resuming with {line}" for line in changes["free"]))
+
+
+def check_rope(reader: io.CheckpointReader, run: Run, trained: TrainingMetadata) -> Findings:
+    """Refuse a config that gives a stage the checkpoint has begun another RoPE than the checkpoint's config gave it
+    (ScheduleDriftError): a stage's RoPE is part of the stage, like its sequence length; a context extension is a new
+    stage. A record that cannot be read as a config of today's nanoflow is not compared."""
+    try:
+        before = recorded_stage_ropes(reader.metadata["config"])
+    except (KeyError, TypeError, ValueError):
+        return Findings()
+    now = {stage.name: stage_rope(run.config, index) for index, stage in enumerate(run.config.data_stages)}
+    changes = [line for stage in trained.stages if stage.name in before and stage.name in now
+               for line in _rope_changes(stage.name, before[stage.name], now[stage.name])]
+    if changes:
+        raise ScheduleDriftError(
+            f"{reader.path}: the RoPE of stages this checkpoint has trained differs from what they trained with:\n  "
+            + "\n  ".join(changes) + f"\nSet it back to resume (a stage that sets no RoPE keys has the stage "
+            f"before's, the first [model]'s); to encode positions otherwise from step {trained.completed + 1}, start "
+            "a new stage there with its own rope_theta or [data_stages.rope_scaling]")
+    return Findings()
+
+
+def _rope_changes(name: str, was: Rope, now: Rope) -> list[str]:
+    lines = [f'stage "{name}": rope_theta was {was.theta!r}, the config now says {now.theta!r}'] \
+        if was.theta != now.theta else []
+    if was.scaling_table() != now.scaling_table():
+        lines.append(f'stage "{name}": rope_scaling was {was.scaling_table()}, the config now says '
+                     f"{now.scaling_table()}")
+    return lines
 
 
 def check_data(reader: io.CheckpointReader, run: Run) -> Findings:

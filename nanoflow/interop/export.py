@@ -13,7 +13,7 @@ import os
 
 import torch
 
-from nanoflow.config import hf_config, recorded_model
+from nanoflow.config import hf_config, recorded_model, trained_rope
 from nanoflow.data.tokenizer import TOKENIZER_CONFIG, load_tokenizer
 from nanoflow.errors import NanoflowError
 from nanoflow.io.checkpoint import read_metadata
@@ -38,7 +38,8 @@ log = logging.getLogger(__name__)
 def export_hf(checkpoint_path: str, out_dir: str, *, max_shard_size: int = DEFAULT_MAX_SHARD_SIZE,
               dtype: str | None = None) -> dict:
     """Write checkpoint `checkpoint_path` (a run folder or step folder, local or s3://) as an HF folder of its
-    model_type (config.json as transformers writes that family: nanoflow.config.hf_config).
+    model_type (config.json as transformers writes that family: nanoflow.config.hf_config), with the RoPE of the
+    stage that trained the checkpoint's step.
 
     Weights go to model.safetensors, or to model-0000i-of-0000n.safetensors shards with an index
     when they exceed `max_shard_size` bytes. `dtype` ("float32", "bfloat16", "float16") casts the
@@ -56,6 +57,8 @@ def export_hf(checkpoint_path: str, out_dir: str, *, max_shard_size: int = DEFAU
     checkpoint = read_checkpoint(checkpoint_path, groups=("model",))
     meta, tensors = checkpoint.metadata, dict(checkpoint.groups["model"])
     model = recorded_model(meta["config"]["model"])   # complete, also a record older than the model families
+    rope = trained_rope(meta)   # the RoPE of the stage that trained the step: a long-context stage's after it
+    model = {**model, "rope_theta": rope.theta, "rope_scaling": rope.scaling_table()}
     if model.get("tie_word_embeddings"):
         tensors.pop("lm_head.weight", None)   # HF saves a tied head once, as the embedding
     if dtype is not None:

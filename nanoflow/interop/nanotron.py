@@ -399,6 +399,11 @@ def _rope_scaling(record: _Conversion, rope, interpolation) -> dict | None:
             continue
         if key not in ROPE_KEYS[kind]:
             record.drop(f"{where}.{key}", value, f'not a key rope_type = "{kind}" takes in nanoflow')
+        elif key == "truncate":
+            if _fits(value, bool):
+                out[key] = value
+            else:
+                record.drop(f"{where}.{key}", value, "expected true or false")
         elif key == "original_max_position_embeddings" and _fits(value, int):
             out[key] = value
         elif key != "original_max_position_embeddings" and _fits(value, float):

@@ -328,9 +328,17 @@ def test_legacy_type_key_and_default_rope_type(tmp_path):
     ('{rope_type = "linear", factor = -2.0}', "factor"),
     ('{rope_type = "llama3", factor = 8.0, low_freq_factor = 4.0, high_freq_factor = 1.0, '
      'original_max_position_embeddings = 32}', "low_freq_factor = 4.0 must be below high_freq_factor = 1.0"),
-    ('{rope_type = "yarn", factor = 4.0}', "model.rope_scaling.rope_type = 'yarn': nanoflow implements"),
+    ('{rope_type = "dynamic", factor = 4.0}', "model.rope_scaling.rope_type = 'dynamic': nanoflow implements"),
+    ('{rope_type = "longrope", factor = 4.0}', "model.rope_scaling.rope_type = 'longrope': nanoflow implements"),
     ('{rope_type = "lama3"}', 'did you mean "llama3"'),
-    ('{rope_type = "linear", factor = 2.0, beta_fast = 32}', "unknown key 'beta_fast'"),
+    ('{rope_type = "yran", factor = 4.0}', 'did you mean "yarn"'),
+    ('{rope_type = "linear", factor = 2.0, beta_fast = 32}',
+     'model.rope_scaling.beta_fast: not used by rope_type = "linear"'),
+    ('{rope_type = "yarn", factor = 4.0, low_freq_factor = 1.0}',
+     'model.rope_scaling.low_freq_factor: not used by rope_type = "yarn"'),
+    ('{rope_type = "yarn", factor = 4.0, truncate = 0}', "truncate"),
+    ('{rope_type = "yarn", factor = 4.0, beta_fast = 0}', "beta_fast"),
+    ('{rope_type = "yarn", factor = 4.0, rope_bad = 1}', "unknown key 'rope_bad'"),
     ('{type = "linear", rope_type = "llama3", factor = 2.0}', "disagree"),
 ])
 def test_bad_rope_scaling_is_named_at_load(tmp_path, table, message):
@@ -344,8 +352,6 @@ REFUSED = [   # config.json key, value, what the message says
     ("mlp_bias", True, "mlp_bias = true"),
     ("hidden_act", "gelu", "hidden_act = 'gelu'"),
     ("pretraining_tp", 2, "pretraining_tp = 2"),
-    ("rope_scaling", {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32},
-     "rope_scaling.rope_type = 'yarn'"),
     ("rope_scaling", {"type": "dynamic", "factor": 2.0}, "rope_scaling.rope_type = 'dynamic'"),
     ("rope_scaling", {"rope_type": "longrope", "short_factor": [1.0] * 4, "long_factor": [2.0] * 4},
      "rope_scaling.rope_type = 'longrope'"),

@@ -645,12 +645,19 @@ def test_rope_scaling_goes_to_an_hf_table(tmp_path):
     raw["model"]["model_config"]["rope_seq_len_interpolation_factor"] = 4
     assert tomllib.loads(convert(raw)[0])["model"]["rope_scaling"] == {"rope_type": "linear", "factor": 4.0}
 
-    raw["model"]["model_config"]["rope_scaling"] = {"rope_type": "yarn", "factor": 4.0}
+    raw["model"]["model_config"]["rope_scaling"] = {"rope_type": "yarn", "factor": 4, "truncate": False,
+                                                    "beta_fast": 16, "mscale": "1"}
+    text, report = convert(raw)
+    assert tomllib.loads(text)["model"]["rope_scaling"] == {"rope_type": "yarn", "factor": 4.0, "beta_fast": 16.0,
+                                                            "truncate": False}
+    lines = "\n".join(report.lines())
+    assert 'not carried over: model.model_config.rope_scaling.mscale = "1" (expected a number)' in lines
+    assert "not carried over: model.model_config.rope_seq_len_interpolation_factor = 4" in lines
+
+    raw["model"]["model_config"]["rope_scaling"] = {"rope_type": "dynamic", "factor": 4.0}
     text, report = convert(raw)
     assert "rope_scaling" not in tomllib.loads(text)["model"]
-    lines = "\n".join(report.lines())
-    assert 'not carried over: model.model_config.rope_scaling = {"rope_type": "yarn"' in lines
-    assert "not carried over: model.model_config.rope_seq_len_interpolation_factor = 4" in lines
+    assert 'not carried over: model.model_config.rope_scaling = {"rope_type": "dynamic"' in "\n".join(report.lines())
 
 
 def test_keys_of_current_nanotron_that_change_the_run_are_named():
