@@ -3,10 +3,12 @@
 bin/* print the message of a NanoflowError (no traceback) and exit with its `exit_status`; any
 other exception is a bug and keeps its traceback (exit 1). The classes are all here, so this module
 is the catalogue: `CATALOGUE` maps each class's name to its status, and the README's table of
-statuses is tested against `STATUSES`. The modules that raise an error import it from here (and
-re-export it where it is part of their public names). This module imports nothing, so the pure
+statuses is tested against `STATUSES`. `without_credentials` masks the password of a URL in any message. The modules that raise an error import it from here (and
+re-export it where it is part of their public names). This module imports nothing but `re`, so the pure
 modules (schedule.py, config/) can raise these too.
 """
+
+import re
 
 EXIT_DONE = 0
 EXIT_BUG = 1            # an exception nanoflow did not expect: a traceback, and an issue to file
@@ -20,6 +22,13 @@ EXIT_INTERRUPTED = 130  # a second Ctrl-C: stopped at once without saving (the s
 STATUSES = {name: value for name, value in dict(globals()).items() if name.startswith("EXIT_")}
 
 INTERRUPTED = "interrupted: stopped at once, without saving; the last committed checkpoint (if any) is untouched"
+
+
+def without_credentials(text: str) -> str:
+    """`text` with the user:password of every URL in it masked (http://user:pass@host → http://***@host): what the
+    message channel (nanoflow/console.py), the error line of bin/* and every storage error pass their text through,
+    so that a password in AWS_ENDPOINT_URL is never shown, logged or recorded."""
+    return re.sub(r"\b([A-Za-z][A-Za-z0-9+.-]*://)[^\s/?#'\"<>]*@", r"\1***@", text)
 
 
 def exit_interrupted() -> None:

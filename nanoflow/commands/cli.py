@@ -20,6 +20,7 @@ from nanoflow.errors import (
     MissingExtraError,
     NanoflowError,
     NanotronConfigError,
+    without_credentials,
 )
 from nanoflow.training import signals
 
@@ -59,7 +60,7 @@ def guarded(work: Callable[[], int], where: str | None = None) -> int:
         # A missing package is the installation's, not the given file's: no file named before it.
         if where and not isinstance(e, MissingExtraError) and not message.startswith((where, str(Path(where)))):
             message = f"{where}: {message}"
-        print(f"error: {message}", file=sys.stderr)
+        print(f"error: {without_credentials(message)}", file=sys.stderr)
         return e.exit_status
     except KeyboardInterrupt:  # at start-up, or a second Ctrl-C in training: a save it cuts never commits
         print(INTERRUPTED, file=sys.stderr)

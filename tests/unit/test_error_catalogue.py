@@ -158,3 +158,13 @@ def test_an_unreadable_nanotron_config_is_one_line_naming_the_file_and_exit_2(tm
     assert cli.convert_nanotron_config_main([str(path)]) == errors.EXIT_BAD_INPUT
     out, err = capsys.readouterr()
     assert out == "" and err.startswith(f"error: {path}: ") and named in err and "Traceback" not in err
+
+
+def test_a_url_s_credentials_are_masked_in_any_text():
+    from nanoflow.errors import without_credentials
+
+    assert without_credentials("see http://nanoflow:s3cr3t@127.0.0.1:9000/b and https://tok@host/x") == \
+        "see http://***@127.0.0.1:9000/b and https://***@host/x"
+    assert without_credentials('"http://a:b@c@host/x".') == '"http://***@host/x".'   # the last @ ends the user part
+    unchanged = "s3://bucket/run/4 at http://127.0.0.1:9000/a@b, mail me@host.org"
+    assert without_credentials(unchanged) == unchanged
