@@ -32,21 +32,25 @@ from nanoflow.data.hf_datasets import hf_specs, load_rows, tokenizer_fingerprint
 from nanoflow.data.loader import orders_by_source_key, stage_samples
 from nanoflow.data.tokenizer import Tokenizer
 from nanoflow.data.tokens import SUFFIX
-from nanoflow.errors import DataChangedError  # noqa: F401 - imported from here
+from nanoflow.errors import DataChangedError, StageDataError  # noqa: F401 - DataChangedError: imported from here
 from nanoflow.schedule import Schedule
 
 HASH_LIMIT = 256 << 20   # a source of up to 256 MiB is identified by its files' content, a larger one by sizes and mtimes
 
 
 def file_identity(path: str, by_content: bool = True) -> dict:
-    """{"bytes": size, "sha256": ...}, or {"bytes": size, "mtime_ns": ...} when not `by_content`."""
-    stat = os.stat(path)
-    if not by_content:
-        return {"bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns}
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(1 << 20):
-            digest.update(block)
+    """{"bytes": size, "sha256": ...}, or {"bytes": size, "mtime_ns": ...} when not `by_content`. A file that
+    cannot be read is a StageDataError naming it."""
+    try:
+        stat = os.stat(path)
+        if not by_content:
+            return {"bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+        digest = hashlib.sha256()
+        with open(path, "rb") as f:
+            while block := f.read(1 << 20):
+                digest.update(block)
+    except OSError as e:
+        raise StageDataError(f"{path}: cannot be read: {e.strerror or e}") from None
     return {"bytes": stat.st_size, "sha256": digest.hexdigest()}
 
 

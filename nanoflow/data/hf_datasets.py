@@ -118,22 +118,7 @@ def _load_rows(spec: HFSpec, stage_name: str, cache_dir: str | None = None):
     if spec.builder is not None:
         if spec.builder == "text":
             options["sample_by"] = dataset.sample_by   # "document" unless the stage says: not datasets' "line"
-        try:
-            return datasets.load_dataset(spec.builder, data_files=list(spec.files), **options)
-        except Exception as e:  # noqa: BLE001 - `datasets` raises many kinds here; name the file and line instead
-            stop = _stop_within(e)
-            if stop is not None:   # a Ctrl-C or stop signal that came before the first row, wrapped by `datasets`
-                raise stop from None
-            problem = next(filter(None, (file_problem(path, spec.builder) for path in spec.files)), None)
-            full = None if problem else _disk_error(e)
-            if full is not None:   # the files are fine: it is `datasets`' own cache that cannot be written
-                cache = cache_dir or str(datasets.config.HF_DATASETS_CACHE)
-                raise StageDataError(
-                    f"{where}: `datasets` cannot write its cache under {cache} ({full.strerror or full}"
-                    + (f": {full.filename}" if full.filename else "") + "); the data files are fine: free space "
-                    "there, or set HF_DATASETS_CACHE to a folder with room") from None
-            raise StageDataError(f"{where}: " + (problem or f"the files cannot be read: {type(e).__name__}: {e}")) \
-                from None
+        return load_files(spec.builder, spec.files, where, **options)
     if spec.kind == "saved":
         rows = datasets.load_from_disk(spec.name)
         if isinstance(rows, datasets.DatasetDict):
@@ -147,6 +132,30 @@ def _load_rows(spec: HFSpec, stage_name: str, cache_dir: str | None = None):
         offline = " (HF_DATASETS_OFFLINE is set: only datasets already in the cache can load)" \
             if os.environ.get("HF_DATASETS_OFFLINE", "0") not in ("", "0") else ""
         raise StageDataError(f"{where}: cannot load {spec.name!r} from the hub or a local path{offline}: {e}") from None
+
+
+def load_files(builder: str, files, where: str | None = None, error: type[Exception] = StageDataError, **options):
+    """datasets.load_dataset(builder, data_files=files, **options), for a stage's files and bin/prepare's inputs
+    alike: what stops it is an `error` whose message (after `where: `, when given) names the file and the cause —
+    a file that cannot be read, a bad line, a compressed file whose codec is missing — never a traceback."""
+    import datasets
+
+    try:
+        return datasets.load_dataset(builder, data_files=list(files), **options)
+    except Exception as e:  # noqa: BLE001 - `datasets` raises many kinds here; name the file and line instead
+        stop = _stop_within(e)
+        if stop is not None:   # a Ctrl-C or stop signal that came before the first row, wrapped by `datasets`
+            raise stop from None
+        prefix = f"{where}: " if where else ""
+        problem = next(filter(None, (file_problem(path, builder) for path in files)), None)
+        full = None if problem else _disk_error(e)
+        if full is not None:   # the files are fine: it is `datasets`' own cache that cannot be written
+            cache = options.get("cache_dir") or str(datasets.config.HF_DATASETS_CACHE)
+            raise error(
+                f"{prefix}`datasets` cannot write its cache under {cache} ({full.strerror or full}"
+                + (f": {full.filename}" if full.filename else "") + "); the data files are fine: free space "
+                "there, or set HF_DATASETS_CACHE to a folder with room") from None
+        raise error(prefix + (problem or f"{_shown(list(files))}: cannot be read: {type(e).__name__}: {e}")) from None
 
 
 def _stop_within(error: BaseException) -> BaseException | None:

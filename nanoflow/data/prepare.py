@@ -31,6 +31,7 @@ from nanoflow.config.locations import saved_folder
 from nanoflow.data.hf_datasets import (
     _ROWS_PER_BATCH,
     builder_for,
+    load_files,
     tokenizer_fingerprint,
 )
 from nanoflow.data.tokenizer import Tokenizer, load_tokenizer
@@ -82,8 +83,7 @@ def load_inputs(inputs: list[str], text_column: str = "text", cache_dir: str | N
             if pending:
                 builder = builder_for(pending[0])
                 options = {"sample_by": "document"} if builder == "text" else {}
-                rows = datasets.load_dataset(builder, data_files=list(pending), split="train", cache_dir=cache_dir,
-                                             **options)
+                rows = load_files(builder, pending, error=PrepareError, split="train", cache_dir=cache_dir, **options)
                 where = pending[0] if len(pending) == 1 else f"{pending[0]} (and {len(pending) - 1} more)"
                 groups.append(_select_text(rows, "text" if builder == "text" else text_column, where))
                 pending.clear()
