@@ -15,7 +15,7 @@ import attrs
 import numpy as np
 
 from nanoflow.config import DatasetArgs, locate_source
-from nanoflow.config.locations import builder_for, expand_data_files  # noqa: F401 - also this module's API
+from nanoflow.config.locations import COMPRESSIONS, builder_for, compression_of, expand_data_files  # noqa: F401 - builder_for, expand_data_files: also this module's API
 from nanoflow.data.tokenizer import Tokenizer, load_tokenizer
 from nanoflow.data.tokens import (
     StageDataError,
@@ -185,13 +185,52 @@ def _disk_error(error: BaseException) -> OSError | None:
     return None
 
 
-def file_problem(path: str, builder: str) -> str | None:
-    """What makes a local text or JSON file unreadable, naming the file and the line; None if nothing is found."""
+_COMPRESSION_NAMES = {".gz": "gzip", ".bz2": "bzip2", ".xz": "xz", ".zst": "Zstandard", ".lz4": "LZ4"}
+
+
+def _decompressed(path: str) -> tuple[bytes | None, str | None]:
+    """(the bytes of a local file, decompressed as `datasets` decompresses it, None) or (None, why it cannot be)."""
+    compression = compression_of(path)
+    kind = _COMPRESSION_NAMES.get(compression)
     try:
+        if compression is None:
+            with open(path, "rb") as f:
+                return f.read(), None
+        if compression in (".gz", ".bz2", ".xz"):
+            import bz2
+            import gzip
+            import lzma
+
+            opener = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}[compression]
+            with opener(path, "rb") as f:
+                return f.read(), None
+        package = COMPRESSIONS[compression]
+        try:
+            module = __import__(package)
+        except ImportError:
+            return None, (f"{path}: a {kind} file; reading it needs the {package} package, which is not "
+                          f"installed: pip install {package}")
         with open(path, "rb") as f:
-            data = f.read()
+            if package == "zstandard":
+                with module.ZstdDecompressor().stream_reader(f) as reader:
+                    return reader.read(), None
+            import lz4.frame
+
+            return lz4.frame.decompress(f.read()), None
     except OSError as e:
-        return f"{path}: cannot be read: {e.strerror or e}"
+        if e.errno is not None:   # the file itself (no permission, …)
+            return None, f"{path}: cannot be read: {e.strerror or e}"
+        return None, f"{path}: not a readable {kind} file ({e})"
+    except Exception as e:  # noqa: BLE001 - each codec's own error for a damaged stream (EOFError, zlib.error, …)
+        return None, f"{path}: not a readable {kind} file ({type(e).__name__}: {e})"
+
+
+def file_problem(path: str, builder: str) -> str | None:
+    """What makes a local text or JSON file unreadable — compressed or not —, naming the file and the line; None if
+    nothing is found."""
+    data, problem = _decompressed(path)
+    if problem is not None:
+        return problem
     if builder not in ("text", "json"):
         return None
     if not data.strip():

@@ -1,7 +1,7 @@
 """bin/prepare: tokenize text into a token folder (the datatrove / Nanoset layout of tokens.py).
 
 The inputs (text files, one document each; jsonl / json / csv / parquet / arrow files, one document
-per row of the text column; a folder saved with `Dataset.save_to_disk`; or a hub dataset name)
+per row of the text column, compressed or not (docs.jsonl.gz: its rows, as `datasets` reads it); a folder saved with `Dataset.save_to_disk`; or a hub dataset name)
 are read in the order given and cut into shards of `docs_per_shard` documents; shard k becomes
 NNNNN.ds (+ .index, + .metadata), so the output is the documents in input order, each followed by
 end-of-text — the token stream the same text gives as an HF source.
@@ -27,7 +27,7 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from typing import TextIO
 
 from nanoflow.config import TokenizerArgs
-from nanoflow.config.locations import saved_folder
+from nanoflow.config.locations import archive_of, saved_folder
 from nanoflow.data.hf_datasets import (
     _ROWS_PER_BATCH,
     builder_for,
@@ -89,6 +89,8 @@ def load_inputs(inputs: list[str], text_column: str = "text", cache_dir: str | N
                 pending.clear()
 
         for name in inputs:
+            if os.path.isfile(name) and archive_of(name) is not None:   # as a stage refuses it (config.locations)
+                raise PrepareError(f"{name} is an archive ({archive_of(name)}): extract it and name the files in it")
             if os.path.isfile(name):
                 if pending and builder_for(pending[0]) != builder_for(name):
                     flush()
