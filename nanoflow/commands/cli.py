@@ -119,11 +119,14 @@ def _train(args: argparse.Namespace) -> int:
                           "where the run ends anyway (drop it, or raise train_steps: that changes the LR schedule)")
     if args.plan:
         from nanoflow.commands.plan import render_plan
+        from nanoflow.data.probe import probe_data
         from nanoflow.run import open_run
         if args.plot is not None:
             from nanoflow.commands.report import check_figure_path
             check_figure_path(args.plot, "--plot")   # before the plan's checks, which open the data
         run = open_run(config, join=False)   # the checks a training run would pass first, in this process alone
+        with console.routed(sys.stderr):   # a line per source opened, beside the plan on stdout (for piping)
+            probe_data(run.config, run.tokenizer, run.schedule)   # what the run's start-up would stop on
         print(render_plan(run))
         if args.until_step is not None:
             print(f"stops after step {args.until_step} (--until-step)")

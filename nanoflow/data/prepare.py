@@ -31,9 +31,9 @@ from nanoflow.config.locations import archive_of, saved_folder
 from nanoflow.data.hf_datasets import (
     _ROWS_PER_BATCH,
     builder_for,
-    load_files,
     tokenizer_fingerprint,
 )
+from nanoflow.data.local_files import load_files
 from nanoflow.data.tokenizer import Tokenizer, load_tokenizer
 from nanoflow.data.tokens import (
     MANIFEST,

@@ -233,10 +233,31 @@ def test_a_token_file_the_user_cannot_read_is_one_line_naming_it(tmp_path, suffi
     config, tokens = _token_run(tmp_path)
     unreadable = tokens / f"00001_unshuffled{suffix}"
     unreadable.chmod(0)
-    result = run_command("train", config, cwd=tmp_path, launcher=without_reading_rights())
-    assert_clean_failure(result, errors.EXIT_BAD_INPUT, f"{unreadable}: cannot be read: Permission denied")
-    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    for extra in ([], ["--plan"]):   # --plan opens the folder as the run's start-up does
+        result = run_command("train", config, *extra, cwd=tmp_path, launcher=without_reading_rights())
+        assert_clean_failure(result, errors.EXIT_BAD_INPUT, f"{unreadable}: cannot be read: Permission denied")
+        assert result.stderr.strip().splitlines()[-1].startswith("error:"), result.stderr
+        assert "error:" not in "".join(result.stderr.strip().splitlines()[:-1]), result.stderr
     assert not (tmp_path / "checkpoints" / "latest.txt").exists()
+
+
+def test_plan_finds_a_hub_name_that_is_no_cached_set_and_tokenizes_nothing(tmp_path):
+    # Offline, as on a cluster node: a name that is no builder, folder or hub set in the cache stops the run at
+    # start-up, so --plan says so; a good plan reads the first rows only (no token cache is written).
+    offline = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_CACHE": str(tmp_path / "cache"),
+               "HF_HOME": str(tmp_path / "hf")}
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps({"text": f"row {i} " * 20}) + "\n" for i in range(200)))
+    rows = stage("pretrain", 1, {"hf_dataset_or_datasets": "json", "hf_data_files": str(tmp_path / "rows.jsonl")})
+    typo = stage("web", 3, {"hf_dataset_or_datasets": "jsno", "hf_data_files": str(tmp_path / "rows.jsonl")})
+    config = write_config(tmp_path, [rows, typo], train_steps=6)
+    result = run_command("train", config, "--plan", cwd=tmp_path, env=offline)
+    assert_clean_failure(result, errors.EXIT_BAD_INPUT, 'stage "web" (dataset jsno): cannot load \'jsno\'',
+                         "HF_DATASETS_OFFLINE is set")
+    assert result.stdout == ""
+    good = run_command("train", write_config(tmp_path, [rows], train_steps=6, name="good.toml"), "--plan",
+                       cwd=tmp_path, env=offline)
+    assert good.returncode == 0 and "opening stage \"pretrain\" (json files" in good.stderr, good.stderr
+    assert not list(tmp_path.rglob("nanoflow-tokens"))   # nothing tokenized
 
 
 def test_a_token_file_unreadable_at_a_resume_is_one_line_naming_it(tmp_path):
