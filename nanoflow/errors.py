@@ -15,7 +15,7 @@ EXIT_BUG = 1            # an exception nanoflow did not expect: a traceback, and
 EXIT_BAD_INPUT = 2      # a config, data, tokenizer or checkpoint to fix, a missing extra, a run folder in use
 EXIT_DIVERGED = 3       # a non-finite loss or gradient norm: stopped before the update, the last good checkpoint kept
 EXIT_STORAGE = 4        # storage failed mid-run: what was committed before stands; rerun to resume
-EXIT_STOPPED = 75       # stopped by a signal after saving (sysexits' EX_TEMPFAIL): requeue, rerun to resume
+EXIT_STOPPED = 75       # stopped by a signal after saving, or by a lost peer (sysexits' EX_TEMPFAIL): requeue, rerun
 EXIT_INTERRUPTED = 130  # a second Ctrl-C: stopped at once without saving (the shell's 128 + SIGINT)
 
 # Every status a command can end with, by its constant's name (the README's table lists exactly these).
@@ -190,6 +190,16 @@ class StorageLostError(NanoflowError):   # no OSError: an `except OSError` must 
     disk): not the config's fault, and what was committed before stands; the same command resumes."""
 
     exit_status = EXIT_STORAGE
+
+
+# ---------------------------------------------------------------------------------------------
+# Exit 75: stopped, to be requeued
+
+class PeerLostError(NanoflowError):   # no RuntimeError: an `except RuntimeError` must not take it for a bug of torch's
+    """Another process of the run went away under torchrun (its node lost, its worker killed): the connection to
+    it broke in a collective. Nothing after the last committed checkpoint was saved; the same command resumes."""
+
+    exit_status = EXIT_STOPPED
 
 
 # Every error class above, by name, with the status it ends a command with.

@@ -72,6 +72,19 @@ def guarded(work: Callable[[], int], where: str | None = None) -> int:
         print(f"stopped by {e.name} during start-up, before any step was trained: nothing to save; the last "
               "committed checkpoint (if any) is untouched; run the same command again to resume", file=sys.stderr)
         return EXIT_STOPPED
+    except Exception as e:
+        lost = _lost_peer(e)
+        if lost is None:
+            raise
+        print(f"error: {lost}", file=sys.stderr)
+        return lost.exit_status
+
+
+def _lost_peer(error: Exception):
+    """A collective whose peer went away (nanoflow.parallel.mesh.lost_peer), in a process that joined a group: an
+    ordinary event under torchrun (a node lost), never a bug's traceback."""
+    parallel = sys.modules.get("nanoflow.parallel.mesh")   # not imported: no collective was made
+    return None if parallel is None else parallel.lost_peer(error)
 
 
 def program(script: str) -> str:

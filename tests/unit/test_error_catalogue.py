@@ -168,3 +168,27 @@ def test_a_url_s_credentials_are_masked_in_any_text():
     assert without_credentials('"http://a:b@c@host/x".') == '"http://***@host/x".'   # the last @ ends the user part
     unchanged = "s3://bucket/run/4 at http://127.0.0.1:9000/a@b, mail me@host.org"
     assert without_credentials(unchanged) == unchanged
+
+
+def test_a_broken_collective_is_a_lost_peer_with_the_requeue_status():
+    import torch.distributed as dist
+
+    from nanoflow.parallel.mesh import lost_peer
+
+    gloo = RuntimeError("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error "
+                        "[127.0.0.1]:4515: Connection reset by peer. This is typically caused by a remote worker "
+                        "hanging or bugs in the application. Check the logs of the remote worker before reporting an "
+                        "error. GLHF!")
+    found = lost_peer(gloo)
+    assert found is not None and found.exit_status == errors.EXIT_STOPPED == 75
+    assert "(Read error [127.0.0.1]:4515: Connection reset by peer)" in str(found) and "GLHF" not in str(found)
+    try:
+        try:
+            raise gloo
+        except RuntimeError as e:
+            raise ValueError("raised while handling it") from e
+    except ValueError as wrapped:
+        assert lost_peer(wrapped) is not None
+    assert lost_peer(dist.DistNetworkError("Connection was likely closed")) is not None
+    assert lost_peer(RuntimeError("mat1 and mat2 shapes cannot be multiplied")) is None   # a bug stays a bug
+    assert lost_peer(ValueError("gloo/transport/x] looks like it, but is no RuntimeError")) is None
