@@ -31,6 +31,7 @@ import torch.nn.functional as F
 
 from nanoflow.build import build_model
 from nanoflow.config import Config, EvalDatasetArgs
+from nanoflow.data.fingerprint import short_digest
 from nanoflow.data.sources import IGNORE_INDEX, open_sources
 from nanoflow.data.tokens import StageDataError
 from nanoflow.io import read_init_weights
@@ -55,6 +56,7 @@ class EvalSet:
     labels: torch.Tensor           # the same shape; IGNORE_INDEX where no loss is taken
     micro_batch_size: int
     position_ids: torch.Tensor | None = None   # with document masking: restarting at 0 at each document
+    data_fingerprint: str | None = None        # the short digest of its fingerprint (nanoflow.data.fingerprint)
 
     @property
     def answerable(self) -> int:
@@ -109,10 +111,14 @@ def load_eval_set(config: Config, entry: EvalDatasetArgs, tokenizer) -> EvalSet:
                    None if positions is None else torch.from_numpy(positions))
 
 
-def load_eval_sets(config: Config, tokenizer) -> list[EvalSet]:
+def load_eval_sets(config: Config, tokenizer, fingerprints: dict | None = None) -> list[EvalSet]:
+    """The config's eval sets; each carries the short digest of its fingerprint in `fingerprints` ({name:
+    fingerprint}: the run's, nanoflow.data.fingerprint.Fingerprints.evals), which their rows record."""
     if config.evaluation is None:
         return []
-    return [load_eval_set(config, entry, tokenizer) for entry in config.evaluation.datasets]
+    fingerprints = fingerprints or {}
+    return [attrs.evolve(load_eval_set(config, entry, tokenizer), data_fingerprint=short_digest(fingerprints[entry.name])
+                         if entry.name in fingerprints else None) for entry in config.evaluation.datasets]
 
 
 def score(model: torch.nn.Module, eval_set: EvalSet, topology: Topology, dtype: str = "float32") -> dict:
@@ -160,7 +166,8 @@ def score(model: torch.nn.Module, eval_set: EvalSet, topology: Topology, dtype: 
 def evaluate(model: torch.nn.Module, sets: list[EvalSet], topology: Topology, step: int, stage: str,
              dtype: str = "float32") -> list[dict]:
     """One row per eval set, as eval.jsonl holds them, and a progress line saying them."""
-    rows = [{"step": step, "stage": stage, "dataset": s.name, **score(model, s, topology, dtype)} for s in sets]
+    rows = [{"step": step, "stage": stage, "dataset": s.name, **score(model, s, topology, dtype)}
+            | ({"data_fingerprint": s.data_fingerprint} if s.data_fingerprint is not None else {}) for s in sets]
     log.info(f"eval step {step} ({stage}): " + "  ".join(
         f"{r['dataset']} loss {r['loss']:.4f}" + (f" exact {r['accuracy']:.1%}" if "accuracy" in r else "")
         for r in rows))
@@ -183,7 +190,8 @@ class Evaluator:
 
     def __init__(self, run: Run, start_step: int, tensorboard=None):
         self.config, self.topology, self.tensorboard = run.config, run.topology, tensorboard
-        self.sets = load_eval_sets(run.config, run.tokenizer)
+        # Rank 0 writes the rows: it alone hashes the sets' files (once for the run: its checkpoints record them too)
+        self.sets = load_eval_sets(run.config, run.tokenizer, run.fingerprints.evals() if run.topology.is_main else None)
         # eval.jsonl: metrics.jsonl's own writer, with its truncation of the rows after the resumed step
         self.rows = MetricsLog(run.folder / EVAL_FILE, start_step, run.topology.is_main and bool(self.sets))
 
@@ -243,7 +251,7 @@ def evaluate_checkpoint(path: str, config: Config | None = None, overrides=(), t
              f"{', '.join(names)}; reading the data and the weights")   # minutes can pass before its rows
     run = open_run(config, topology=topology)
     config = run.config   # its [model] complete
-    sets = load_eval_sets(config, run.tokenizer)
+    sets = load_eval_sets(config, run.tokenizer, run.fingerprints.evals() if run.topology.is_main else None)
     schedule = run.schedule
     index = active_stage(schedule, min(step, schedule.train_steps))   # evaluated with the RoPE it trained with
     model = load_checkpoint_weights(config, run.topology, reader, path, index)

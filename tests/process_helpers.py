@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -31,6 +32,20 @@ def run_command(name: str, *args, env: dict | None = None, cwd: Path | str = REP
     environment = {k: v for k, v in {**os.environ, **(env or {})}.items() if v is not None}
     return subprocess.run(bin_command(name, *args, launcher=launcher), cwd=cwd, env=environment, capture_output=True,
                           text=True, timeout=timeout)
+
+
+def without_reading_rights() -> tuple[str, ...]:
+    """A launcher under which a file of mode 000 cannot be read: as root, root without the capabilities that let it
+    read anything (setpriv); as anyone else, nothing more."""
+    if os.geteuid() != 0:
+        return (PYTHON,)
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        import pytest
+
+        pytest.skip("root reads any file; setpriv (util-linux) would drop that right, and is not installed")
+    drop = "-dac_override,-dac_read_search"
+    return (setpriv, f"--inh-caps={drop}", f"--bounding-set={drop}", PYTHON)
 
 
 def sets(*overrides: str) -> list[str]:

@@ -63,9 +63,11 @@ class InFlight:
     work: BackgroundWork
 
 
-def checkpoint_info(state: TrainState, data_fingerprint: dict | None = None, lineage: Lineage = Lineage()) -> dict:
+def checkpoint_info(state: TrainState, data_fingerprint: dict | None = None, lineage: Lineage = Lineage(),
+                    eval_fingerprint: dict | None = None) -> dict:
     """What a checkpoint of `state` records besides its tensors (with `data_fingerprint`, {stage name:
-    fingerprint} of the begun stages, when given; `lineage`: where the run began, nanoflow/checkpoint/lineage.py)."""
+    fingerprint} of the begun stages, and `eval_fingerprint`, {eval set name: fingerprint}, when given; `lineage`:
+    where the run began, nanoflow/checkpoint/lineage.py)."""
     info = {
         "training": training_metadata(state.schedule, state.step).to_dict(),
         "lr_origin": state.lr_origin,
@@ -76,6 +78,8 @@ def checkpoint_info(state: TrainState, data_fingerprint: dict | None = None, lin
     }
     if data_fingerprint is not None:
         info["data_fingerprint"] = data_fingerprint
+    if eval_fingerprint:   # absent without [evaluation]
+        info["eval_fingerprint"] = eval_fingerprint
     return info
 
 
@@ -348,10 +352,11 @@ class Checkpointer:
         state.check_live()
         self.finish()
         topology, checkpoints = self.topology, self.config.checkpoints
-        fingerprint = None
+        fingerprint = evals = None
         if topology.is_main:  # only rank 0 writes the metadata
             fingerprint = self.run.fingerprints.of([s.name for s in begun_stages(state.schedule, state.step)])
-        info = checkpoint_info(state, fingerprint, self.lineage)
+            evals = self.run.fingerprints.evals()
+        info = checkpoint_info(state, fingerprint, self.lineage, evals)
         groups = state_blocks(state.model, state.optimizer, topology)
         root, step = checkpoints.checkpoints_path, state.step
         on_main(self._confirm_lock, self.topology)  # still ours: renewed now

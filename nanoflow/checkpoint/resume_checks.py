@@ -73,24 +73,38 @@ def _rope_changes(name: str, was: Rope, now: Rope) -> list[str]:
 
 
 def check_data(reader: io.CheckpointReader, run: Run) -> Findings:
-    """Refuse to resume a begun stage on other data, tokenizer or seeds (unless
-    checkpoints.ignore_fingerprint_mismatch, then warn). A checkpoint without fingerprints (written before
-    nanoflow recorded them) is not checked; data that only moved is noted."""
-    saved = reader.metadata.get("data_fingerprint")
-    if not isinstance(saved, dict):
-        return Findings()
-    changes, moves = run.fingerprints.compare(saved)
-    notes = tuple(f"data moved: {line}" for line in moves)
-    if not changes:
+    """Refuse to resume a begun stage on other data, tokenizer or seeds, or an eval set the checkpoint recorded on
+    other samples under the same name (unless checkpoints.ignore_fingerprint_mismatch, then warn: eval.jsonl's rows
+    carry each set's data_fingerprint, so the new set's rows are told apart). A checkpoint without fingerprints
+    (written before nanoflow recorded them) is not checked; data that only moved is noted."""
+    saved, saved_evals = reader.metadata.get("data_fingerprint"), reader.metadata.get("eval_fingerprint")
+    changes, moves = run.fingerprints.compare(saved) if isinstance(saved, dict) else ([], [])
+    eval_changes, eval_moves = run.fingerprints.compare_evals(saved_evals) if isinstance(saved_evals, dict) \
+        else ([], [])
+    notes = tuple(f"data moved: {line}" for line in moves + eval_moves)
+    if not changes and not eval_changes:
         return Findings(notes=notes)
-    more = len(changes) - MOST_CHANGES_SHOWN
-    text = (f"{reader.path}: the data of stages this checkpoint has trained differs from what they trained on:\n  "
-            + "\n  ".join(changes[:MOST_CHANGES_SHOWN]) + (f"\n  … and {more} more" if more > 0 else ""))
+    parts = []
+    if changes:
+        parts.append("the data of stages this checkpoint has trained differs from what they trained on:\n  "
+                     + _listed(changes))
+    if eval_changes:
+        parts.append(f"eval sets read other data than their rows in eval.jsonl (up to step {reader.metadata['step']}) "
+                     "were scored on, under the same names:\n  " + _listed(eval_changes))
+    text = f"{reader.path}: " + "\n".join(parts)
     if not run.config.checkpoints.ignore_fingerprint_mismatch:
         raise DataChangedError(text + "\nTo resume on the changed data anyway, set [checkpoints] "
-                                      "ignore_fingerprint_mismatch = true (or start a new run)")
+                                      "ignore_fingerprint_mismatch = true (or start a new run"
+                               + ("; or give a changed eval set a new name" if eval_changes else "") + ")")
     return Findings((f"{text}\n  resuming anyway, as checkpoints.ignore_fingerprint_mismatch = true says; "
-                     "the next checkpoint records the new fingerprints",), notes)
+                     "the next checkpoint records the new fingerprints"
+                     + (" and eval.jsonl's rows from now on carry each set's new data_fingerprint" if eval_changes
+                        else ""),), notes)
+
+
+def _listed(changes: list[str]) -> str:
+    more = len(changes) - MOST_CHANGES_SHOWN
+    return "\n  ".join(changes[:MOST_CHANGES_SHOWN]) + (f"\n  … and {more} more" if more > 0 else "")
 
 
 def check_lr(reader: io.CheckpointReader, run: Run, completed: int, lr_origin: int) -> Findings:

@@ -21,6 +21,7 @@ from nanoflow.errors import (
     MissingExtraError,
     NanoflowError,
     not_installed,
+    without_credentials,
 )
 from nanoflow.parallel import threads
 from nanoflow.training import signals
@@ -61,7 +62,7 @@ def guarded(work: Callable[[], int], where: str | None = None) -> int:
         # A missing package is the installation's, not the given file's: no file named before it.
         if where and not isinstance(e, MissingExtraError) and not message.startswith((where, str(Path(where)))):
             message = f"{where}: {message}"
-        print(f"error: {message}", file=sys.stderr)
+        print(f"error: {without_credentials(message)}", file=sys.stderr)
         return e.exit_status
     except ModuleNotFoundError as e:   # a dependency imported on first use (torch, datasets, ...) is not installed
         if e.name is None or e.name.partition(".")[0] == "nanoflow":
@@ -78,6 +79,19 @@ def guarded(work: Callable[[], int], where: str | None = None) -> int:
         print(f"stopped by {e.name} during start-up, before any step was trained: nothing to save; the last "
               "committed checkpoint (if any) is untouched; run the same command again to resume", file=sys.stderr)
         return EXIT_STOPPED
+    except Exception as e:
+        lost = _lost_peer(e)
+        if lost is None:
+            raise
+        print(f"error: {lost}", file=sys.stderr)
+        return lost.exit_status
+
+
+def _lost_peer(error: Exception):
+    """A collective whose peer went away (nanoflow.parallel.mesh.lost_peer), in a process that joined a group: an
+    ordinary event under torchrun (a node lost), never a bug's traceback."""
+    parallel = sys.modules.get("nanoflow.parallel.mesh")   # not imported: no collective was made
+    return None if parallel is None else parallel.lost_peer(error)
 
 
 # What every --set help says of a path: a value is read as the file's own would be.
@@ -130,15 +144,19 @@ def _train(args: argparse.Namespace) -> int:
                           "where the run ends anyway (drop it, or raise train_steps: that changes the LR schedule)")
     if args.plan:
         from nanoflow.commands.plan import render_plan
+        from nanoflow.data.probe import probe_data
         from nanoflow.run import open_run
         if args.plot is not None:
             from nanoflow.commands.report import check_figure_path
             check_figure_path(args.plot, "--plot")   # before the plan's checks, which open the data
-        stages = len(config.data_stages) + (len(config.evaluation.datasets) if config.evaluation else 0)
+        stages, evals = len(config.data_stages), len(config.evaluation.datasets) if config.evaluation else 0
+        sources = f"{stages} stage{'s' * (stages != 1)}" + (f" and {evals} eval set{'s' * (evals != 1)}" if evals else "")
         with console.routed(sys.stderr):   # stdout is the plan's; a line before the silence of opening the data
-            log.info(f"--plan: opening the tokenizer and the data of {stages} stages and eval sets, as training "
-                     "would (a large source takes a while)")
+            log.info(f"--plan: opening the tokenizer and the data of {sources}, as training would (a large source "
+                     "takes a while)")
         run = open_run(config, join=False)   # the checks a training run would pass first, in this process alone
+        with console.routed(sys.stderr):   # a line per source opened, beside the plan on stdout (for piping)
+            probe_data(run.config, run.tokenizer, run.schedule)   # what the run's start-up would stop on
         print(render_plan(run))
         if args.until_step is not None:
             print(f"stops after step {args.until_step} (--until-step)")

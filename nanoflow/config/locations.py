@@ -62,8 +62,29 @@ def expand_data_files(patterns: str | list[str] | tuple[str, ...] | None) -> lis
     return sorted({path for pattern in patterns for path in matching_files(pattern)})
 
 
+# Compressions `datasets` decompresses file by file (by the suffix, as it reads `data_files`), with the package each
+# needs beyond the standard library; the builder is then the inner name's (docs.jsonl.gz: json, row by row).
+COMPRESSIONS = {".gz": None, ".bz2": None, ".xz": None, ".zst": "zstandard", ".lz4": "lz4"}
+# Archives hold several files, which a stage names one by one: extracted, never read as one document.
+ARCHIVES = (".zip", ".tar", ".tgz", ".tar.gz", ".tar.bz2", ".tar.xz", ".tar.zst", ".7z", ".rar")
+
+
+def compression_of(path: str) -> str | None:
+    """The compression suffix of a local file (".gz", ".zst" …), None for an uncompressed one."""
+    suffix = os.path.splitext(path)[1].lower()
+    return suffix if suffix in COMPRESSIONS else None
+
+
+def archive_of(path: str) -> str | None:
+    """The archive suffix of a local file (".zip", ".tar.gz" …), None for any other file."""
+    return next((suffix for suffix in ARCHIVES if path.lower().endswith(suffix)), None)
+
+
 def builder_for(path: str) -> str:
-    """The `datasets` builder that reads a local file, by its extension; anything else is text."""
+    """The `datasets` builder that reads a local file, by its extension — a compressed file's by the extension
+    inside (docs.jsonl.gz: json) —; anything else is text."""
+    if compression_of(path) is not None:
+        path = os.path.splitext(path)[0]
     return EXTENSION_BUILDERS.get(os.path.splitext(path)[1].lower(), "text")
 
 
@@ -145,7 +166,10 @@ def locate(name: str, data_files=None, in_table: bool = False) -> Location:
 def _files(builder: str | None, patterns, key: str) -> Location:
     patterns = [patterns] if isinstance(patterns, str) else list(patterns)
     problems = tuple((key, _no_file_problem(p)) for p in patterns if not matching_files(p))
-    return Location("files", builder, tuple(expand_data_files(patterns)), (FILES_SPLIT,), problems)
+    files = tuple(expand_data_files(patterns))
+    problems += tuple((key, f"{path} is an archive ({archive_of(path)}): extract it and name the files in it")
+                      for path in files if archive_of(path) is not None)
+    return Location("files", builder, files, (FILES_SPLIT,), problems)
 
 
 def token_folder_problem(folder: str) -> str | None:

@@ -114,9 +114,12 @@ def _checkpoints_to_try(store: Store) -> list[str]:
         skipped.append(f"{store.url(LATEST)} names step {pointer}, but " + (
             f"step {order[0]} was committed after it (a save stopped between its commit and {LATEST})"
             if pointer in found else f"step {pointer} is no intact committed checkpoint"))
-    if damaged and not found:  # committed once, so never treated as "nothing here" (a fresh start over it)
-        raise DamagedCheckpointError(f"{store.root} holds committed checkpoints, but none is intact: "
-                                     + "; ".join(skipped))
+    # Committed once (a damaged marker, or latest.txt naming a step: a sync that dropped every *.json), so never
+    # treated as "nothing here": a fresh start over it would delete the old tensor files as an unfinished save's.
+    if (damaged or pointer is not None) and not found:
+        said = f" ({store.url(LATEST)} names step {pointer})" if pointer is not None else ""
+        raise DamagedCheckpointError(f"{store.root} holds committed checkpoints{said}, but none is intact: "
+                                     + ("; ".join(skipped) or "no step folder of theirs is left"))
     if skipped:
         heading = f"using {store.url(str(order[0]))}" if order else "no intact checkpoint"
         log.warning(f"{store.root}: {heading}; skipped: " + "; ".join(skipped))

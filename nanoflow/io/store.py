@@ -30,7 +30,7 @@ import time
 import attrs
 import numpy
 
-from nanoflow.errors import StoreError
+from nanoflow.errors import StoreError, without_credentials  # noqa: F401 - also this module's API
 from nanoflow.io.files import _as_chunks, _write_chunks, write_atomically
 
 
@@ -374,7 +374,8 @@ class Store:
             except Exception as e:  # noqa: PERF203 - botocore's and urllib3's errors, sorted by _transient
                 if not _transient(e) or attempt == attempts - 1:
                     tried = f" (tried {attempt + 1} times over {time.monotonic() - started:.1f} s)" if attempt else ""
-                    raise StoreError(f"cannot {what}: {_explain(e, self, client)}{tried}") from e
+                    # botocore names the endpoint URL, user:password included: never shown
+                    raise StoreError(without_credentials(f"cannot {what}: {_explain(e, self, client)}{tried}")) from e
             time.sleep(policy.wait(attempt) * random.uniform(0.5, 1.0))
         raise AssertionError("unreachable")
 

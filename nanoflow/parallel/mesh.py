@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 from datetime import timedelta
 from typing import NoReturn
@@ -30,6 +31,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from nanoflow.config import Config, check_world_size
+from nanoflow.errors import PeerLostError
 
 TP_PLAN = {
     "self_attn.q_proj": "colwise", "self_attn.k_proj": "colwise", "self_attn.v_proj": "colwise",
@@ -290,6 +292,27 @@ def gather_objects(value, topology: Topology) -> list:
     out = [None] * topology.world_size
     dist.all_gather_object(out, value)
     return out
+
+
+# What gloo's TCP transport says when the connection to a peer breaks (its process or node gone) or times out
+_GLOO_LOST = re.compile(r"gloo/transport/.*?\]\s*(.*?)(?:\. This is typically caused.*)?$", re.DOTALL)
+
+
+def lost_peer(error: BaseException) -> PeerLostError | None:
+    """The PeerLostError of `error` (or of an error it was raised from) when it is a collective whose peer went away:
+    gloo's broken or timed-out connection, or torch.distributed's own network and backend errors; None otherwise."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        text = str(error)
+        found = _GLOO_LOST.search(text) if isinstance(error, RuntimeError) else None
+        if found is not None or isinstance(error, (dist.DistBackendError, dist.DistNetworkError, dist.DistStoreError)):
+            cause = (found.group(1) if found is not None else text).strip().splitlines()[0].rstrip(".")
+            return PeerLostError(f"lost the connection to another process of the run ({cause}): a node or worker is "
+                                 "gone; nothing was saved after the last committed checkpoint, which stands: run the "
+                                 "same command again (on every node) to resume from it")
+        error = error.__cause__ or error.__context__
+    return None
 
 
 def shutdown() -> None:

@@ -4,12 +4,10 @@ in a real bin/compare process that really gets EACCES."""
 from __future__ import annotations
 
 import json
-import os
-import shutil
 
 import pytest
 from helpers import quiet, tiny
-from process_helpers import PYTHON, run_command
+from process_helpers import run_command, without_reading_rights
 
 from nanoflow.commands.cli import compare_main
 from nanoflow.commands.compare import read_runs
@@ -51,18 +49,6 @@ def test_compare_reads_s3_runs_by_url_and_by_their_local_record_folder(s3_bucket
     assert url_branch.origin == (trunk, 2) and record_branch.origin == (str(records[trunk]), 2)
     assert url_branch.own_flops == url_trunk.own_flops > 0            # 4 steps each, of the same tokens
     assert url_branch.flops == url_branch.own_flops + url_trunk.flops_at[2]   # + the trunk's steps 1–2
-
-
-def without_reading_rights() -> tuple[str, ...]:
-    """A launcher under which a file of mode 000 cannot be read: as root, root without the capabilities that let it
-    read anything (setpriv); as anyone else, nothing more."""
-    if os.geteuid() != 0:
-        return (PYTHON,)
-    setpriv = shutil.which("setpriv")
-    if setpriv is None:
-        pytest.skip("root reads any file; setpriv (util-linux) would drop that right, and is not installed")
-    drop = "-dac_override,-dac_read_search"
-    return (setpriv, f"--inh-caps={drop}", f"--bounding-set={drop}", PYTHON)
 
 
 @pytest.mark.parametrize("command, name", [("compare", "eval.jsonl"), ("compare", "metrics.jsonl"),

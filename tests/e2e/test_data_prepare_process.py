@@ -23,3 +23,20 @@ def test_bin_prepare_with_several_processes_writes_the_same_folder(tmp_path, inp
     assert bad.returncode == 2 and 'no column "text"' in bad.stderr and "Traceback" not in bad.stderr
 
 
+
+
+def test_bin_prepare_on_a_zst_file_without_zstandard_is_one_line_naming_the_package(tmp_path):
+    from data_helpers import zstd_frame
+
+    try:
+        import zstandard  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        pytest.skip("zstandard is installed here: the file reads")
+    path = tmp_path / "docs.jsonl.zst"
+    path.write_bytes(zstd_frame(b'{"text": "hello"}\n{"text": "world"}\n'))
+    result = run_command("prepare", path, "--output", tmp_path / "out", cwd=tmp_path, timeout=300)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert f"{path}: a Zstandard file; reading it needs the zstandard package" in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr

@@ -383,6 +383,29 @@ def test_missing_bucket_and_dead_endpoint_are_clear_errors(s3_endpoint, monkeypa
         latest("s3://any-bucket/run")
 
 
+PASSWORD = "s3cr3t-pa55"
+
+
+def test_a_password_in_the_endpoint_url_is_in_no_message_log_or_record(s3_endpoint, s3_bucket, tiny_toml, tmp_path):
+    # AWS_ENDPOINT_URL=http://user:pass@host works (botocore sends to the host); the password must never be shown.
+    endpoint = {"AWS_ENDPOINT_URL": f"http://nanoflow:{PASSWORD}@127.0.0.1:{s3_endpoint.port}"}
+    s3_endpoint.stop_when(lambda method, path: method == "PUT" and path.endswith("/4/optimizer/rank00000.safetensors"))
+    stopped_mid_run = bin_train(tiny_toml, s3_bucket, tmp_path, fail_fast=True, env=endpoint)
+    assert "saved step 2:" in stopped_mid_run.stdout and stopped_mid_run.returncode == 4, stopped_mid_run.stderr
+    at_start_up = bin_train(tiny_toml, s3_bucket, tmp_path, fail_fast=True, env=endpoint)   # still down
+    assert at_start_up.returncode == 2 and "cannot be reached" in at_start_up.stderr, at_start_up.stderr
+    assert "Traceback" not in stopped_mid_run.stderr + at_start_up.stderr
+    for result in (stopped_mid_run, at_start_up):
+        assert "127.0.0.1" in result.stderr and PASSWORD not in result.stdout + result.stderr, result.stderr
+    s3_endpoint.start()
+    records = [p for p in tmp_path.rglob("*") if p.is_file()]   # metrics.jsonl and the rest, runs/s3/<bucket>/…
+    assert any(p.name == "metrics.jsonl" for p in records), records
+    assert not [p for p in records if PASSWORD.encode() in p.read_bytes()]
+    objects = keys(s3_endpoint, s3_bucket)   # the markers, latest.txt, the lock
+    assert "2/checkpoint_metadata.json" in objects and "nanoflow.lock" in objects, objects
+    assert not [name for name in objects if PASSWORD.encode() in get(s3_endpoint, s3_bucket, name)]
+
+
 @pytest.mark.parametrize("url", ["s3:/bucket/run", "S3://bucket/run", "s3://", "gs://bucket/run", "hdfs:/run"])
 def test_an_unsupported_url_is_an_error_never_a_local_folder(url, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)

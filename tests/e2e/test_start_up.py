@@ -106,6 +106,6 @@ def test_plan_says_it_opens_the_data_before_the_silence_on_stderr_alone(capsys):
 
     result = run_in_process("train", TINY, "--plan", capsys=capsys)
     assert result.returncode == 0, result.stderr
-    assert result.stderr.splitlines()[0] == ("--plan: opening the tokenizer and the data of 2 stages and eval sets, as "
+    assert result.stderr.splitlines()[0] == ("--plan: opening the tokenizer and the data of 2 stages, as "
                                              "training would (a large source takes a while)"), result.stderr
     assert "--plan: opening" not in result.stdout and result.stdout.startswith("nanoflow/tiny:"), result.stdout
