@@ -19,6 +19,7 @@ so both trees import the helper modules beside this file by their plain names.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 
 # One intra-op thread in this process and, inherited, in every bin/* it starts, set before torch is imported:
@@ -89,16 +90,30 @@ def _nothing_of_the_checkout_touched(checkout_guard):
                     "tmp_path):\n" + "\n".join(found[:20]), pytrace=False)
 
 
+# The stop signals' handlers of a fresh Python process (Ctrl-C's KeyboardInterrupt, SIGTERM's and SIGUSR1's default
+# end), whatever pytest inherited (a background job of a non-interactive shell ignores SIGINT): what every test starts
+# and ends with, and what the processes it starts inherit.
+_FRESH_SIGNALS = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL,
+                  signal.SIGUSR1: signal.SIG_DFL}
+
+
 @pytest.fixture(autouse=True)
 def _stop_signals_restored():
-    """Each test ends with the stop signals' handlers it began with: a finished run's bin/train front end, called in
-    this process, ignores them from then on (as its process ends), which would leave a later test's SIGTERM unseen."""
-    import signal
+    """Each test begins and ends with a fresh process's stop-signal handlers. A finished run's bin/train front end,
+    called in this process, ignores the signals from then on (as its process would end): test_sweep_process's module
+    fixture ran one while a test was being set up, and restoring the handlers each test began with kept that ignore
+    for every later test of the worker, in-process runs and the bin/train processes they start (which inherit it)
+    alike, so their SIGTERM went unseen."""
+    from nanoflow.training import signals as stop_signals
 
-    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)}
+    def restore():
+        for s, handler in _FRESH_SIGNALS.items():
+            signal.signal(s, handler)
+        stop_signals._inherited_ignored = None   # as a fresh process: computed again from the handlers just restored
+
+    restore()
     yield
-    for s, handler in saved.items():
-        signal.signal(s, handler)
+    restore()
 
 
 @pytest.fixture(scope="session")
