@@ -2,7 +2,8 @@
 compared on resume, so a run never continues its "exact" resume on other data without being told.
 
 A stage's fingerprint holds the tokenizer's content hash, general.seed, the stage's data seed, and
-for each source what it reads (columns, splits, weight, end weight) and the identity of each of its files:
+for each source what it reads (columns, splits, weight, end weight; for SFT, how: the chat template's hash,
+the assistant turns, packing, over-long samples) and the identity of each of its files:
 the size, plus a content hash when the source's files total at most HASH_LIMIT bytes, else the
 modification time (hashing a multi-gigabyte corpus on every resume would cost minutes). A file's path is
 recorded, but its identity is what it holds: a source whose files moved or were copied elsewhere with the
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import glob
 import hashlib
+import json
 import os
 
 from nanoflow.config import Config, NanosetDatasetsArgs
@@ -60,7 +62,7 @@ def _token_folder(folder: str, weight) -> dict:
     return {"weight": weight, "files": _files(paths)}
 
 
-def _hf_source(spec, stage_name: str) -> dict:
+def _hf_source(spec, stage_name: str, tokenizer: Tokenizer) -> dict:
     dataset = spec.dataset
     entry = {"weight": spec.weight, "columns": list(dataset.columns), "splits": [spec.split],   # the split trained on
              "config_name": dataset.hf_dataset_config_name}
@@ -72,6 +74,22 @@ def _hf_source(spec, stage_name: str) -> dict:
         entry["files"] = _files(os.path.join(d, f) for d, _, fs in os.walk(spec.name) for f in fs)
     else:   # a hub dataset: `datasets`' own fingerprint of the rows (from its cache when offline)
         entry["hub"] = load_rows(spec, stage_name)._fingerprint
+    return entry | _sft_reading(dataset, tokenizer)
+
+
+def _sft_reading(dataset, tokenizer: Tokenizer) -> dict:
+    """How an SFT source is read, where it is not the default (absent: as before): the chat template that renders
+    its rows, which turns are trained, packing, over-long samples left out."""
+    entry = {}
+    if dataset.is_chat:
+        material = json.dumps([tokenizer.chat_template, tokenizer.template_tokens()]).encode()
+        entry["chat_template"] = hashlib.sha256(material).hexdigest()
+        if dataset.assistant_turns != "all":
+            entry["assistant_turns"] = dataset.assistant_turns
+    if dataset.packing:
+        entry["packing"] = True
+    if dataset.overlong_samples != "truncate":
+        entry["overlong_samples"] = dataset.overlong_samples
     return entry
 
 
@@ -83,7 +101,7 @@ def stage_fingerprint(config: Config, index: int, tokenizer: Tokenizer, schedule
         weights = dataset.dataset_weights or [None] * len(dataset.folders)
         sources = {os.path.abspath(f): _token_folder(f, w) for f, w in zip(dataset.folders, weights, strict=True)}
     else:
-        sources = {spec.name: _hf_source(spec, stage.name) for spec in hf_specs(dataset)}
+        sources = {spec.name: _hf_source(spec, stage.name, tokenizer) for spec in hf_specs(dataset)}
     fingerprint = {"tokenizer": tokenizer_fingerprint(tokenizer), "general.seed": config.general.seed,
                    "data.seed": config.data_seed(index), "sources": sources}
     ends = dataset.weights_end()
