@@ -28,7 +28,7 @@ from nanoflow.data.hf_datasets import (
     tokenized_array,
 )
 from nanoflow.data.samples import IGNORE_INDEX, Samples
-from nanoflow.data.sft import PackedSFT, Reading, SFTExamples, open_sft
+from nanoflow.data.sft import PackedSFT, Reading, SFTExamples, Summary, open_sft, summarize
 from nanoflow.data.tokenizer import Tokenizer
 from nanoflow.data.tokens import (
     MANIFEST,
@@ -190,6 +190,16 @@ def open_hf_source(spec: HFSpec, stage_name: str, tokenizer: Tokenizer, sequence
     return split_held_out(PackedText(tokenized_array(spec, "packed", tokenizer, stage_name, cache_dir),
                                      sequence_length, where, tokenizer.eos_id if document_masking else None),
                           dataset.held_out_samples, held_out, where)
+
+
+def sft_summaries(dataset: DatasetArgs, stage_name: str, tokenizer: Tokenizer, sequence_length: int,
+                  cache_dir: str | None = None) -> list[tuple[str, Summary]]:
+    """(label, nanoflow.data.sft.Summary) of each source of an SFT stage, from its tokenized rows (tokenized
+    now, into the cache training reads, if they are not there yet): what --plan says of it."""
+    reading = Reading(sequence_length, dataset.overlong_samples, dataset.packing)
+    return [(spec.label, summarize(tokenized_array(spec, sft_kind(dataset), tokenizer, stage_name, cache_dir),
+                                   reading, dataset.held_out_samples))
+            for spec in hf_specs(dataset) if spec.key in {key for key, _, _, _ in source_inputs(dataset)}]
 
 
 def check_folder_tokenizer(tokens: TokenFolder, tokenizer: Tokenizer, where: str,
