@@ -81,13 +81,15 @@ def render_row(tokenizer, input_ids: list[int], labels: list[int], position_ids:
     seq = len(input_ids)
     begins = [False] + [p == 0 for p in position_ids[1:]] if position_ids is not None else [False] * seq
     tokens, target, starts = [], [], []
+    shown = [p < seq - 1 and not begins[p + 1] and labels[p] == input_ids[p + 1] for p in range(seq)]
     for p in range(seq):
-        # an input is a target when the prediction from the position before it, in its document, is
+        # an input is a target when the prediction from the position before it is that input
         tokens.append(input_ids[p])
-        target.append(p > 0 and not begins[p] and labels[p - 1] != IGNORE_INDEX)
+        target.append(p > 0 and shown[p - 1])
         starts.append(begins[p])
-        # a document's last label that no input shows: the window's last, or a packed sample's last token
-        if (p == seq - 1 or begins[p + 1]) and labels[p] != IGNORE_INDEX:
+        # a label that no input shows: the window's last, or a packed sample's last token (its last position
+        # predicts it, and the next sample or the padding follows)
+        if labels[p] != IGNORE_INDEX and not shown[p]:
             tokens.append(labels[p])
             target.append(True)
             starts.append(False)

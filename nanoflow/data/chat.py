@@ -237,12 +237,18 @@ class ChatTemplate:
     def answer(self, row) -> tuple[list[int], list[bool]]:
         """The conversation up to its last assistant message, whose tokens are the targets: exact match's sample.
         The prompt (the conversation before it, with the generation prompt) tokenizes as the sample's start and
-        the targets follow it without a gap, so scoring them teacher-forced is greedy decoding from the prompt."""
+        the targets follow it without a gap, so scoring them teacher-forced is greedy decoding from the prompt;
+        they end with the template's end-of-turn token, where generation stops (what a template writes after it,
+        ChatML's newline, is not asked for)."""
         messages = as_messages(row)
         last = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=None)
         if last is None:
             raise ChatError("no assistant message to compare an answer with")
         ids, targets = self.tokens(messages[:last + 1], "last")
+        stop = self.end_of_turn_ids()
+        end = next((k for k, (t, m) in enumerate(zip(ids, targets, strict=True)) if m and t in stop), None)
+        if end is not None:
+            targets = targets[:end + 1] + [False] * (len(targets) - end - 1)
         prompt = self.tokenizer.encode(self.render(messages[:last], add_generation_prompt=True))
         first = targets.index(True) if True in targets else len(ids)
         if ids[:len(prompt)] != prompt or first != len(prompt):
@@ -251,9 +257,8 @@ class ChatTemplate:
                             f"answer starts at token {first}), so greedy decoding from it is not what is scored")
         return ids, targets
 
-    def end_of_turn_ids(self) -> list[int]:
-        """The special token the template ends an assistant message with (Llama 3's <|eot_id|>, ChatML's
-        <|im_end|>), as a one-element list; [] when it writes none."""
+    @functools.cached_property
+    def _end_of_turn(self) -> list[int]:
         messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": _PROBE}]
         try:
             text = self.render(messages)
@@ -264,6 +269,11 @@ class ChatTemplate:
             return []
         ids, _ = self.tokenizer.encode_with_offsets(text[at + len(_PROBE):])
         return ids[:1] if ids and ids[0] in self.tokenizer.special_tokens() else []
+
+    def end_of_turn_ids(self) -> list[int]:
+        """The special token the template ends an assistant message with (Llama 3's <|eot_id|>, ChatML's
+        <|im_end|>), as a one-element list; [] when it writes none."""
+        return list(self._end_of_turn)
 
 
 def overlapping(offsets: list[tuple[int, int]], spans: list[tuple[int, int]]) -> list[bool]:

@@ -14,7 +14,8 @@ import os
 import torch
 
 from nanoflow.config import hf_config, recorded_model
-from nanoflow.data.tokenizer import TOKENIZER_CONFIG, load_tokenizer
+from nanoflow.data.chat import ChatError, ChatTemplate
+from nanoflow.data.tokenizer import CHAT_TEMPLATE_FILE, TOKENIZER_CONFIG, load_tokenizer
 from nanoflow.errors import NanoflowError
 from nanoflow.io.hf import (
     CONFIG,
@@ -40,7 +41,9 @@ def export_hf(checkpoint_path: str, out_dir: str, *, max_shard_size: int = DEFAU
     when they exceed `max_shard_size` bytes. `dtype` ("float32", "bfloat16", "float16") casts the
     weights; default: as saved (float32 master weights). The run's tokenizer is written alongside
     (tokenizer.json + tokenizer_config.json; the built-in byte tokenizer as an equivalent
-    byte-level tokenizer.json), and generation_config.json with the tokenizer's BOS/EOS ids. Returns a
+    byte-level tokenizer.json; its chat template too, as the source had it: chat_template.jinja or inside
+    tokenizer_config.json), and generation_config.json with the tokenizer's BOS/EOS ids (and the chat template's
+    end-of-turn id with the EOS). Returns a
     summary: {"step", "path", "files", "dtype", "tokenizer"}.
     """
     if dtype is not None and dtype not in DTYPES:
@@ -62,7 +65,8 @@ def export_hf(checkpoint_path: str, out_dir: str, *, max_shard_size: int = DEFAU
     tokenizer_section = meta["config"].get("tokenizer", {})
     tokenizer_name = tokenizer_section.get("tokenizer_name_or_path", "bytes")
     bos, eos, tokenizer_files = _write_tokenizer(store, tokenizer_section, model.get("max_position_embeddings", 2048))
-    store.write(GENERATION_CONFIG, (json.dumps(generation_config(bos, eos), indent=2) + "\n").encode())
+    stops = _stop_ids(eos, tokenizer_section)
+    store.write(GENERATION_CONFIG, (json.dumps(generation_config(bos, stops), indent=2) + "\n").encode())
     config = hf_config(model, dtype=out_dtype, bos_token_id=bos, eos_token_id=eos)
     config["nanoflow"] = {"checkpoint": checkpoint.path, "step": meta["step"]}
     store.write(CONFIG, (json.dumps(config, indent=2) + "\n").encode())   # last: a folder with config.json is whole
@@ -106,4 +110,28 @@ def _write_tokenizer(store: Store, tokenizer: dict | str, max_length: int) -> tu
         tokenizer_config["bos_token"] = loaded.bos_token
     store.write("tokenizer.json", text)
     store.write("tokenizer_config.json", (json.dumps(tokenizer_config, indent=2, ensure_ascii=False) + "\n").encode())
-    return loaded.bos_id, loaded.eos_id, ["tokenizer.json", "tokenizer_config.json"]
+    return loaded.bos_id, loaded.eos_id, ["tokenizer.json", "tokenizer_config.json", *_write_chat_template(store, loaded)]
+
+
+def _write_chat_template(store: Store, tokenizer) -> list[str]:
+    """The tokenizer's chat_template.jinja, written as it is (a template inside tokenizer_config.json travels with
+    that file), so AutoTokenizer on the export renders conversations as the run did."""
+    path = getattr(tokenizer, "chat_template_path", None)
+    if path is None or os.path.basename(path) != CHAT_TEMPLATE_FILE:
+        return []
+    store.write(CHAT_TEMPLATE_FILE, tokenizer.chat_template.encode("utf-8"))
+    return [CHAT_TEMPLATE_FILE]
+
+
+def _stop_ids(eos: int | None, tokenizer: dict | str) -> int | list[int] | None:
+    """generation_config.json's eos_token_id: the end-of-text id, and the chat template's end-of-turn token when
+    it is another (Llama 3's <|eot_id|>, ChatML's <|im_end|>), so generate() stops at the end of an answer."""
+    section = {"tokenizer_name_or_path": tokenizer} if isinstance(tokenizer, str) else tokenizer
+    try:
+        loaded = load_tokenizer(section.get("tokenizer_name_or_path", "bytes"), eos_token=section.get("eos_token"),
+                                bos_token=section.get("bos_token"))
+        turn = ChatTemplate(loaded).end_of_turn_ids() if loaded.chat_template is not None else []
+    except (NanoflowError, ChatError, OSError, ValueError):
+        return eos   # as the tokenizer export says (a tokenizer that cannot be read is exported without one)
+    stops = ([] if eos is None else [eos]) + [t for t in turn if t != eos]
+    return stops[0] if len(stops) == 1 else (stops or None)

@@ -249,3 +249,30 @@ def test_chat_rows_are_cached_with_their_template(tmp_path):
     with open_chat(config, tmp_path) as loader:   # another template: other tokens, not the cached ones
         assert not np.array_equal(loader.samples(0, 3)["input_ids"], first)
     assert len(list((tmp_path / "cache" / "nanoflow-tokens").glob("*.rows.npy"))) == 2
+
+
+@pytest.mark.parametrize("template", [CHATML, CHATML_GENERATION], ids=["by_difference", "by_generation_blocks"])
+def test_a_chat_exact_match_set_scores_the_last_answer_after_the_prompt_with_the_generation_prompt(tmp_path, template):
+    from nanoflow.evaluation import load_eval_set
+
+    folder = chat_tokenizer(tmp_path / "tok", template)
+    hf = transformers.AutoTokenizer.from_pretrained(str(folder))
+    chat_stage(tmp_path, CONVERSATIONS, folder)
+    (tmp_path / "run.toml").write_text((tmp_path / "run.toml").read_text() + (
+        '\n[evaluation]\n[[evaluation.datasets]]\nname = "chat"\nmetric = "exact_match"\nsequence_length = 64\n'
+        f'[evaluation.datasets.dataset]\nhf_dataset_or_datasets = "json"\nhf_data_files = "{tmp_path / "chat.jsonl"}"\n'
+        'messages_column_name = "messages"\n'))
+    config = load_config(tmp_path / "run.toml")
+    eval_set = load_eval_set(config, config.evaluation.datasets[0], load_tokenizer(folder))
+    end_of_turn = hf.convert_tokens_to_ids("<|im_end|>")
+    for row, inputs, labels in zip(CONVERSATIONS, eval_set.input_ids, eval_set.labels, strict=True):
+        last = max(i for i, m in enumerate(row) if m["role"] == "assistant")
+        prompt = list(hf.apply_chat_template(row[:last], add_generation_prompt=True, tokenize=True)["input_ids"])
+        whole = list(hf.apply_chat_template(row[:last + 1], tokenize=True)["input_ids"])
+        answer = whole[len(prompt):whole.index(end_of_turn, len(prompt)) + 1]   # up to where generation stops
+        assert hf.decode(answer) == row[last]["content"] + "<|im_end|>"
+        sequence = prompt + answer
+        assert inputs[:len(sequence) - 1].tolist() == sequence[:-1]
+        assert labels.tolist() == [IGNORE_INDEX] * (len(prompt) - 1) + answer + \
+            [IGNORE_INDEX] * (64 - len(sequence) + 1)
+    assert eval_set.answerable == len(CONVERSATIONS)
