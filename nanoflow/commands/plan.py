@@ -98,7 +98,8 @@ def _sft_lines(run) -> list[str]:
         if isinstance(dataset, NanosetDatasetsArgs) or not dataset.is_sft:
             continue
         seq = run.schedule.stages[i].sequence_length
-        for label, s in sft_summaries(dataset, stage.name, run.tokenizer, seq):
+        for spec, s in sft_summaries(dataset, stage.name, run.tokenizer, seq):
+            label = f"{spec.builder}: " + ", ".join(map(_shown_path, spec.files)) if spec.files else spec.name
             kind = "conversations" if dataset.is_chat else "prompt/completion rows"
             too_long = (f"{s.overlong:,} longer than sequence_length + 1 = {seq + 1} tokens, "
                         + ("left out" if dataset.overlong_samples == "drop" else "cut to it keeping their start")

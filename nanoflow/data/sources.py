@@ -193,11 +193,11 @@ def open_hf_source(spec: HFSpec, stage_name: str, tokenizer: Tokenizer, sequence
 
 
 def sft_summaries(dataset: DatasetArgs, stage_name: str, tokenizer: Tokenizer, sequence_length: int,
-                  cache_dir: str | None = None) -> list[tuple[str, Summary]]:
-    """(label, nanoflow.data.sft.Summary) of each source of an SFT stage, from its tokenized rows (tokenized
+                  cache_dir: str | None = None) -> list[tuple[HFSpec, Summary]]:
+    """(source, nanoflow.data.sft.Summary) of each source of an SFT stage, from its tokenized rows (tokenized
     now, into the cache training reads, if they are not there yet): what --plan says of it."""
     reading = Reading(sequence_length, dataset.overlong_samples, dataset.packing)
-    return [(spec.label, summarize(tokenized_array(spec, sft_kind(dataset), tokenizer, stage_name, cache_dir),
+    return [(spec, summarize(tokenized_array(spec, sft_kind(dataset), tokenizer, stage_name, cache_dir),
                                    reading, dataset.held_out_samples))
             for spec in hf_specs(dataset) if spec.key in {key for key, _, _, _ in source_inputs(dataset)}]
 
