@@ -282,7 +282,7 @@ def _chat_rows(rows, column: str, tokenizer: Tokenizer, kind: str, where: str, f
             try:
                 yield template.answer(row) if kind == "chat-answer" else template.tokens(row, kind.removeprefix("chat-"))
             except ChatError as e:
-                raise StageDataError(f'{where}: row {first_row + n} of column "{column}": {e}') from None
+                raise StageDataError(f'{where}: row {first_row + n} (from 0) of column "{column}": {e}') from None
 
     return SFTRows.build(samples(), tokenizer.vocab_size)
 

@@ -197,9 +197,10 @@ def sft_summaries(dataset: DatasetArgs, stage_name: str, tokenizer: Tokenizer, s
     """(source, nanoflow.data.sft.Summary) of each source of an SFT stage, from its tokenized rows (tokenized
     now, into the cache training reads, if they are not there yet): what --plan says of it."""
     reading = Reading(sequence_length, dataset.overlong_samples, dataset.packing)
-    return [(spec, summarize(tokenized_array(spec, sft_kind(dataset), tokenizer, stage_name, cache_dir),
-                                   reading, dataset.held_out_samples))
-            for spec in hf_specs(dataset) if spec.key in {key for key, _, _, _ in source_inputs(dataset)}]
+    read = {key for key, _, _, _ in source_inputs(dataset)}   # sources of weight 0 are never read
+    return [(spec, summarize(tokenized_array(spec, sft_kind(dataset), tokenizer, stage_name, cache_dir), reading,
+                             dataset.held_out_samples))
+            for spec in hf_specs(dataset) if spec.key in read]
 
 
 def check_folder_tokenizer(tokens: TokenFolder, tokenizer: Tokenizer, where: str,

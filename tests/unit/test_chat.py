@@ -191,7 +191,7 @@ def test_a_chat_stage_trains_on_the_assistant_tokens_of_transformers_tokens(tmp_
 
 
 @pytest.mark.parametrize("row, problem", [
-    ("hello", r'row 1 of column "messages": expected a non-empty list of \{role, content\} messages, got "hello"'),
+    ("hello", r'row 1 \(from 0\) of column "messages": expected a non-empty list of \{role, content\} messages, got "hello"'),
     ([], r"row 1 .*expected a non-empty list"),
     (["hi"], r'row 1 .*message 0 is "hi", expected a \{role, content\} table'),
     ([{"role": "user"}], r'row 1 .*message 0 has no text "content" \(missing\)'),
