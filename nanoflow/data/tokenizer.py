@@ -162,10 +162,6 @@ class HFTokenizer:
     def special_tokens(self) -> dict[int, str]:
         return {token_id: token for token, token_id in self._specials().items()}
 
-    def added_token_ids(self) -> dict[int, str]:
-        """Every added token (special or not) by id: what text cannot split."""
-        return {token_id: token.content for token_id, token in self._tokenizer.get_added_tokens_decoder().items()}
-
     def template_tokens(self) -> dict[str, str]:
         """The named special tokens a chat template sees (bos_token, eos_token, ...): tokenizer_config.json's, with
         this run's end-of-text and BOS over them, as an export writes them (so its AutoTokenizer renders the same)."""
