@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from nanoflow.config import Config, OptimizerArgs
+from nanoflow.config import Config, OptimizerArgs, stage_rope
 from nanoflow.data import open_stage
 from nanoflow.data.loader import StageLoader
 from nanoflow.io import read_init_weights
@@ -34,8 +34,9 @@ def build_optimizer(model: torch.nn.Module, args: OptimizerArgs) -> torch.optim.
     )
 
 
-def build_model(config: Config, topology: Topology = SINGLE, *, init: bool = True) -> Llama:
-    """The model of `config`, its weights drawn from general.seed (when `init`), sharded over `topology`.
+def build_model(config: Config, topology: Topology = SINGLE, *, init: bool = True, stage: int = 0) -> Llama:
+    """The model of `config`, its weights drawn from general.seed (when `init`), sharded over `topology`, encoding
+    positions with the RoPE of stage `stage` (nanoflow.config.stage_rope; train_step sets each step's stage's).
 
     Every rank draws the same full weights before sharding, so any layout starts from the same model.
     Without `init` the weights are left uninitialised, for the caller to fill (a restore overwrites every one).
@@ -49,6 +50,8 @@ def build_model(config: Config, topology: Topology = SINGLE, *, init: bool = Tru
         model = model.to_empty(device=device())
         if config.model.tie_word_embeddings:  # to_empty gives each module its own tensor: tie them again
             model.lm_head.weight = model.model.embed_tokens.weight
+    rope = stage_rope(config, stage)
+    model.set_rope(rope.theta, rope.scaling)
     if config.model.compile:
         for layer in model.model.layers:
             layer.compile()  # in place: parameter names stay HF's

@@ -33,10 +33,12 @@ import torch.nn.functional as F
 
 from nanoflow.build import build_model
 from nanoflow.config import Config, EvalDatasetArgs
+from nanoflow.data.fingerprint import short_digest
 from nanoflow.data.sources import IGNORE_INDEX, open_sources
 from nanoflow.data.tokens import StageDataError
 from nanoflow.io import read_init_weights
 from nanoflow.observe.metrics import EVAL_FILE, MetricsLog
+from nanoflow.parallel import threads
 from nanoflow.parallel.agree import on_every_rank
 from nanoflow.parallel.mesh import Topology, all_reduce_sum
 from nanoflow.parallel.shards import load_weights
@@ -56,6 +58,7 @@ class EvalSet:
     labels: torch.Tensor           # the same shape; IGNORE_INDEX where no loss is taken
     micro_batch_size: int
     position_ids: torch.Tensor | None = None   # with document masking: restarting at 0 at each document
+    data_fingerprint: str | None = None        # the short digest of its fingerprint (nanoflow.data.fingerprint)
 
     @property
     def answerable(self) -> int:
@@ -110,10 +113,14 @@ def load_eval_set(config: Config, entry: EvalDatasetArgs, tokenizer) -> EvalSet:
                    None if positions is None else torch.from_numpy(positions))
 
 
-def load_eval_sets(config: Config, tokenizer) -> list[EvalSet]:
+def load_eval_sets(config: Config, tokenizer, fingerprints: dict | None = None) -> list[EvalSet]:
+    """The config's eval sets; each carries the short digest of its fingerprint in `fingerprints` ({name:
+    fingerprint}: the run's, nanoflow.data.fingerprint.Fingerprints.evals), which their rows record."""
     if config.evaluation is None:
         return []
-    return [load_eval_set(config, entry, tokenizer) for entry in config.evaluation.datasets]
+    fingerprints = fingerprints or {}
+    return [attrs.evolve(load_eval_set(config, entry, tokenizer), data_fingerprint=short_digest(fingerprints[entry.name])
+                         if entry.name in fingerprints else None) for entry in config.evaluation.datasets]
 
 
 def score(model: torch.nn.Module, eval_set: EvalSet, topology: Topology, dtype: str = "float32") -> dict:
@@ -161,7 +168,8 @@ def score(model: torch.nn.Module, eval_set: EvalSet, topology: Topology, dtype: 
 def evaluate(model: torch.nn.Module, sets: list[EvalSet], topology: Topology, step: int, stage: str,
              dtype: str = "float32") -> list[dict]:
     """One row per eval set, as eval.jsonl holds them, and a progress line saying them."""
-    rows = [{"step": step, "stage": stage, "dataset": s.name, **score(model, s, topology, dtype)} for s in sets]
+    rows = [{"step": step, "stage": stage, "dataset": s.name, **score(model, s, topology, dtype)}
+            | ({"data_fingerprint": s.data_fingerprint} if s.data_fingerprint is not None else {}) for s in sets]
     log.info(f"eval step {step} ({stage}): " + "  ".join(
         f"{r['dataset']} loss {r['loss']:.4f}" + (f" exact {r['accuracy']:.1%}" if "accuracy" in r else "")
         for r in rows))
@@ -184,7 +192,8 @@ class Evaluator:
 
     def __init__(self, run: Run, start_step: int, tensorboard=None):
         self.config, self.topology, self.tensorboard = run.config, run.topology, tensorboard
-        self.sets = load_eval_sets(run.config, run.tokenizer)
+        # Rank 0 writes the rows: it alone hashes the sets' files (once for the run: its checkpoints record them too)
+        self.sets = load_eval_sets(run.config, run.tokenizer, run.fingerprints.evals() if run.topology.is_main else None)
         # eval.jsonl: metrics.jsonl's own writer, with its truncation of the rows after the resumed step
         self.rows = MetricsLog(run.folder / EVAL_FILE, start_step, run.topology.is_main and bool(self.sets))
 
@@ -210,9 +219,10 @@ class Evaluator:
 # ---------------------------------------------------------------------------------------------
 # bin/eval: a committed checkpoint, evaluated without training
 
-def load_checkpoint_weights(config: Config, topology: Topology, reader, path: str) -> torch.nn.Module:
-    """The model of `config` on `topology`, its weights read from `reader` (each rank reads only its own boxes)."""
-    model = build_model(config, topology, init=False)
+def load_checkpoint_weights(config: Config, topology: Topology, reader, path: str, stage: int = 0) -> torch.nn.Module:
+    """The model of `config` on `topology` with stage `stage`'s RoPE, its weights read from `reader` (each rank
+    reads only its own boxes)."""
+    model = build_model(config, topology, init=False, stage=stage)
     on_every_rank(lambda: load_weights(model, reader, path), topology)
     return model
 
@@ -234,13 +244,22 @@ def evaluate_checkpoint(path: str, config: Config | None = None, overrides=(), t
         raise ConfigError(f"{path}: the config has no [evaluation] datasets to evaluate on; pass a CONFIG that has "
                           "[[evaluation.datasets]], or add them with --set")
     step = int(metadata["step"])
+    if threads.chosen():   # the checkpoint's count: the rows training wrote, bit for bit
+        count, line = threads.choose(metadata.get("threads"))
+        threads.apply(count)
+        log.info(line)
+    names = [entry.name for entry in config.evaluation.datasets]
+    log.info(f"evaluating {reader.path} (step {step}) on {len(names)} eval set{'s' * (len(names) != 1)}: "
+             f"{', '.join(names)}; reading the data and the weights")   # minutes can pass before its rows
     run = open_run(config, topology=topology)
     config = run.config   # its [model] complete
-    sets = load_eval_sets(config, run.tokenizer)
-    model = load_checkpoint_weights(config, run.topology, reader, path)
+    sets = load_eval_sets(config, run.tokenizer, run.fingerprints.evals() if run.topology.is_main else None)
     schedule = run.schedule
-    stage = schedule.stages[active_stage(schedule, min(step, schedule.train_steps))].name
-    return evaluate(model, sets, run.topology, step, stage, config.model.dtype)
+    index = active_stage(schedule, min(step, schedule.train_steps))   # evaluated with the RoPE it trained with
+    model = load_checkpoint_weights(config, run.topology, reader, path, index)
+    log.info(f"scoring {sum(len(s.input_ids) for s in sets):,} samples" + "".join(
+        f"; {s.name}: greedy answers to {len(s.input_ids):,} prompts" for s in sets if s.metric == "exact_match"))
+    return evaluate(model, sets, run.topology, step, schedule.stages[index].name, config.model.dtype)
 
 
 def format_rows(rows: list[dict]) -> str:

@@ -4,8 +4,9 @@ switches that make it HF's Qwen2, Qwen3, Mistral, SmolLM3 or OLMo 2 instead.
 `cfg` is any object with: vocab_size, hidden_size, intermediate_size, num_hidden_layers,
 num_attention_heads, num_key_value_heads, max_position_embeddings, rms_norm_eps,
 rope_theta, tie_word_embeddings, initializer_range, and optionally rope_scaling (None, or an object with
-rope_type "default" | "linear" | "llama3" and that type's factor, low_freq_factor, high_freq_factor,
-original_max_position_embeddings: nanoflow.config.RopeScalingArgs) and `architecture`, the family's switches
+rope_type "default" | "linear" | "llama3" | "yarn" and that type's keys: nanoflow.config.RopeScalingArgs, yarn's
+factor and original_max_position_embeddings resolved as nanoflow.config.Rope resolves them) and `architecture`,
+the family's switches
 (nanoflow.config.Architecture: head_dim, qkv_bias, o_bias, qk_norm, norm_after, nope_layers); without it, a
 plain Llama's.
 
@@ -61,13 +62,56 @@ def rope_inv_freq(head_dim: int, theta: float, scaling) -> torch.Tensor:
         scaled = torch.where(wavelength > context / low, inv_freq / scaling.factor, inv_freq)
         middle = (wavelength >= context / high) & (wavelength <= context / low)
         return torch.where(middle, blended, scaled)
-    raise ValueError(f"rope_scaling.rope_type = {kind!r}: nanoflow implements default, linear and llama3")
+    if kind == "yarn":
+        return _yarn_inv_freq(head_dim, theta, scaling)
+    raise ValueError(f"rope_scaling.rope_type = {kind!r}: nanoflow implements default, linear, llama3 and yarn")
+
+
+def _yarn_inv_freq(head_dim: int, theta: float, scaling) -> torch.Tensor:
+    """YaRN's frequencies, as transformers 5 computes them (its operations in its order, for its roundings).
+
+    Dimension pair i makes L / wavelength_i rotations over the pretraining context L
+    (original_max_position_embeddings): pairs making more than beta_fast rotations are kept, pairs making
+    fewer than beta_slow are divided by factor, and a linear ramp over the dimension index blends in between.
+    """
+    beta_fast, beta_slow = scaling.beta_fast or 32, scaling.beta_slow or 1
+    context = scaling.original_max_position_embeddings
+
+    def dimension(rotations: float) -> float:   # the pair index making `rotations` rotations over the context
+        return head_dim * math.log(context / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+    low, high = dimension(beta_fast), dimension(beta_slow)
+    if scaling.truncate is not False:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
+    if low == high:
+        high += 0.001   # transformers' guard against a zero-width ramp
+    ramp = torch.clamp((torch.arange(head_dim // 2, dtype=torch.float32) - low) / (high - low), 0, 1)
+    kept = 1 - ramp
+    powers = theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+    return 1.0 / (scaling.factor * powers) * (1 - kept) + 1.0 / powers * kept
+
+
+def rope_attention_scaling(scaling) -> float:
+    """What transformers multiplies cos and sin by: YaRN's attention factor (given, or from factor, mscale and
+    mscale_all_dim as YaRN's paper gives it); 1 for the other types."""
+    if scaling is None or scaling.rope_type != "yarn":
+        return 1.0
+    if scaling.attention_factor is not None:
+        return scaling.attention_factor
+
+    def mscale(m: float = 1.0) -> float:
+        return 1.0 if scaling.factor <= 1 else 0.1 * m * math.log(scaling.factor) + 1.0
+
+    if scaling.mscale and scaling.mscale_all_dim:
+        return float(mscale(scaling.mscale) / mscale(scaling.mscale_all_dim))
+    return mscale()
 
 
 def rope_cos_sin(positions: int | torch.Tensor, head_dim: int, theta: float, device: torch.device,
                  scaling=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin at `positions`, in float32: an int T means positions 0..T-1 ([T, head_dim]); a tensor of
-    positions (position_ids [rows, T]) gives [rows, T, head_dim], each token's own angles.
+    """cos/sin at `positions`, in float32, times YaRN's attention factor: an int T means positions 0..T-1
+    ([T, head_dim]); a tensor of positions (position_ids [rows, T]) gives [rows, T, head_dim], each token's own angles.
 
     Recomputed every forward instead of cached in buffers: it is tiny next to the matmuls, and it stays
     correct after `model.to(bfloat16)` (which would round cached tables) and after meta-device init
@@ -80,7 +124,8 @@ def rope_cos_sin(positions: int | torch.Tensor, head_dim: int, theta: float, dev
         positions = positions.to(device=device, dtype=torch.float32)
     freqs = positions[..., None] * inv_freq  # one product a token, as transformers' matmul over a length-1 axis
     emb = torch.cat((freqs, freqs), dim=-1)  # HF's layout: pairs are (i, i + head_dim/2), not (2i, 2i+1)
-    return emb.cos(), emb.sin()
+    attention = rope_attention_scaling(scaling)
+    return emb.cos() * attention, emb.sin() * attention
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -180,6 +225,11 @@ class LlamaModel(nn.Module):
         self.rope_scaling = getattr(cfg, "rope_scaling", None)
         self.max_position_embeddings = cfg.max_position_embeddings
 
+    def set_rope(self, theta: float, scaling) -> None:
+        """Encode positions with this RoPE from the next forward on (a stage's: nanoflow.config.stage_rope). cos and
+        sin are computed in forward, outside the layers, so a compiled layer is not recompiled for it."""
+        self.rope_theta, self.rope_scaling = theta, scaling
+
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None) -> torch.Tensor:
         T = input_ids.shape[1]
         if T > self.max_position_embeddings:
@@ -213,6 +263,10 @@ class Llama(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
 
     loss_method = "fused"  # or "plain" (nanoflow.loss.lm_loss): the reference path, through the whole logits
+
+    def set_rope(self, theta: float, scaling) -> None:
+        """LlamaModel.set_rope: the RoPE of the next forwards."""
+        self.model.set_rope(theta, scaling)
 
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None,
                 ignore_index: int = -100, grad_scale: torch.Tensor | None = None,

@@ -20,6 +20,7 @@ import attrs
 from nanoflow.config import Config
 from nanoflow.data.fingerprint import Fingerprints
 from nanoflow.data.tokenizer import Tokenizer, load_run_tokenizer
+from nanoflow.io.runfolder import record_folder
 from nanoflow.io.store import is_remote
 from nanoflow.parallel.mesh import SINGLE, Topology, init_topology
 from nanoflow.preflight import check_init_from, check_model_size, complete_from_init
@@ -45,14 +46,8 @@ class Run:
 
     @property
     def folder(self) -> Path:
-        """The local run folder, where metrics.jsonl, eval.jsonl and TensorBoard go: checkpoints_path when it is
-        local, else runs/s3/<bucket>/<prefix> here — keyed by the checkpoints' own place, so that two runs on S3
-        never share a record, whatever their names (the prefix's parts are plain: config/checks.py refuses
-        empty, "." and ".." ones)."""
-        path = self.config.checkpoints.checkpoints_path
-        if not self.is_remote:
-            return Path(path)
-        return Path("runs", "s3", *path.removeprefix("s3://").rstrip("/").split("/"))
+        """The local run folder, where metrics.jsonl, eval.jsonl and TensorBoard go (nanoflow.io.runfolder)."""
+        return record_folder(self.config.checkpoints.checkpoints_path)
 
 
 def open_run(config: Config, *, topology: Topology | None = None, join: bool = True) -> Run:

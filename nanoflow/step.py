@@ -7,6 +7,7 @@ import math
 
 import torch
 
+from nanoflow.config import stage_rope
 from nanoflow.data.sources import IGNORE_INDEX
 from nanoflow.errors import DivergedError
 from nanoflow.lr import scheduled_lr
@@ -16,7 +17,7 @@ from nanoflow.state import TrainState
 
 
 def train_step(state: TrainState, batch) -> tuple[TrainState, dict]:
-    """Forward, backward and AdamW update on `batch`, split into the stage's micro-batches.
+    """Forward, backward and AdamW update on `batch`, split into the stage's micro-batches, with the stage's RoPE.
 
     `batch` maps "input_ids" and "labels" to LongTensors [micro_batch_size × accumulation, seq]
     (this data-parallel replica's part of the global batch), labels already shifted, -100
@@ -33,6 +34,8 @@ def train_step(state: TrainState, batch) -> tuple[TrainState, dict]:
         raise ValueError(f"training is complete: all {schedule.train_steps} steps of the schedule are done")
     index = active_stage(schedule, step)
     stage, tokens = schedule.stages[index], config.stage_tokens(index)
+    rope = stage_rope(config, index)   # the stage's RoPE: a long-context stage's switches with it
+    state.model.set_rope(rope.theta, rope.scaling)
     input_ids, labels, position_ids = batch["input_ids"], batch["labels"], batch.get("position_ids")
     rows = tokens.micro_batch_size * tokens.batch_accumulation_per_replica
     if tuple(input_ids.shape) != (rows, stage.sequence_length) or labels.shape != input_ids.shape or \

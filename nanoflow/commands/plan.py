@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from nanoflow.config import NanosetDatasetsArgs, locate_source, untrained_splits
+from nanoflow.config import NanosetDatasetsArgs, locate_source, stage_rope, untrained_splits
 from nanoflow.data.sources import sft_summaries
 from nanoflow.io.store import is_remote
 from nanoflow.lr import scheduled_lr
@@ -18,7 +18,10 @@ def render_plan(run) -> str:
     config, schedule = run.config, run.schedule
     samples = consumed_samples(schedule, schedule.train_steps)
     tokens = consumed_tokens(schedule, schedule.train_steps)
-    header = ("stage", "steps", "n steps", "global batch", "seq len", "samples", "tokens", "lr first → last")
+    ropes = [stage_rope(config, i) for i in range(len(schedule.stages))]
+    per_stage = len(set(ropes)) > 1   # a column only when a stage changes it; else one line says it
+    header = ("stage", "steps", "n steps", "global batch", "seq len", *(("rope",) if per_stage else ()), "samples",
+              "tokens", "lr first → last")
     rows = []
     for i, stage in enumerate(schedule.stages):
         steps = stage_steps(schedule, i)
@@ -30,11 +33,14 @@ def render_plan(run) -> str:
         else:
             lr, span = "not reached", f"{stage.start_step}– (after train_steps)"
         rows.append((stage.name, span, f"{len(steps):,}", f"{stage.global_batch_size:,}",
-                     f"{stage.sequence_length:,}", f"{samples[i]:,}", f"{tokens[i]:,}", lr))
+                     f"{stage.sequence_length:,}", *((ropes[i].describe(),) if per_stage else ()), f"{samples[i]:,}",
+                     f"{tokens[i]:,}", lr))
     widths = [max(len(r[c]) for r in [header, *rows]) for c in range(len(header))]
+    left = {0, 1, 5} if per_stage else {0, 1}   # the names, spans and RoPEs; the numbers align right
 
     def line(cells) -> str:
-        return "  ".join(cell.ljust(w) if c < 2 else cell.rjust(w) for c, (cell, w) in enumerate(zip(cells, widths, strict=True)))
+        return "  ".join(cell.ljust(w) if c in left else cell.rjust(w)
+                         for c, (cell, w) in enumerate(zip(cells, widths, strict=True)))
 
     model = config.model
     out = [
@@ -44,6 +50,7 @@ def render_plan(run) -> str:
         f"model: {_family(model)}{model.num_hidden_layers} layers × {model.hidden_size} hidden, "
         f"{model.num_attention_heads} heads ({model.num_key_value_heads} kv), vocab {model.vocab_size}, {model.dtype}",
         _tokenizer_line(run.tokenizer),
+        *([] if per_stage else [f"rope: {ropes[0].describe()}, in every stage"]),
         "",
         line(header),
         line(["─" * w for w in widths]),

@@ -21,20 +21,21 @@ from nanoflow.config.data_checks import (
 from nanoflow.config.families import complete, family_problems, fresh_problems, unset_required
 from nanoflow.config.model_checks import (
     MODEL_KEYS,
-    ROPE_KEYS,
     hf_rope,
     model_changes,
     model_from_hf,
     recorded_model,
-    rope_scaling_problems,
+    recorded_stage_ropes,
+    trained_rope,
 )
+from nanoflow.config.rope import ROPE_KEYS, Rope, rope_scaling_problems, stage_rope
 from nanoflow.config.schema import Config, ConfigError
 from nanoflow.lr import resolve_stage_lr, stage_span
 from nanoflow.schedule import Schedule, ScheduleError, stage_steps
 
-__all__ = ["MODEL_KEYS", "ROPE_KEYS", "check_world_size", "complete_model", "evaluation_problems", "hf_rope", "locate_source",
-           "model_changes", "model_from_hf", "model_problems", "recorded_model", "rope_scaling_problems",
-           "unreached_stages", "untrained_splits", "validate"]
+__all__ = ["MODEL_KEYS", "ROPE_KEYS", "Rope", "check_world_size", "complete_model", "evaluation_problems", "hf_rope",
+           "locate_source", "model_changes", "model_from_hf", "model_problems", "recorded_model", "recorded_stage_ropes",
+           "rope_scaling_problems", "stage_rope", "trained_rope", "unreached_stages", "untrained_splits", "validate"]
 
 # ---------------------------------------------------------------------------------------------
 # Validation across keys
@@ -67,6 +68,7 @@ def validate(config: Config) -> list[str]:
                 f"{tokens.batch_accumulation_per_replica} × {par.dp} = {derived}")
         problems.extend(f"{stage_label(i)}.data.dataset: {p}" for p in dataset_problems(config.data_stages[i].data.dataset))
         problems.extend(f"{stage_label(i)}.data.continue_from: {p}" for p in continue_from_problems(config, i))
+        problems.extend(rope_scaling_problems(config.data_stages[i].rope_scaling, f"{stage_label(i)}.rope_scaling"))
     if par.tp_mode == "REDUCE_SCATTER":  # each tp rank holds sequence_length / tp positions between the blocks
         for index in range(len(config.data_stages)):
             length = config.stage_tokens(index).sequence_length
@@ -152,11 +154,20 @@ def _run_place_problems(config: Config) -> list[str]:
         elif value is not None and value.startswith("s3://") and any(
                 part in ("", ".", "..") for part in value[len("s3://"):].rstrip("/").split("/")):
             problems.append(f"{key} = {value}: an empty, '.' or '..' part; write s3://bucket/prefix/of/plain/parts")
-    run = config.general.run
-    if run in ("", ".", "..") or any(c in run for c in "/\\\0"):
-        problems.append(f"general.run = {run!r}: a run's name, not a path (no '/', not '.' or '..', not empty); "
-                        "where it writes is checkpoints.checkpoints_path")
+    problem = run_name_problem("general.run", config.general.run)
+    if problem is not None:
+        problems.append(f"{problem}; where it writes is checkpoints.checkpoints_path")
     return problems
+
+
+def run_name_problem(key: str, name) -> str | None:
+    """Why `name` (at `key`) is no run's name — a path would write elsewhere: '/' or '\\' in it, '.', '..', empty —
+    or None when it is one. The one rule for run names: general.run, and bin/sweep's runs and averages."""
+    if not isinstance(name, str):
+        return f"{key}: a run's name (a string), not {name!r}"
+    if name in ("", ".", "..") or any(c in name for c in "/\\\0"):
+        return f"{key} = {name!r}: a run's name, not a path (no '/', not '.' or '..', not empty)"
+    return None
 
 
 def _stage_lr_problems(config: Config, schedule: Schedule, index: int) -> list[str]:

@@ -4,8 +4,6 @@ weights were trained under."""
 
 from __future__ import annotations
 
-import difflib
-
 import attrs
 
 from nanoflow.config.families import (
@@ -18,48 +16,26 @@ from nanoflow.config.families import (
     nope_from_interval,
     unset_required,
 )
-from nanoflow.config.schema import ModelArgs, RopeScalingArgs
+from nanoflow.config.rope import ROPE_KEYS, Rope, RopeScalingArgs, stage_ropes
+from nanoflow.config.schema import ModelArgs
 
-# RoPE scaling: [model.rope_scaling], and rope_scaling in an HF config.json
+# RoPE: the RoPE table of an HF config.json against [model.rope_scaling], and the RoPE each stage of a recorded
+# config trained with
 
-# The keys each rope_type needs, as transformers requires them (no others are used by that type).
-ROPE_KEYS = {
-    "default": (),
-    "linear": ("factor",),
-    "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
-}
+# What transformers computes a yarn key left out (or null) as: the comparisons below compare what is computed.
+YARN_DEFAULTS = {"beta_fast": 32, "beta_slow": 1, "truncate": True}
 
 
-def rope_scaling_problems(scaling: RopeScalingArgs | None) -> list[str]:
-    """What is wrong with [model.rope_scaling]: an unknown rope_type, a key its type needs or does not use."""
-    if scaling is None:
-        return []
-    where = "model.rope_scaling"
-    if scaling.rope_type not in ROPE_KEYS:
-        near = difflib.get_close_matches(scaling.rope_type, list(ROPE_KEYS), n=1)
-        return [f"{where}.rope_type = {scaling.rope_type!r}: nanoflow implements "
-                + ", ".join(f'"{t}"' for t in ROPE_KEYS) + (f' (did you mean "{near[0]}"?)' if near else "")]
-    needed = ROPE_KEYS[scaling.rope_type]
-    problems = []
-    for key in ROPE_KEYS["llama3"]:   # every number any type takes
-        given = getattr(scaling, key) is not None
-        if key in needed and not given:
-            problems.append(f'{where}.{key}: required with rope_type = "{scaling.rope_type}"')
-        elif key not in needed and given:
-            problems.append(f'{where}.{key}: not used by rope_type = "{scaling.rope_type}"; remove it')
-    if scaling.rope_type == "llama3" and not problems and scaling.low_freq_factor >= scaling.high_freq_factor:
-        problems.append(f"{where}: low_freq_factor = {scaling.low_freq_factor} must be below "
-                        f"high_freq_factor = {scaling.high_freq_factor}")
-    return problems
-
-
-def hf_rope(hf: dict, default_theta: float = 10000.0) -> tuple[str, dict, str]:
+def hf_rope(hf: dict, default_theta: float = 10000.0, max_position_embeddings: int | None = None
+            ) -> tuple[str, dict, str]:
     """(the key of config.json's RoPE table, that table as transformers reads it, where its rope_theta came from).
 
     transformers < 5 writes `rope_scaling` and a top-level `rope_theta`; transformers 5 writes
     `rope_parameters` with rope_theta inside. A non-empty rope_scaling wins, and a rope_theta inside the
-    table wins over the top-level one; `type` is the legacy name of rope_type; llama3's
-    original_max_position_embeddings defaults to max_position_embeddings.
+    table wins over the top-level one; `type` is the legacy name of rope_type; yarn's truncate = null is false.
+    llama3's and yarn's original_max_position_embeddings is a top-level one where config.json has it
+    (transformers' config then holds it as an attribute, which wins), else the table's, else
+    max_position_embeddings (config.json's, else `max_position_embeddings` given: the family's default).
     """
     where = "rope_scaling" if hf.get("rope_scaling") else "rope_parameters"
     rope = dict(hf[where]) if isinstance(hf.get(where), dict) else {}
@@ -70,31 +46,80 @@ def hf_rope(hf: dict, default_theta: float = 10000.0) -> tuple[str, dict, str]:
     else:
         theta_where, rope["rope_theta"] = "rope_theta (absent: transformers' default)", default_theta
     rope.setdefault("rope_type", rope.pop("type", "default"))
-    if rope["rope_type"] == "llama3":
-        rope.setdefault("original_max_position_embeddings", hf.get("max_position_embeddings", 2048))
+    if rope["rope_type"] in ("llama3", "yarn"):
+        if hf.get("original_max_position_embeddings") is not None:
+            rope["original_max_position_embeddings"] = hf["original_max_position_embeddings"]
+        rope.setdefault("original_max_position_embeddings",
+                        hf.get("max_position_embeddings", max_position_embeddings or 2048))
+    if rope["rope_type"] == "yarn" and "truncate" in rope and rope["truncate"] is None:
+        rope["truncate"] = False   # transformers tests it for truth: null does not truncate, absent does
     return where, rope, theta_where
 
 
-def _rope_mismatches(model: ModelArgs, hf: dict, source: str) -> tuple[list[str], list[str]]:
-    """(mismatches with [model.rope_scaling], RoPE variants nanoflow does not implement) for config.json `hf`."""
-    where, rope, _ = hf_rope(hf)
+def _rope_mismatches(model: ModelArgs, hf: dict, source: str, max_position_embeddings: int
+                     ) -> tuple[list[str], list[str], RopeScalingArgs | None]:
+    """(mismatches with [model.rope_scaling], RoPE variants nanoflow does not implement, config.json's scaling as
+    [model.rope_scaling] takes it) for config.json `hf`. What is compared is what each computes: a yarn key left
+    out is transformers' default, yarn's factor and original_max_position_embeddings are resolved as Rope.of
+    resolves them."""
+    where, rope, _ = hf_rope(hf, max_position_embeddings=max_position_embeddings)
     kind = rope["rope_type"]
     partial = rope.get("partial_rotary_factor", hf.get("partial_rotary_factor"))
     unsupported = [] if partial in (None, 1, 1.0) else \
         [f"partial_rotary_factor = {partial!r} (nanoflow rotates the whole head)"]
     if kind not in ROPE_KEYS:
         return [], unsupported + [f"{where}.rope_type = {kind!r} (nanoflow implements "
-                                  + ", ".join(ROPE_KEYS) + ")"]
-    theirs = {key: rope.get(key) for key in ROPE_KEYS[kind]}
+                                  + ", ".join(ROPE_KEYS) + ")"], None
+    try:
+        theirs = RopeScalingArgs(rope_type=kind, **{key: rope.get(key) for key in ROPE_KEYS[kind]})
+    except (TypeError, ValueError) as e:   # attrs' validators name the field second
+        name = getattr(e.args[1], "name", None) if len(e.args) > 1 else None
+        shown = f"{where}.{name} = {rope.get(name)!r}" if name else f"{where} = {hf[where]!r}"
+        return [f"{source}: {shown}: not a valid value"], unsupported, None
     ours = model.rope_scaling or RopeScalingArgs()
     if ours.rope_type != kind:
-        wanted = ", ".join([f'rope_type = "{kind}"'] + [f"{k} = {v!r}" for k, v in theirs.items()])
+        wanted = ", ".join([f'rope_type = "{kind}"'] + [f"{k} = {_toml(v)}" for k, v in rope.items()
+                                                       if k in ROPE_KEYS[kind] and v is not None])
         return [f"model.rope_scaling.rope_type = {ours.rope_type!r}"
                 + (" (unset: plain RoPE)" if model.rope_scaling is None else "")
                 + f", but {source} has {where}.rope_type = {kind!r}; "
-                f"write model.rope_scaling = {{{wanted}}}"], unsupported
-    return [f"model.rope_scaling.{key} = {getattr(ours, key)!r}, but {source} has {where}.{key} = {value!r}"
-            for key, value in theirs.items() if getattr(ours, key) != value], unsupported
+                f"write model.rope_scaling = {{{wanted}}}"], unsupported, theirs
+    computed = [Rope.of(1.0, table, max_position_embeddings).scaling or RopeScalingArgs() for table in (ours, theirs)]
+    problems = []
+    for key in ROPE_KEYS[kind]:
+        mine, their = (YARN_DEFAULTS.get(key) if getattr(c, key) is None else getattr(c, key) for c in computed)
+        if mine != their or isinstance(mine, bool) != isinstance(their, bool):
+            given = getattr(ours, key)
+            shown = repr(given) if given is not None else f"unset ({mine!r})"
+            problems.append(f"model.rope_scaling.{key} = {shown}, but {source} has {where}.{key} = "
+                            f"{rope.get(key)!r}" + (f" ({their!r})" if rope.get(key) is None else ""))
+    return problems, unsupported, theirs
+
+
+def _toml(value) -> str:
+    return str(value).lower() if isinstance(value, bool) else repr(value)
+
+
+def recorded_stage_ropes(saved: dict) -> dict[str, Rope]:
+    """The RoPE each stage of a recorded config (as Config.to_dict writes it: a checkpoint's) trains with, by stage
+    name; in a record from before stages had RoPE keys, every stage has [model]'s."""
+    model = recorded_model(saved["model"])
+
+    def table(raw: dict | None) -> RopeScalingArgs | None:
+        return None if raw is None else RopeScalingArgs(**raw)
+
+    stages = sorted(saved["data_stages"], key=lambda stage: stage["start_training_step"])
+    ropes = stage_ropes(model["rope_theta"], table(model.get("rope_scaling")), model["max_position_embeddings"],
+                        [(stage.get("rope_theta"), table(stage.get("rope_scaling"))) for stage in stages])
+    return {stage["name"]: rope for stage, rope in zip(stages, ropes, strict=True)}
+
+
+def trained_rope(metadata: dict) -> Rope:
+    """The RoPE of the stage that trained a checkpoint's step (its metadata: the last stage begun; at step 0, the
+    first stage's, which the model starts with)."""
+    ropes = recorded_stage_ropes(metadata["config"])
+    begun = metadata["training"]["stages"]
+    return ropes[begun[-1]["name"]] if begun else next(iter(ropes.values()))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -103,8 +128,9 @@ def _rope_mismatches(model: ModelArgs, hf: dict, source: str) -> tuple[list[str]
 
 # Every [model] key, by what a change of it means to weights that already exist (a resume): "shape" keys decide
 # the weights' shapes and "numbers" keys what they were trained to compute — a change of either is refused; a
-# change of a "changes" key is deliberate (a context extension moves RoPE; a new machine another autocast dtype,
-# like another parallel layout) and warned of; "free" keys touch neither (a change is said). The middle entry:
+# change of a "changes" key is deliberate (a new machine another autocast dtype, like another parallel layout) and
+# warned of; "free" keys touch neither (a change is said). RoPE is a stage's (nanoflow.config.rope): a begun
+# stage's may not change (nanoflow.checkpoint.resume_checks.check_rope), a context extension is a new stage. The middle entry:
 # whether an HF init_from's config.json gives the key (model_from_hf).
 MODEL_KEYS = {
     "model_type": ("shape", True, ""),
@@ -122,8 +148,9 @@ MODEL_KEYS = {
     "max_position_embeddings": ("free", True,
                                 "it bounds the sequence length; RoPE's tables are computed for the positions used"),
     "rms_norm_eps": ("numbers", True, ""),
-    "rope_theta": ("changes", True, "the positions are encoded otherwise from this step on (a context extension)"),
-    "rope_scaling": ("changes", True, "the positions are encoded otherwise from this step on (a context extension)"),
+    "rope_theta": ("free", True, "the RoPE of the stages that set none; each begun stage's is checked with the stage"),
+    "rope_scaling": ("free", True, "the RoPE of the stages that set none; each begun stage's is checked with the "
+                     "stage"),
     "tie_word_embeddings": ("shape", True, ""),
     "initializer_range": ("free", True, "it draws the weights of a fresh start only"),
     "dtype": ("changes", False, "the steps from here compute in it; the weights and moments stay float32"),
@@ -238,13 +265,12 @@ def model_from_hf(model: ModelArgs, hf: dict, source: str = "config.json") -> tu
         if ours is not None and (value != ours or isinstance(value, bool) != isinstance(ours, bool)):
             shown = "null" if value is False and "null" in wheres[key] else repr(value)
             problems.append(f"model.{key} = {ours!r}, but {source} has {wheres[key]} = {shown}")
-    rope_problems, rope_unsupported = _rope_mismatches(model, hf, source)
+    rope_problems, rope_unsupported, theirs = _rope_mismatches(model, hf, source, read["max_position_embeddings"])
     unsupported += rope_unsupported
-    if model.rope_scaling is not None:
+    if model.rope_scaling is not None or theirs is None:
         problems += rope_problems
-    elif rope["rope_type"] in ROPE_KEYS and rope["rope_type"] != "default":
-        read["rope_scaling"] = RopeScalingArgs(rope_type=rope["rope_type"],
-                                               **{key: rope.get(key) for key in ROPE_KEYS[rope["rope_type"]]})
+    elif theirs.rope_type != "default":
+        read["rope_scaling"] = theirs
     problems += [f"{source}: {u}: not supported (model_type = {family!r})" for u in unsupported]
     if problems:
         return model, problems

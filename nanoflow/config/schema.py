@@ -20,6 +20,7 @@ from attrs.validators import ge, instance_of, le, optional
 from nanoflow.config.families import Architecture, architecture
 from nanoflow.config.keys import PATH, TOKENIZER_PATH, key, non_negative, positive, positive_float, unit_interval
 from nanoflow.config.locations import BUILDERS  # noqa: F401 - nanoflow.config's name for it comes from here
+from nanoflow.config.rope import RopeScalingArgs
 from nanoflow.config.stages import (  # noqa: F401 - re-exported: the schema is one namespace
     DataArgs,
     DatasetArgs,
@@ -43,29 +44,6 @@ class GeneralArgs:
     run: str = key("the run's name (not a path: where it writes is checkpoints.checkpoints_path); shown in the "
                    "plan and recorded in the run folder's lock", "run")
     seed: int = key("weight init and, unless a stage sets data.seed, the order of its data", 42)
-
-
-@frozen
-class RopeScalingArgs:
-    """[model.rope_scaling]: HF's rope_scaling (rope_parameters), for the RoPE types nanoflow implements.
-
-    "linear" divides every frequency by `factor`; "llama3" (Llama 3.1+) divides the low frequencies by
-    `factor`, keeps the high ones and blends in between. The types and the keys each needs are
-    nanoflow.config.model_checks.ROPE_KEYS.
-    """
-
-    rope_type: str = key('"default" (plain RoPE), "linear" (needs factor) or "llama3" (needs all four numbers)',
-                         "default")
-    factor: float | None = key("how much longer the context is made: frequencies are divided by it",
-                                     None, validator=optional(positive_float))
-    low_freq_factor: float | None = key("llama3: wavelengths beyond original_max_position_embeddings / this "
-                                              "are divided by factor", None, validator=optional(positive_float))
-    high_freq_factor: float | None = key("llama3: wavelengths below original_max_position_embeddings / this "
-                                               "are kept; in between, blended", None,
-                                               validator=optional(positive_float))
-    original_max_position_embeddings: int | None = key("llama3: the context length the model was trained "
-                                                             "at before the extension", None,
-                                                             validator=optional(positive))
 
 
 @frozen

@@ -13,6 +13,7 @@ from attrs import frozen
 from attrs.validators import ge, instance_of, optional
 
 from nanoflow.config.keys import DATASET_NAME, PATH, key, non_negative, positive, positive_float
+from nanoflow.config.rope import RopeScalingArgs
 
 
 @frozen
@@ -206,6 +207,13 @@ class DatasetStageArgs:
     document_masking: bool | None = key("the stage's own tokens.document_masking", None, shown="tokens'")
     learning_rate_scheduler: StageLRSchedulerArgs | None = key(
         "the stage's own LR schedule (a cooldown, an annealing phase); unset: the run's", None)
+    rope_theta: float | None = key("the stage's own RoPE base (a long-context stage's); it holds for the stages "
+                                   "after too, until one sets another", None, validator=optional(positive_float),
+                                   shown="the previous stage's (the first: model.rope_theta)")
+    rope_scaling: RopeScalingArgs | None = key(
+        "the stage's own rope_scaling, the keys of [model.rope_scaling] (rope_type = \"default\": none); it holds "
+        "for the stages after too, until one sets another", None,
+        shown="the previous stage's (the first: model.rope_scaling)")
 
 
 @frozen

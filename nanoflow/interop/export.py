@@ -13,10 +13,11 @@ import os
 
 import torch
 
-from nanoflow.config import hf_config, recorded_model
+from nanoflow.config import hf_config, recorded_model, trained_rope
 from nanoflow.data.chat import ChatError, ChatTemplate
 from nanoflow.data.tokenizer import CHAT_TEMPLATE_FILE, TOKENIZER_CONFIG, load_tokenizer
 from nanoflow.errors import NanoflowError
+from nanoflow.io.checkpoint import read_metadata
 from nanoflow.io.hf import (
     CONFIG,
     DEFAULT_MAX_SHARD_SIZE,
@@ -24,6 +25,9 @@ from nanoflow.io.hf import (
     GENERATION_CONFIG,
     byte_tokenizer_json,
     generation_config,
+    generation_config_from_base,
+    is_hf_folder,
+    read_generation_config,
     write_weights,
 )
 from nanoflow.io.reader import read_checkpoint
@@ -35,15 +39,17 @@ log = logging.getLogger(__name__)
 def export_hf(checkpoint_path: str, out_dir: str, *, max_shard_size: int = DEFAULT_MAX_SHARD_SIZE,
               dtype: str | None = None) -> dict:
     """Write checkpoint `checkpoint_path` (a run folder or step folder, local or s3://) as an HF folder of its
-    model_type (config.json as transformers writes that family: nanoflow.config.hf_config).
+    model_type (config.json as transformers writes that family: nanoflow.config.hf_config), with the RoPE of the
+    stage that trained the checkpoint's step.
 
     Weights go to model.safetensors, or to model-0000i-of-0000n.safetensors shards with an index
     when they exceed `max_shard_size` bytes. `dtype` ("float32", "bfloat16", "float16") casts the
     weights; default: as saved (float32 master weights). The run's tokenizer is written alongside
     (tokenizer.json + tokenizer_config.json; the built-in byte tokenizer as an equivalent
     byte-level tokenizer.json; its chat template too, as the source had it: chat_template.jinja or inside
-    tokenizer_config.json), and generation_config.json with the tokenizer's BOS/EOS ids (and the chat template's
-    end-of-turn id with the EOS). Returns a
+    tokenizer_config.json), and generation_config.json: the released model's the run began from (`init_from`,
+    also through the checkpoints a branch resumed from), updated where the run's tokenizer differs, else the
+    tokenizer's BOS/EOS ids; either way stopping at the chat template's end-of-turn token too. Returns a
     summary: {"step", "path", "files", "dtype", "tokenizer"}.
     """
     if dtype is not None and dtype not in DTYPES:
@@ -53,6 +59,8 @@ def export_hf(checkpoint_path: str, out_dir: str, *, max_shard_size: int = DEFAU
     checkpoint = read_checkpoint(checkpoint_path, groups=("model",))
     meta, tensors = checkpoint.metadata, dict(checkpoint.groups["model"])
     model = recorded_model(meta["config"]["model"])   # complete, also a record older than the model families
+    rope = trained_rope(meta)   # the RoPE of the stage that trained the step: a long-context stage's after it
+    model = {**model, "rope_theta": rope.theta, "rope_scaling": rope.scaling_table()}
     if model.get("tie_word_embeddings"):
         tensors.pop("lm_head.weight", None)   # HF saves a tied head once, as the embedding
     if dtype is not None:
@@ -66,12 +74,36 @@ def export_hf(checkpoint_path: str, out_dir: str, *, max_shard_size: int = DEFAU
     tokenizer_name = tokenizer_section.get("tokenizer_name_or_path", "bytes")
     bos, eos, tokenizer_files = _write_tokenizer(store, tokenizer_section, model.get("max_position_embeddings", 2048))
     stops = _stop_ids(eos, tokenizer_section)
-    store.write(GENERATION_CONFIG, (json.dumps(generation_config(bos, stops), indent=2) + "\n").encode())
+    base = _base_generation_config(meta)
+    generation = generation_config(bos, stops) if base is None else \
+        _with_stops(generation_config_from_base(base, bos, eos), stops)
+    store.write(GENERATION_CONFIG, (json.dumps(generation, indent=2) + "\n").encode())
     config = hf_config(model, dtype=out_dtype, bos_token_id=bos, eos_token_id=eos)
     config["nanoflow"] = {"checkpoint": checkpoint.path, "step": meta["step"]}
     store.write(CONFIG, (json.dumps(config, indent=2) + "\n").encode())   # last: a folder with config.json is whole
     return {"step": meta["step"], "path": store.root, "files": files + tokenizer_files + [GENERATION_CONFIG, CONFIG],
             "dtype": out_dtype, "tokenizer": tokenizer_name if tokenizer_files else None}
+
+
+def _base_generation_config(meta: dict, hops: int = 8) -> dict | None:
+    """The generation_config.json of the released model a checkpoint's weights began from: followed back through the
+    checkpoint it resumed from (lineage's began_from: a branch) or the one it was initialised from, to an HF folder
+    named by `[model] init_from`. None when there is none (a run from scratch, a base without one, one unreadable:
+    said)."""
+    for _ in range(hops):
+        began = (meta.get("lineage") or {}).get("began_from")
+        source = began or ((meta.get("config") or {}).get("model") or {}).get("init_from")
+        if source is None:
+            return None
+        try:
+            if not began and is_hf_folder(source):
+                return read_generation_config(source)
+            meta = read_metadata(source)
+        except (NanoflowError, OSError, ValueError) as e:
+            log.warning(f"the model this run began from ({source}) cannot be read ({e}); generation_config.json is "
+                        "derived from the run's tokenizer alone")
+            return None
+    return None
 
 
 def _write_tokenizer(store: Store, tokenizer: dict | str, max_length: int) -> tuple[int | None, int | None, list[str]]:
@@ -121,6 +153,16 @@ def _write_chat_template(store: Store, tokenizer) -> list[str]:
         return []
     store.write(CHAT_TEMPLATE_FILE, tokenizer.chat_template.encode("utf-8"))
     return [CHAT_TEMPLATE_FILE]
+
+
+def _with_stops(generation: dict, stops: int | list[int] | None) -> dict:
+    """`generation` also stopping at each of `stops` it does not stop at yet: a base model fine-tuned on a chat
+    template whose end-of-turn token its own generation_config.json does not name (a base Llama 3's <|eot_id|>)."""
+    have = generation.get("eos_token_id")
+    have = [] if have is None else have if isinstance(have, list) else [have]
+    wanted = [] if stops is None else stops if isinstance(stops, list) else [stops]
+    merged = have + [t for t in wanted if t not in have]
+    return generation if merged == have else {**generation, "eos_token_id": merged[0] if len(merged) == 1 else merged}
 
 
 def _stop_ids(eos: int | None, tokenizer: dict | str) -> int | list[int] | None:

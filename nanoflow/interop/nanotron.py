@@ -9,7 +9,8 @@ Nothing is dropped silently; a null value means "not set" and needs no report. A
 whose value changes nothing in nanoflow (pp = 1, zero_stage = 0 …) is reported as "ignored".
 
     from nanoflow.interop.nanotron import convert
-    toml_text, report = convert(yaml.safe_load(open("config.yaml")))
+    from nanoflow.interop.nanotron_yaml import read_nanotron_yaml
+    toml_text, report = convert(read_nanotron_yaml("config.yaml"))   # yaml.safe_load, bounded
 
 Paths are carried over verbatim: nanotron reads them relative to the working directory, nanoflow
 relative to the TOML file, so place the TOML accordingly or make them absolute.
@@ -398,6 +399,11 @@ def _rope_scaling(record: _Conversion, rope, interpolation) -> dict | None:
             continue
         if key not in ROPE_KEYS[kind]:
             record.drop(f"{where}.{key}", value, f'not a key rope_type = "{kind}" takes in nanoflow')
+        elif key == "truncate":
+            if _fits(value, bool):
+                out[key] = value
+            else:
+                record.drop(f"{where}.{key}", value, "expected true or false")
         elif key == "original_max_position_embeddings" and _fits(value, int):
             out[key] = value
         elif key != "original_max_position_embeddings" and _fits(value, float):
@@ -461,11 +467,10 @@ def _schedule_defaults(record: _Conversion, raw: dict, out: dict, train_steps) -
         _fill(record, out, where, "lr_decay_style", "linear", "nanotron's default; nanoflow's is cosine")
     if _unset(raw, "min_decay_lr") and "learning_rate" in out:
         _fill(record, out, where, "min_decay_lr", out["learning_rate"], "nanotron's default: = learning_rate, no decay")
-    if raw.get("lr_decay_steps") == 0 and "lr_decay_steps" in out:
-        del out["lr_decay_steps"]
-        record.drop(f"{where}.lr_decay_steps", 0, "nanoflow's lr_decay_steps is positive; nanotron jumps to "
-                    "min_decay_lr at lr_decay_starting_step (and with lr_warmup_steps = 0 trains at learning_rate²)")
     warmup = out.get("lr_warmup_steps")
+    length = out.get("lr_decay_steps")
+    if isinstance(length, int) and length <= 0:
+        _no_length_decay(record, out, length, train_steps)
     if _unset(raw, "lr_decay_steps") and isinstance(train_steps, int) and isinstance(warmup, int):
         length = train_steps - warmup   # nanotron's Config sets this whatever lr_decay_starting_step is
         if length > 0:
@@ -473,6 +478,35 @@ def _schedule_defaults(record: _Conversion, raw: dict, out: dict, train_steps) -
                 if raw.get("lr_decay_starting_step") is not None else ""
             _fill(record, out, where, "lr_decay_steps", length,
                   f"nanotron's default: train_steps - lr_warmup_steps{wsd}")
+
+
+def _no_length_decay(record: _Conversion, out: dict, length: int, train_steps) -> None:
+    """lr_decay_steps <= 0, as nanotron's dump of a run whose warmup outlasts it holds (Config derived train_steps -
+    lr_warmup_steps): lr_scheduler_builder's lr_lambda then has no decay phase, so the LR drops from learning_rate to
+    min_decay_lr at once, at index max(lr_warmup_steps + 1, lr_decay_starting_step). nanoflow's lr_decay_steps is
+    positive: the same drop is a decay of one step ending there, and a drop after the last step is no decay at all."""
+    where = "optimizer.learning_rate_scheduler"
+    warmup = out.get("lr_warmup_steps", 0)
+    if not isinstance(warmup, int) or (warmup == 0 and length == 0):   # nanotron then trains at learning_rate²
+        del out["lr_decay_steps"]
+        record.drop(f"{where}.lr_decay_steps", length, "nanoflow's lr_decay_steps is positive; nanotron jumps to "
+                    "min_decay_lr at lr_decay_starting_step (and with lr_warmup_steps = 0 trains at learning_rate²)")
+        return
+    start = out.get("lr_decay_starting_step")
+    drop = max(warmup + 1, start if isinstance(start, int) else 0)   # the first index at min_decay_lr
+    if isinstance(train_steps, int) and drop > train_steps:
+        del out["lr_decay_steps"]
+        record.notes.append(f"{where}.lr_decay_steps = {length}: nanotron drops the LR to min_decay_lr at step {drop}, "
+                            f"after train_steps = {train_steps}; left unset (nanoflow's derived decay is not reached "
+                            "either)")
+        return
+    out["lr_decay_steps"] = 1
+    if drop > warmup + 1:
+        out["lr_decay_starting_step"] = drop - 1
+    at = f" and lr_decay_starting_step = {drop - 1}" if drop > warmup + 1 else ""
+    record.notes.append(f"{where}.lr_decay_steps = {length}: nanotron has no decay then, and drops the LR from "
+                        f"learning_rate to min_decay_lr at once at step {drop}; written as lr_decay_steps = 1{at}, "
+                        "the same drop")
 
 
 def _stage(record: _Conversion, stage, index: int) -> dict:
@@ -483,6 +517,8 @@ def _stage(record: _Conversion, stage, index: int) -> dict:
         dataset = data.get("dataset")
         if isinstance(dataset, dict) and isinstance(dataset.get("dataset_folder"), dict):
             dataset = _folder_weights(record, dataset, f"{where}.data.dataset")
+        if isinstance(dataset, dict) and "sft_dataloader" in dataset:
+            dataset = _sft_columns(record, dataset, f"{label}.data.dataset")
         stage = {**stage, "data": {**data, "dataset": dataset}}
     out = record.table(stage, schema.DatasetStageArgs, where)
     if isinstance(data, dict):
@@ -494,6 +530,25 @@ def _stage(record: _Conversion, stage, index: int) -> dict:
             out_data["seed"] = NANOTRON_DATA_SEED
             out["data"] = _in_order(out_data, schema.DataArgs)
     return out
+
+
+def _sft_columns(record: _Conversion, dataset: dict, where: str) -> dict:
+    """A dataset with an sft_dataloader key is nanotron's SFTDatasetsArgs, whatever the key's value (dacite's strict
+    union: PretrainDatasetsArgs has no such key), and run_train.py tokenizes it with sft_processing.process_sft:
+    prompt + completion + eos from the columns "prompt" and "completion", the loss on the completion and eos only.
+    That is nanoflow's SFT stage on those two columns."""
+    dataset = dict(dataset)
+    flag = dataset.pop("sft_dataloader")
+    if dataset.get("text_column_name") is not None:
+        record.drop(f"{where}.text_column_name", dataset.pop("text_column_name"),
+                    'nanotron\'s SFT dataset has no text column: it reads "prompt" and "completion"')
+    dataset.setdefault("prompt_column_name", "prompt")
+    dataset.setdefault("completion_column_name", "completion")
+    record.notes.append(f"{where}.sft_dataloader = {_show(flag)}: nanotron's SFT data (prompt + completion + "
+                        "end-of-text, the loss on the completion), read from its columns \"prompt\" and "
+                        "\"completion\" → nanoflow's SFT stage: prompt_column_name = \"prompt\", "
+                        "completion_column_name = \"completion\"")
+    return dataset
 
 
 def _split_eval_sets(record: _Conversion, stages: list) -> list[dict]:

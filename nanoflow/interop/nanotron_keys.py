@@ -69,8 +69,6 @@ REASONS = {
     "data_stages.data.dataset.skip_in_stream": "not supported",
     "data_stages.data.dataset.shuffle_files": "nanoflow's sample order is its own (a pure function of the seed)",
     "data_stages.data.dataset.use_old_brrr_dataloader": "not supported",
-    "data_stages.data.dataset.sft_dataloader": "nanotron's chat SFT loader: nanoflow's SFT stages name "
-                                              "prompt_column_name and completion_column_name",
     "data_stages.data.dataset.debug_max_samples": "not supported",
     "lighteval": "no evaluation hook; run lighteval on an exported model (bin/export)",
     "profiler": "no profiler hook",

@@ -3,7 +3,7 @@
 An HF model folder is what `<Family>ForCausalLM.save_pretrained` writes and `from_pretrained` reads:
 
     config.json                        the family's config fields, architectures = ["<Family>ForCausalLM"]
-    generation_config.json             the BOS/EOS ids generate() uses, as transformers writes them
+    generation_config.json             the ids and defaults generate() uses (a released base model's, kept)
     model.safetensors                  every weight by HF name (nanoflow's names are HF's), or, above
     model-00001-of-0000N.safetensors   max_shard_size, shards listed in
     model.safetensors.index.json       {"metadata": {"total_size": …}, "weight_map": {name: file}}
@@ -45,6 +45,30 @@ def generation_config(bos_token_id: int | None, eos_token_id: int | None,
     """generation_config.json as transformers derives it from config.json: the special-token ids it has."""
     ids = {"bos_token_id": bos_token_id, "eos_token_id": eos_token_id, "pad_token_id": pad_token_id}
     return {"_from_model_config": True, **{key: value for key, value in ids.items() if value is not None}}
+
+
+def generation_config_from_base(base: dict, bos_token_id: int | None, eos_token_id: int | None) -> dict:
+    """generation_config.json for a run trained from a released model whose own is `base`: the base's, kept whole
+    (stop ids, pad id, sampling defaults), as transformers saves a model it loaded, and changed only where the run's
+    tokenizer differs, as TRL's clone_chat_template does: a run's end-of-text the base does not stop at replaces its
+    stop ids, a BOS id other than the base's replaces it. An id the run's tokenizer has not leaves the base's."""
+    out = dict(base)
+    stops = base.get("eos_token_id")
+    if eos_token_id is not None and eos_token_id not in (stops if isinstance(stops, list) else [stops]):
+        out["eos_token_id"] = eos_token_id
+    if bos_token_id is not None and bos_token_id != base.get("bos_token_id"):
+        out["bos_token_id"] = bos_token_id
+    return out
+
+
+def read_generation_config(folder: str) -> dict | None:
+    """An HF model folder's generation_config.json (None when it has none); an HFFormatError when it is no JSON object."""
+    store = Store(folder)
+    try:
+        present = store.exists(GENERATION_CONFIG)
+    except StoreError as e:
+        raise HFFormatError(str(e)) from e
+    return _read_json(store, GENERATION_CONFIG) if present else None
 
 
 def write_weights(store: Store, tensors: dict[str, torch.Tensor], max_shard_size: int) -> list[str]:

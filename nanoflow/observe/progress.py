@@ -143,10 +143,12 @@ class Progress:
     def elapsed(self) -> float:
         return time.perf_counter() - self.start_time
 
-    def stage_started(self, schedule, index: int) -> None:
+    def stage_started(self, schedule, index: int, rope: str | None = None) -> None:
+        """Say the stage that begins (or that a resume goes on with); `rope`, its RoPE in words, when stages differ
+        in it."""
         stage, steps = schedule.stages[index], stage_steps(schedule, index)
         log.info(f'stage "{stage.name}": steps {steps[0]}–{steps[-1]}, global batch {stage.global_batch_size}, '
-                 f"sequence length {stage.sequence_length}")
+                 f"sequence length {stage.sequence_length}" + (f", rope {rope}" if rope else ""))
 
     def eta(self, step: int) -> float:
         """Seconds until train_steps: each step left weighed by its stage's FLOPs, at the current stage's pace."""

@@ -18,7 +18,9 @@ are recomputed in backward instead of kept from the forward.
 
 from __future__ import annotations
 
+import logging
 import os
+import re
 import sys
 from datetime import timedelta
 from typing import NoReturn
@@ -29,6 +31,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from nanoflow.config import Config, check_world_size
+from nanoflow.errors import PeerLostError
 
 TP_PLAN = {
     "self_attn.q_proj": "colwise", "self_attn.k_proj": "colwise", "self_attn.v_proj": "colwise",
@@ -102,7 +105,26 @@ def init_topology(config: Config) -> Topology:
     global _joined_a_group
     _joined_a_group = True
     mesh = init_device_mesh(device().type, (dp, tp), mesh_dim_names=("dp", "tp"))
+    if dp > 1 and tp > 1:
+        _quiet_norm_redistribution()
     return Topology(dp, tp, dist.get_rank(), mesh)
+
+
+class _NotTheGradNorm(logging.Filter):
+    """Drops DTensor's warning that a value partial over both "dp" and "tp" is made whole by two all-reduces, one
+    per mesh dimension, instead of one over both. Here that value is the gradient norm (grad_norm: a scalar a
+    step), so the second all-reduce costs nothing measurable, and every rank reduces in the same order (dp, then
+    tp), so no two ranks can differ, which is the warning's other concern. Left in, it is one line per rank on
+    every dp × tp run, telling the user to change what nanoflow decides."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "sequential all_reduce operations will be performed" not in record.getMessage()
+
+
+def _quiet_norm_redistribution() -> None:
+    logger = logging.getLogger("torch.distributed.tensor._redistribute")
+    if not any(isinstance(f, _NotTheGradNorm) for f in logger.filters):
+        logger.addFilter(_NotTheGradNorm())
 
 
 def _restart_store(timeout: timedelta):
@@ -270,6 +292,27 @@ def gather_objects(value, topology: Topology) -> list:
     out = [None] * topology.world_size
     dist.all_gather_object(out, value)
     return out
+
+
+# What gloo's TCP transport says when the connection to a peer breaks (its process or node gone) or times out
+_GLOO_LOST = re.compile(r"gloo/transport/.*?\]\s*(.*?)(?:\. This is typically caused.*)?$", re.DOTALL)
+
+
+def lost_peer(error: BaseException) -> PeerLostError | None:
+    """The PeerLostError of `error` (or of an error it was raised from) when it is a collective whose peer went away:
+    gloo's broken or timed-out connection, or torch.distributed's own network and backend errors; None otherwise."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        text = str(error)
+        found = _GLOO_LOST.search(text) if isinstance(error, RuntimeError) else None
+        if found is not None or isinstance(error, (dist.DistBackendError, dist.DistNetworkError, dist.DistStoreError)):
+            cause = (found.group(1) if found is not None else text).strip().splitlines()[0].rstrip(".")
+            return PeerLostError(f"lost the connection to another process of the run ({cause}): a node or worker is "
+                                 "gone; nothing was saved after the last committed checkpoint, which stands: run the "
+                                 "same command again (on every node) to resume from it")
+        error = error.__cause__ or error.__context__
+    return None
 
 
 def shutdown() -> None:

@@ -105,3 +105,14 @@ def test_a_bad_step_or_stage_is_one_line_and_exit_2(tmp_path):
         result = preview(config, *args)
         assert result.returncode == 2 and said in result.stderr and "Traceback" not in result.stderr, result.stderr
     assert EOS == BYTES.eos_id
+
+
+def test_a_reader_that_stops_reading_ends_it_quietly(tmp_path):
+    """`bin/preview … | head`: the closed pipe is the reader's choice, not an error (as a C tool ends on SIGPIPE)."""
+    config = four_kinds(tmp_path)
+    process = subprocess.Popen([sys.executable, str(REPO / "bin" / "preview"), str(config), "--json"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert process.stdout.read(10) == '{"step": 1'
+    process.stdout.close()
+    stderr = process.stderr.read()
+    assert process.wait(timeout=600) == 0 and stderr == ""
