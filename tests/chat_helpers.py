@@ -2,7 +2,7 @@
 
 The templates follow the published ones' structure (not their every feature): ChatML as Qwen2 writes it, Meta's
 Llama 3 Instruct template, a ChatML template with a default system prompt that rejects unknown roles (Qwen2.5's
-shape), ChatML with `{% generation %}` blocks (TRL's training templates), and a Qwen3-shaped template that drops
+shape), Mistral's [INST] template whose roles must alternate, ChatML with `{% generation %}` blocks (TRL's training templates), and a Qwen3-shaped template that drops
 the reasoning of earlier turns (so a conversation does not render as a prefix of its continuation).
 """
 
@@ -83,8 +83,21 @@ REASONING = """\
 {%- endif %}
 """
 
+# Mistral's shape: [INST] ... [/INST], each answer ended by the end-of-text token, no generation prompt, roles that
+# must alternate (a system message refused).
+MISTRAL = """{{- bos_token }}
+{%- for message in messages %}
+{%- if (message.role == 'user') != (loop.index0 % 2 == 0) %}
+{{- raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}
+{%- endif %}
+{%- if message.role == 'user' %}{{- '[INST] ' + message.content + ' [/INST]' }}
+{%- elif message.role == 'assistant' %}{{- message.content + eos_token }}
+{%- else %}{{- raise_exception('Only user and assistant roles are supported!') }}
+{%- endif %}
+{%- endfor %}"""
+
 TEMPLATES = {"chatml": CHATML, "llama3": LLAMA3, "default_system": DEFAULT_SYSTEM,
-             "chatml_generation": CHATML_GENERATION, "reasoning": REASONING}
+             "chatml_generation": CHATML_GENERATION, "reasoning": REASONING, "mistral": MISTRAL}
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|begin_of_text|>", "<|start_header_id|>",
             "<|end_header_id|>", "<|eot_id|>"]
 

@@ -8,7 +8,16 @@ import json
 import numpy as np
 import pytest
 import transformers
-from chat_helpers import CHATML, CHATML_GENERATION, CONVERSATIONS, DEFAULT_SYSTEM, LLAMA3, REASONING, chat_tokenizer
+from chat_helpers import (
+    CHATML,
+    CHATML_GENERATION,
+    CONVERSATIONS,
+    DEFAULT_SYSTEM,
+    LLAMA3,
+    MISTRAL,
+    REASONING,
+    chat_tokenizer,
+)
 from data_helpers import stage, write_config
 
 from nanoflow.config import load_config
@@ -18,7 +27,7 @@ from nanoflow.data.sources import IGNORE_INDEX
 from nanoflow.schedule import Schedule
 
 PREFIX_TEMPLATES = {"chatml": CHATML, "llama3": LLAMA3, "default_system": DEFAULT_SYSTEM}
-ALL_TEMPLATES = {**PREFIX_TEMPLATES, "chatml_generation": CHATML_GENERATION, "reasoning": REASONING}
+ALL_TEMPLATES = {**PREFIX_TEMPLATES, "chatml_generation": CHATML_GENERATION, "reasoning": REASONING}   # mistral: below
 
 
 def both(folder):
@@ -95,6 +104,27 @@ def test_without_generation_blocks_each_assistant_message_is_what_it_adds_after_
         _, last = ours.tokens(conversation, "last")
         assert _turn_texts(hf, ids, last) == expected[-1:]
         assert all(t for t, u in zip(targets, last, strict=True) if u)
+
+
+def test_a_mistral_shape_trains_on_each_answer_and_its_end_of_text_and_refuses_roles_out_of_turn(tmp_path):
+    import jinja2
+
+    hf, ours = both(chat_tokenizer(tmp_path / "mistral", MISTRAL))
+    alternating = [CONVERSATIONS[0], CONVERSATIONS[1][1:], CONVERSATIONS[2]]
+    for conversation in alternating:
+        for prompt in (False, True):   # it has no generation prompt: the same text either way
+            assert ours.render(as_messages(conversation), add_generation_prompt=prompt) == \
+                hf.apply_chat_template(conversation, tokenize=False, add_generation_prompt=prompt)
+        ids, targets = ours.tokens(conversation)
+        assert ids == list(hf.apply_chat_template(conversation, tokenize=True)["input_ids"])
+        assert ids.count(hf.convert_tokens_to_ids("<|begin_of_text|>")) == 1
+        assert _turn_texts(hf, ids, targets) == [m["content"] + "<|endoftext|>" for m in conversation
+                                                 if m["role"] == "assistant"]
+    words = "Conversation roles must alternate user/assistant/user/assistant/..."
+    with pytest.raises(jinja2.exceptions.TemplateError, match=words):
+        hf.apply_chat_template(CONVERSATIONS[1], tokenize=False)
+    with pytest.raises(ChatError, match="the chat template refuses it: " + words):
+        ours.tokens(CONVERSATIONS[1])
 
 
 def test_chatml_without_blocks_trains_on_what_the_blocks_mark_and_the_newline_after_the_end_of_turn(tmp_path):
