@@ -8,7 +8,9 @@ parallelism need every rank in every forward), and the sums (loss, target tokens
 added up over the replicas.
 
 exact_match: an example is right when greedy decoding of its completion's length reproduces every
-target token (the completion and its end-of-text, the tokens its loss is taken over). Greedy decoding
+target token (the completion and its end-of-text, the tokens its loss is taken over; for a chat set, the
+conversation up to its last assistant message, whose tokens are the targets: the prompt is the conversation
+before it with the generation prompt, nanoflow.data.chat.ChatTemplate.answer). Greedy decoding
 continues a right prefix with the argmax, so the decoded answer equals the target exactly when, at
 each target position, the argmax given the true prefix is the true token: one teacher-forced forward
 gives the verdict token-by-token decoding would, for every example of a batch at once
@@ -81,7 +83,7 @@ def load_eval_set(config: Config, entry: EvalDatasetArgs, tokenizer) -> EvalSet:
     masking = config.eval_document_masking(entry)
     named = open_sources(dataset, label, tokenizer, sequence_length, None, config.model.vocab_size,
                          config.tokenizer.accept_recorded_names or (), held_out=entry.held_out_of is not None,
-                         document_masking=masking)
+                         document_masking=masking, answers=entry.metric == "exact_match")
     try:
         sizes = np.array([len(n.source) for n in named], dtype=np.int64)
         bounds = np.concatenate([[0], np.cumsum(sizes)])

@@ -313,8 +313,8 @@ def _preview(args: argparse.Namespace) -> int:
     config = load_config(args.config, args.overrides)
     rows = args.rows if args.rows is not None or args.json else 4
     stage, step, shown, total, tokenizer, batch = preview(config, args.step, args.stage, rows)
-    print("\n".join(json_rows(step, batch, shown)) if args.json else
-          render(stage, step, shown, total, tokenizer, batch))
+    text = "\n".join(json_rows(step, batch, shown)) if args.json else render(stage, step, shown, total, tokenizer, batch)
+    sys.stdout.write(text + "\n")   # one write: a reader that stops early (| head -c N) finds the whole of it sent
     return EXIT_DONE
 
 

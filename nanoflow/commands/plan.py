@@ -1,10 +1,12 @@
-"""The plan of a run as text: what `bin/train CONFIG --plan` prints. Reads and writes nothing."""
+"""The plan of a run as text: what `bin/train CONFIG --plan` prints. Reads the config and the tokenizer, and an SFT
+stage's rows (tokenized into the cache training reads, when they are not there yet), to count their lengths."""
 
 from __future__ import annotations
 
 import os
 
 from nanoflow.config import NanosetDatasetsArgs, locate_source, stage_rope, untrained_splits
+from nanoflow.data.sources import sft_summaries
 from nanoflow.io.store import is_remote
 from nanoflow.lr import scheduled_lr
 from nanoflow.schedule import active_stage, consumed_samples, consumed_tokens, stage_steps
@@ -56,6 +58,7 @@ def render_plan(run) -> str:
         "",
         f"total: {sum(samples):,} samples, {sum(tokens):,} tokens",
         *_reading_lines(config),
+        *_sft_lines(run),
         *untrained_splits(config),
         f"checkpoints: {_shown_path(config.checkpoints.checkpoints_path)} every {config.checkpoints.checkpoint_interval} steps",
     ]
@@ -90,6 +93,29 @@ def _reading_lines(config) -> list[str]:
     for entry in config.evaluation.datasets if config.evaluation is not None else ():
         if config.eval_document_masking(entry):
             lines.append(f'eval set "{entry.name}": document masking')
+    return lines
+
+
+def _sft_lines(run) -> list[str]:
+    """For each SFT stage, from its tokenized rows: its samples, those longer than a row and what is done with
+    them, and the share of padding one sample a row and packed."""
+    lines = []
+    for i, stage in enumerate(run.config.data_stages):
+        dataset = stage.data.dataset
+        if isinstance(dataset, NanosetDatasetsArgs) or not dataset.is_sft:
+            continue
+        seq = run.schedule.stages[i].sequence_length
+        for spec, s in sft_summaries(dataset, stage.name, run.tokenizer, seq):
+            label = f"{spec.builder}: " + ", ".join(map(_shown_path, spec.files)) if spec.files else spec.name
+            kind = "conversations" if dataset.is_chat else "prompt/completion rows"
+            too_long = (f"{s.overlong:,} longer than sequence_length + 1 = {seq + 1} tokens, "
+                        + ("left out" if dataset.overlong_samples == "drop" else "cut to it keeping their start")
+                        + f' (overlong_samples = "{dataset.overlong_samples}")') if s.overlong else \
+                f"none longer than sequence_length + 1 = {seq + 1} tokens"
+            packed = f"{s.padding_packed:.1%} packed into {s.windows_packed:,} windows"
+            padding = (f"padding {packed} (packing = true), {s.padding_unpacked:.1%} one a row" if dataset.packing else
+                       f"padding {s.padding_unpacked:.1%} one a row, {packed} with packing = true")
+            lines.append(f'stage "{stage.name}" ({label}): {s.samples:,} {kind} trained on; {too_long}; {padding}')
     return lines
 
 

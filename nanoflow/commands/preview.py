@@ -2,11 +2,13 @@
 
 The rows are read as training reads them (the stage's StageLoader.batch_at, the whole global batch: under
 dp = D, rank d trains rows d·B/D to (d+1)·B/D − 1), with no model and no process group. A row is shown as
-the text of its window: input_ids, then the last label (the token the last input predicts), decoded in runs
-so that multi-byte characters stay whole, with these marks:
+the text of its window: input_ids, and each document's last label where no input shows it (the token the
+window's last input predicts; a packed SFT sample's last token), decoded in runs so that multi-byte characters
+stay whole, with these marks:
 
     ⟦…⟧   no loss on these tokens: nothing predicts them (a row's first token; an SFT prompt, its
-          padding; the first token after an end-of-text token under document masking)
+          padding, a chat's system and user turns; the first token after an end-of-text token under
+          document masking)
     ‖     a new document starts here: its position id is 0 (document masking only)
     ↵     a newline in the text (the line goes on below); ⇥ a tab
     <|endoftext|>   a special token, as the tokenizer spells it; a run of one repeated: <|endoftext|>×12
@@ -76,10 +78,23 @@ def _shown_text(text: str) -> str:
 
 def render_row(tokenizer, input_ids: list[int], labels: list[int], position_ids: list[int] | None) -> str:
     """A row's window as text with its marks (the module docstring)."""
-    tokens = list(input_ids) + ([labels[-1]] if labels[-1] != IGNORE_INDEX else [])
-    # token j (j >= 1) is a target when the prediction from token j - 1 is: labels[j - 1] != IGNORE_INDEX
-    target = [False] + [label != IGNORE_INDEX for label in labels][:len(tokens) - 1]
-    starts = [False] + [p == 0 for p in position_ids[1:]] + [False] if position_ids is not None else []
+    seq = len(input_ids)
+    begins = [False] + [p == 0 for p in position_ids[1:]] if position_ids is not None else [False] * seq
+    tokens, target, starts = [], [], []
+    shown = [p < seq - 1 and not begins[p + 1] and labels[p] == input_ids[p + 1] for p in range(seq)]
+    for p in range(seq):
+        # an input is a target when the prediction from the position before it is that input
+        tokens.append(input_ids[p])
+        target.append(p > 0 and shown[p - 1])
+        starts.append(begins[p])
+        # a label that no input shows: the window's last, or a packed sample's last token (its last position
+        # predicts it, and the next sample or the padding follows)
+        if labels[p] != IGNORE_INDEX and not shown[p]:
+            tokens.append(labels[p])
+            target.append(True)
+            starts.append(False)
+    if position_ids is None:
+        starts = []
     specials = tokenizer.special_tokens()
     pieces, run, loss_open = [], [], False
 

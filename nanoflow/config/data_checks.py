@@ -52,6 +52,24 @@ def dataset_problems(dataset: DatasetArgs | NanosetDatasetsArgs) -> list[str]:
                             f"come from {rows}; remove sample_by")
     if (dataset.prompt_column_name is None) != (dataset.completion_column_name is None):
         problems.append("an SFT stage needs both prompt_column_name and completion_column_name")
+    return problems + _sft_problems(dataset)
+
+
+def _sft_problems(dataset: DatasetArgs) -> list[str]:
+    """The SFT keys: one kind of rows, and the keys that shape SFT samples only where there are SFT samples."""
+    if dataset.messages_column_name is not None and dataset.prompt_column_name is not None:
+        return ["messages_column_name and prompt_column_name: a chat stage reads one column of messages; give "
+                "either it or the prompt and completion columns"]
+    problems = []
+    if dataset.assistant_turns != "all" and not dataset.is_chat:
+        problems.append(f'assistant_turns = "{dataset.assistant_turns}" chooses among the assistant turns of chat '
+                        "rows: it needs messages_column_name")
+    for name, default in (("packing", False), ("overlong_samples", "truncate")):
+        value = getattr(dataset, name)
+        if value != default and not dataset.is_sft:
+            shown = "true" if value is True else f'"{value}"'
+            problems.append(f"{name} = {shown} shapes SFT samples: it needs messages_column_name, or "
+                            "prompt_column_name and completion_column_name (pretraining text is packed already)")
     return problems
 
 
@@ -211,7 +229,11 @@ def evaluation_problems(config: Config) -> list[str]:
                                 '(e.g. hf_dataset_splits = "validation")')
         if entry.metric == "exact_match" and not dataset.is_sft:
             problems.append(f'{label}.metric = "exact_match" needs prompt/completion data (prompt_column_name and '
-                            "completion_column_name): it compares the greedy answer to the completion")
+                            "completion_column_name) or chat messages (messages_column_name): it compares the "
+                            "greedy answer to the completion, or to the last assistant turn")
+        if entry.dataset is not None and getattr(dataset, "packing", False):
+            problems.append(f"{label}.dataset.packing: an eval set scores whole samples one a row; packing is for "
+                            "training (remove it)")
         length = config.eval_sequence_length(entry)   # against the model's bounds: checks.model_problems
         if config.parallelism.tp_mode == "REDUCE_SCATTER" and length % config.parallelism.tp:
             problems.append(f"{label}: sequence_length = {length} is not divisible by parallelism.tp = "

@@ -41,6 +41,17 @@ class DatasetArgs:
                                                "padding are masked out of the loss", None)
     completion_column_name: str | None = key("the completion of an SFT row, which the loss is taken on",
                                                    None)
+    messages_column_name: str | None = key(
+        "a chat SFT stage: each row a list of {role, content} messages, rendered with the tokenizer's chat template "
+        "(docs/data.md); the loss is taken on the assistant turns", None)
+    assistant_turns: Literal["all", "last"] = key(
+        "a chat SFT stage: the assistant turns the loss is taken on, every one or only the conversation's last",
+        "all")
+    packing: bool = key("an SFT stage: several whole samples per window (best-fit decreasing, never one split), "
+                        "each attending only to itself from position 0; the rest of a window is padding", False)
+    overlong_samples: Literal["truncate", "drop"] = key(
+        "an SFT stage: samples longer than sequence_length + 1 tokens are cut to it, keeping their start, or left "
+        "out; --plan counts them", "truncate")
     dataset_processing_num_proc_per_process: int = key("processes each rank loads and tokenizes with", 1,
                                                        validator=positive)
     dataset_overwrite_cache: bool = key("download again and tokenize again instead of reading the caches", False)
@@ -54,11 +65,20 @@ class DatasetArgs:
 
     @property
     def is_sft(self) -> bool:
-        return self.prompt_column_name is not None
+        """Rows of one sample each, their loss on a part of them: prompt/completion or chat messages."""
+        return self.prompt_column_name is not None or self.messages_column_name is not None
+
+    @property
+    def is_chat(self) -> bool:
+        return self.messages_column_name is not None
 
     @property
     def columns(self) -> tuple[str, ...]:
-        return (self.prompt_column_name, self.completion_column_name) if self.is_sft else (self.text_column_name,)
+        if self.is_chat:
+            return (self.messages_column_name,)
+        if self.prompt_column_name is not None:
+            return (self.prompt_column_name, self.completion_column_name)
+        return (self.text_column_name,)
 
     @property
     def listed_splits(self) -> tuple[str, ...]:
@@ -92,6 +112,8 @@ class DatasetArgs:
         read = [name, files, self.hf_dataset_config_name, self.hf_dataset_splits, self.columns]
         if self.sample_by != "document":   # other rows: another source (the default's key stays as it was)
             read.append(self.sample_by)
+        if self.is_sft and (self.packing or self.overlong_samples != "truncate"):   # other samples: packed windows,
+            read.append(["packed" if self.packing else "rows", self.overlong_samples])   # or fewer rows
         return "hf:" + json.dumps(read)
 
     def source_keys(self) -> tuple[str, ...]:

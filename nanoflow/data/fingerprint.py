@@ -2,7 +2,8 @@
 compared on resume, so a run never continues its "exact" resume on other data without being told.
 
 A stage's fingerprint holds the tokenizer's content hash, general.seed, the stage's data seed, and
-for each source what it reads (columns, splits, weight, end weight) and the identity of each of its files:
+for each source what it reads (columns, splits, weight, end weight; for SFT, how: the chat template's hash,
+the assistant turns, packing, over-long samples) and the identity of each of its files:
 the size, plus a content hash when the source's files total at most HASH_LIMIT bytes, else the
 modification time (hashing a multi-gigabyte corpus on every resume would cost minutes). A file's path is
 recorded, but its identity is what it holds: a source whose files moved or were copied elsewhere with the
@@ -68,7 +69,7 @@ def _token_folder(folder: str, weight) -> dict:
     return {"weight": weight, "files": _files(paths)}
 
 
-def _hf_source(spec, stage_name: str) -> dict:
+def _hf_source(spec, stage_name: str, tokenizer: Tokenizer) -> dict:
     dataset = spec.dataset
     entry = {"weight": spec.weight, "columns": list(dataset.columns), "splits": [spec.split],   # the split trained on
              "config_name": dataset.hf_dataset_config_name}
@@ -80,22 +81,38 @@ def _hf_source(spec, stage_name: str) -> dict:
         entry["files"] = _files(os.path.join(d, f) for d, _, fs in os.walk(spec.name) for f in fs)
     else:   # a hub dataset: `datasets`' own fingerprint of the rows (from its cache when offline)
         entry["hub"] = load_rows(spec, stage_name)._fingerprint
+    return entry | _sft_reading(dataset, tokenizer)
+
+
+def _sft_reading(dataset, tokenizer: Tokenizer) -> dict:
+    """How an SFT source is read, where it is not the default (absent: as before): the chat template that renders
+    its rows, which turns are trained, packing, over-long samples left out."""
+    entry = {}
+    if dataset.is_chat:
+        material = json.dumps([tokenizer.chat_template, tokenizer.template_tokens()]).encode()
+        entry["chat_template"] = hashlib.sha256(material).hexdigest()
+        if dataset.assistant_turns != "all":
+            entry["assistant_turns"] = dataset.assistant_turns
+    if dataset.packing:
+        entry["packing"] = True
+    if dataset.overlong_samples != "truncate":
+        entry["overlong_samples"] = dataset.overlong_samples
     return entry
 
 
-def _sources_of(dataset, label: str) -> dict:
+def _sources_of(dataset, label: str, tokenizer: Tokenizer) -> dict:
     """{source key: what it reads and the identity of its files} of a stage's (or an eval set's) dataset."""
     if isinstance(dataset, NanosetDatasetsArgs):
         weights = dataset.dataset_weights or [None] * len(dataset.folders)
         return {os.path.abspath(f): _token_folder(f, w) for f, w in zip(dataset.folders, weights, strict=True)}
-    return {spec.name: _hf_source(spec, label) for spec in hf_specs(dataset)}
+    return {spec.name: _hf_source(spec, label, tokenizer) for spec in hf_specs(dataset)}
 
 
 def stage_fingerprint(config: Config, index: int, tokenizer: Tokenizer, schedule: Schedule) -> dict:
     """The fingerprint of stage `index`'s data (see the module docstring)."""
     stage = config.data_stages[index]
     dataset = stage.data.dataset
-    sources = _sources_of(dataset, stage.name)
+    sources = _sources_of(dataset, stage.name, tokenizer)
     fingerprint = {"tokenizer": tokenizer_fingerprint(tokenizer), "general.seed": config.general.seed,
                    "data.seed": config.data_seed(index), "sources": sources}
     ends = dataset.weights_end()
@@ -117,7 +134,7 @@ def eval_fingerprint(config: Config, entry: EvalDatasetArgs, tokenizer: Tokenize
         dataset = next(s for s in config.data_stages if s.name == entry.held_out_of).data.dataset
     else:
         dataset = entry.dataset
-    fingerprint = {"tokenizer": tokenizer_fingerprint(tokenizer), "sources": _sources_of(dataset, f"evaluation {entry.name}"),
+    fingerprint = {"tokenizer": tokenizer_fingerprint(tokenizer), "sources": _sources_of(dataset, f"evaluation {entry.name}", tokenizer),
                    "sequence_length": config.eval_sequence_length(entry), "max_samples": entry.max_samples}
     if entry.held_out_of is not None:
         fingerprint["held_out_samples"] = dataset.held_out_samples

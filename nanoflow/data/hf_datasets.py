@@ -15,7 +15,9 @@ import numpy as np
 
 from nanoflow.config import DatasetArgs, locate_source
 from nanoflow.config.locations import builder_for, expand_data_files  # noqa: F401 - also this module's API
+from nanoflow.data.chat import ChatError, ChatTemplate
 from nanoflow.data.local_files import load_files
+from nanoflow.data.sft import SFTRows
 from nanoflow.data.tokenizer import Tokenizer, load_tokenizer
 from nanoflow.data.tokens import (
     StageDataError,
@@ -159,8 +161,17 @@ def _texts(rows, column: str, where: str):
         texts = batch[column]
         for text in texts:
             if not isinstance(text, str):
-                raise StageDataError(f'{where}: column "{column}" holds {type(text).__name__} values, expected text')
+                hint = " (a column of chat messages is read with messages_column_name)" if isinstance(text, list) \
+                    else ""
+                raise StageDataError(f'{where}: column "{column}" holds {type(text).__name__} values, expected '
+                                     f"text{hint}")
         yield texts
+
+
+def _values(rows, column: str):
+    """The column's values, one at a time (read a batch of rows at a time)."""
+    for batch in rows.select_columns([column]).iter(batch_size=_ROWS_PER_BATCH):
+        yield from batch[column]
 
 
 def _token_dtype(tokenizer: Tokenizer) -> type:
@@ -169,6 +180,21 @@ def _token_dtype(tokenizer: Tokenizer) -> type:
 
 # ---------------------------------------------------------------------------------------------
 # Tokenizing rows (in this process, or in `num_proc` processes over contiguous shards of the rows)
+#
+# kind "packed": each row's text and end-of-text, one flat array; "sft": prompt + completion + end-of-text, the
+# completion and end-of-text the targets; "chat-all", "chat-last": a conversation through the chat template, the
+# assistant's tokens (every turn's, or the last's) the targets; "chat-answer": up to the last assistant message,
+# its tokens the targets (exact match). The SFT kinds give SFTRows.
+
+SFT_KINDS = ("sft", "chat-all", "chat-last", "chat-answer")
+
+
+def sft_kind(dataset: DatasetArgs, answers: bool = False) -> str:
+    """The kind an SFT dataset is tokenized as (`answers`: for exact match)."""
+    if not dataset.is_chat:
+        return "sft"
+    return "chat-answer" if answers else f"chat-{dataset.assistant_turns}"
+
 
 def _packed_tokens(rows, column: str, tokenizer: Tokenizer, where: str) -> np.ndarray:
     """Every row's text tokenized and followed by end-of-text, as one flat array."""
@@ -180,36 +206,51 @@ def _packed_tokens(rows, column: str, tokenizer: Tokenizer, where: str) -> np.nd
     return np.concatenate(pieces).astype(_token_dtype(tokenizer)) if pieces else np.zeros(0, _token_dtype(tokenizer))
 
 
-def _sft_table(rows, prompt_column: str, completion_column: str, tokenizer: Tokenizer, sequence_length: int,
-               where: str) -> np.ndarray:
-    """[rows, sequence_length + 3] int32: prompt + completion + end-of-text, padded (with end-of-text) or
-    truncated to sequence_length + 1 tokens, then the prompt's length and the text's length."""
-    width = sequence_length + 1
-    table = np.full((len(rows), width + 2), tokenizer.eos_id, dtype=np.int32)
-    row = 0
-    batches = zip(_texts(rows, prompt_column, where), _texts(rows, completion_column, where), strict=True)
-    for prompts, completions in batches:
-        for prompt, completion in zip(tokenizer.encode_batch(prompts), tokenizer.encode_batch(completions), strict=True):
-            text = np.concatenate([prompt, completion, [tokenizer.eos_id]])[:width]
-            table[row, :len(text)] = text
-            table[row, width:] = len(prompt), len(text)
-            row += 1
-    return table
+def _sft_rows(rows, prompt_column: str, completion_column: str, tokenizer: Tokenizer, where: str) -> SFTRows:
+    """Each row's prompt + completion + end-of-text, whole; the completion and the end-of-text are the targets."""
+    def samples():
+        batches = zip(_texts(rows, prompt_column, where), _texts(rows, completion_column, where), strict=True)
+        for prompts, completions in batches:
+            for prompt, completion in zip(tokenizer.encode_batch(prompts), tokenizer.encode_batch(completions),
+                                          strict=True):
+                ids = np.concatenate([prompt, completion, [tokenizer.eos_id]])
+                yield ids, np.arange(len(ids)) >= len(prompt)
+
+    return SFTRows.build(samples(), tokenizer.vocab_size)
 
 
-def _tokenize_shard(rows, kind: str, columns: tuple[str, ...], tokenizer: Tokenizer, sequence_length: int,
-                    where: str) -> np.ndarray:
-    """One contiguous shard of rows: a flat token array ("packed") or its part of the SFT table ("sft")."""
+def _chat_rows(rows, column: str, tokenizer: Tokenizer, kind: str, where: str, first_row: int) -> SFTRows:
+    """Each row's conversation through the tokenizer's chat template (nanoflow.data.chat), whole."""
+    try:
+        template = ChatTemplate(tokenizer)
+    except ChatError as e:
+        raise StageDataError(f"{where}: {e}") from None
+
+    def samples():
+        for n, row in enumerate(_values(rows, column)):
+            try:
+                yield template.answer(row) if kind == "chat-answer" else template.tokens(row, kind.removeprefix("chat-"))
+            except ChatError as e:
+                raise StageDataError(f'{where}: row {first_row + n} (from 0) of column "{column}": {e}') from None
+
+    return SFTRows.build(samples(), tokenizer.vocab_size)
+
+
+def _tokenize_shard(rows, kind: str, columns: tuple[str, ...], tokenizer: Tokenizer, where: str,
+                    first_row: int = 0) -> np.ndarray | SFTRows:
+    """One contiguous shard of rows (the first of them row `first_row` of the source), tokenized as `kind`."""
     if kind == "packed":
         return _packed_tokens(rows, columns[0], tokenizer, where)
-    return _sft_table(rows, *columns, tokenizer, sequence_length, where)
+    if kind == "sft":
+        return _sft_rows(rows, *columns, tokenizer, where)
+    return _chat_rows(rows, columns[0], tokenizer, kind, where, first_row)
 
 
-def _tokenize_shard_in_worker(rows, kind: str, columns: tuple[str, ...], tokenizer_args, sequence_length: int,
-                              where: str) -> np.ndarray:
+def _tokenize_shard_in_worker(rows, kind: str, columns: tuple[str, ...], tokenizer_args, where: str,
+                              first_row: int) -> np.ndarray | SFTRows:
     """_tokenize_shard in a worker process: the tokenizer travels as its [tokenizer] section, the rows as
     `datasets` pickles them (a reference to its memory-mapped Arrow files)."""
-    return _tokenize_shard(rows, kind, columns, load_tokenizer(tokenizer_args), sequence_length, where)
+    return _tokenize_shard(rows, kind, columns, load_tokenizer(tokenizer_args), where, first_row)
 
 
 def quiet_on_ctrl_c() -> None:
@@ -220,22 +261,23 @@ def quiet_on_ctrl_c() -> None:
     signal.signal(signal.SIGINT, lambda *_: os._exit(130))
 
 
-def tokenize_rows(rows, kind: str, columns: tuple[str, ...], tokenizer: Tokenizer, sequence_length: int = 0,
-                  where: str = "the source", num_proc: int = 1) -> np.ndarray:
-    """The rows tokenized: a flat token array ("packed") or the SFT table ("sft"); the result does not
-    depend on num_proc (contiguous shards, joined in order)."""
+def tokenize_rows(rows, kind: str, columns: tuple[str, ...], tokenizer: Tokenizer, where: str = "the source",
+                  num_proc: int = 1) -> np.ndarray | SFTRows:
+    """The rows tokenized as `kind` (above): a flat token array, or SFTRows; the result does not depend on
+    num_proc (contiguous shards, joined in order)."""
     _require_columns(rows, list(columns), where)
     num_proc = min(num_proc, len(rows))
     if num_proc <= 1:
-        return _tokenize_shard(rows, kind, columns, tokenizer, sequence_length, where)
+        return _tokenize_shard(rows, kind, columns, tokenizer, where)
     import multiprocessing
 
     shards = [rows.shard(num_shards=num_proc, index=i, contiguous=True) for i in range(num_proc)]
+    firsts = np.cumsum([0] + [len(shard) for shard in shards[:-1]]).tolist()
     with ProcessPoolExecutor(num_proc, mp_context=multiprocessing.get_context("spawn"),
                              initializer=quiet_on_ctrl_c) as pool:
         parts = list(pool.map(_tokenize_shard_in_worker, shards, [kind] * num_proc, [columns] * num_proc,
-                              [tokenizer.args] * num_proc, [sequence_length] * num_proc, [where] * num_proc))
-    return np.concatenate(parts)
+                              [tokenizer.args] * num_proc, [where] * num_proc, firsts))
+    return np.concatenate(parts) if kind == "packed" else SFTRows.join(parts)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -270,15 +312,55 @@ def cache_root(cache_dir: str | None = None) -> str:
     return os.path.join(cache_dir, "nanoflow-tokens")
 
 
-def tokenized_array(spec: HFSpec, kind: str, tokenizer: Tokenizer, sequence_length: int, stage_name: str,
-                    cache_dir: str | None = None) -> np.ndarray:
-    """The tokenized rows of `spec`, memory-mapped from the cache; tokenized (and cached) on a miss.
+def _cache_key(spec: HFSpec, kind: str, tokenizer: Tokenizer, load) -> str:
+    """A hash of everything the tokens of `spec` depend on (see tokenized_array)."""
+    dataset = spec.dataset
+    material = [_CACHE_VERSION, kind, spec.name, [spec.split], dataset.hf_dataset_config_name, list(dataset.columns),
+                None, tokenizer_fingerprint(tokenizer), tokenizer.eos_id, _data_fingerprint(spec, load)]
+    if spec.builder == "text" and dataset.sample_by != "document":   # other rows, other tokens (the default's key
+        material.append(["sample_by", dataset.sample_by])            # stays as it was, and so its caches)
+    if kind.startswith("chat"):   # the template and the special tokens it writes make the tokens too
+        material.append(["chat_template", tokenizer.chat_template, tokenizer.template_tokens()])
+    return hashlib.sha256(json.dumps(material).encode()).hexdigest()[:32]
+
+
+def _cached(path: str, dataset: DatasetArgs) -> np.ndarray | None:
+    if os.path.exists(path) and not dataset.dataset_overwrite_cache:
+        try:
+            return np.load(path, mmap_mode="r")
+        except (ValueError, OSError):   # unreadable (e.g. a foreign file): tokenize again and replace it
+            pass
+    return None
+
+
+def _write_cache(path: str, array: np.ndarray, where: str) -> None:
+    """`array` as the .npy at `path`, whole or not at all: concurrent runs and kills never leave a partial file."""
+    encoded = io.BytesIO()
+    np.save(encoded, array)
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        write_atomically(path, encoded.getbuffer())
+    except OSError as e:   # a full disk, or a file where the cache folder goes: nothing was left behind
+        raise StageDataError(
+            f"{where}: cannot write the token cache {path}: {e.strerror or e}"
+            + (f" ({e.filename})" if e.filename and e.filename != path else "")
+            + f"; the tokens need {encoded.getbuffer().nbytes:,} bytes there: free space, remove what is in the "
+            "way, or point HF_DATASETS_CACHE (the cache's parent) to a writable folder with room") from None
+
+
+def tokenized_array(spec: HFSpec, kind: str, tokenizer: Tokenizer, stage_name: str,
+                    cache_dir: str | None = None) -> np.ndarray | SFTRows:
+    """The tokenized rows of `spec` (`tokenize_rows`' kinds), memory-mapped from the cache; tokenized (and
+    cached) on a miss.
 
     The cache file is keyed by a hash of everything the tokens depend on (the data's fingerprint,
-    the tokenizer's content, the columns, the splits, the config name, and for SFT the sequence
-    length). It is written under a temporary name and renamed into place, so a concurrent run
-    (another rank, another job) or a kill mid-write never leaves a partial file under the key:
-    writers race harmlessly to the same content. dataset_overwrite_cache = true tokenizes again.
+    the tokenizer's content, the columns, the splits, the config name, and for chat the template). It is
+    written under a temporary name and renamed into place, so a concurrent run (another rank, another job)
+    or a kill mid-write never leaves a partial file under the key: writers race harmlessly to the same
+    content. SFT rows are two files, the tokens (<key>.npy) and then the rows' index (<key>.rows.npy), which
+    is read only when both are there. SFT rows are kept whole: how a stage cuts, drops or packs them is decided
+    when it opens (nanoflow.data.sft), so one cache serves every sequence length. dataset_overwrite_cache = true
+    tokenizes again.
     """
     rows = None
     where = describe(stage_name, spec)
@@ -290,32 +372,23 @@ def tokenized_array(spec: HFSpec, kind: str, tokenizer: Tokenizer, sequence_leng
         return rows
 
     dataset = spec.dataset
-    columns = dataset.columns
-    material = [_CACHE_VERSION, kind, spec.name, [spec.split], dataset.hf_dataset_config_name, list(columns),
-                sequence_length if kind == "sft" else None, tokenizer_fingerprint(tokenizer), tokenizer.eos_id,
-                _data_fingerprint(spec, load)]
-    if spec.builder == "text" and dataset.sample_by != "document":   # other rows, other tokens (the default's key
-        material.append(["sample_by", dataset.sample_by])            # stays as it was, and so its caches)
-    key = hashlib.sha256(json.dumps(material).encode()).hexdigest()[:32]
-    root = cache_root(cache_dir)
-    path = os.path.join(root, f"{key}.npy")
-    if os.path.exists(path) and not dataset.dataset_overwrite_cache:
-        try:
-            return np.load(path, mmap_mode="r")
-        except (ValueError, OSError):   # unreadable (e.g. a foreign file): tokenize again and replace it
-            pass
-    array = tokenize_rows(load(), kind, columns, tokenizer, sequence_length, where,
-                          dataset.dataset_processing_num_proc_per_process)
-    encoded = io.BytesIO()
-    np.save(encoded, array)
-    try:
-        os.makedirs(root, exist_ok=True)
-        write_atomically(path, encoded.getbuffer())  # concurrent runs and kills never leave a partial cache file
-    except OSError as e:   # a full disk, or a file where the cache folder goes: nothing was left behind
-        raise StageDataError(
-            f"{where}: cannot write the token cache {path}: {e.strerror or e}"
-            + (f" ({e.filename})" if e.filename and e.filename != path else "")
-            + f"; the tokens need {encoded.getbuffer().nbytes:,} bytes there: free space, remove what is in the "
-            "way, or point HF_DATASETS_CACHE (the cache's parent) to a writable folder with room") from None
-    del array
-    return np.load(path, mmap_mode="r")
+    key = _cache_key(spec, kind, tokenizer, load)
+    path = os.path.join(cache_root(cache_dir), f"{key}.npy")
+    index_path = path.removesuffix(".npy") + ".rows.npy"
+    if kind == "packed":
+        found = _cached(path, dataset)
+    else:
+        index = _cached(index_path, dataset)
+        codes = None if index is None else _cached(path, dataset)
+        found = None if codes is None else SFTRows(codes, index)
+    if found is not None:
+        return found
+    tokens = tokenize_rows(load(), kind, dataset.columns, tokenizer, where, dataset.dataset_processing_num_proc_per_process)
+    if kind == "packed":
+        _write_cache(path, tokens, where)
+        del tokens
+        return np.load(path, mmap_mode="r")
+    _write_cache(path, tokens.codes, where)
+    _write_cache(index_path, tokens.index, where)   # last: the rows are there once their index is
+    del tokens
+    return SFTRows(np.load(path, mmap_mode="r"), np.load(index_path, mmap_mode="r"))

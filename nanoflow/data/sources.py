@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import NamedTuple
 
 import attrs
 import numpy as np
@@ -25,8 +24,11 @@ from nanoflow.data.hf_datasets import (
     HFSpec,
     describe,
     hf_specs,
+    sft_kind,
     tokenized_array,
 )
+from nanoflow.data.samples import IGNORE_INDEX, Samples
+from nanoflow.data.sft import PackedSFT, Reading, SFTExamples, Summary, open_sft, summarize
 from nanoflow.data.tokenizer import Tokenizer
 from nanoflow.data.tokens import (
     MANIFEST,
@@ -38,19 +40,6 @@ from nanoflow.data.tokens import (
 )
 
 log = logging.getLogger(__name__)
-
-IGNORE_INDEX = -100     # the label PyTorch's cross-entropy skips
-
-
-class Samples(NamedTuple):
-    """What a source gives for some sample indices (for one sample, `sample(i)`: the same as 1-D arrays)."""
-
-    input_ids: np.ndarray                    # [n, sequence_length] int64
-    labels: np.ndarray                       # the next tokens; IGNORE_INDEX where no loss is taken
-    position_ids: np.ndarray | None = None   # restarting at 0 at each document; None: 0..sequence_length-1
-
-    def row(self, i: int) -> Samples:
-        return Samples(self.input_ids[i], self.labels[i], None if self.position_ids is None else self.position_ids[i])
 
 
 def mark_documents(input_ids: np.ndarray, labels: np.ndarray, eos_id: int) -> np.ndarray:
@@ -127,52 +116,6 @@ class PackedText:
         self.tokens = None
 
 
-class SFTExamples:
-    """One (prompt, completion) row per sample: prompt + completion + end-of-text, padded (with
-    end-of-text) to sequence_length + 1 tokens. Only completion tokens and the first end-of-text
-    are targets: the model learns to answer and to stop, not to write prompts."""
-
-    def __init__(self, tokens: np.ndarray, prompt_lengths: np.ndarray, lengths: np.ndarray):
-        # tokens: [rows, seq + 1], padded; prompt_lengths / lengths: tokens of prompt / of real text per row.
-        self.tokens, self.prompt_lengths, self.lengths = tokens, prompt_lengths, lengths
-        self.sequence_length = tokens.shape[1] - 1
-
-    @classmethod
-    def from_table(cls, table: np.ndarray, where: str = "the source") -> SFTExamples:
-        """From the [rows, seq + 3] table `tokenize_rows(..., "sft", ...)` makes."""
-        if len(table) == 0:
-            raise StageDataError(f"{where}: no rows")
-        width = table.shape[1] - 2
-        examples = cls(table[:, :width], table[:, width], table[:, width + 1])
-        if not (examples.prompt_lengths < examples.lengths).any():
-            raise StageDataError(f"{where}: every prompt fills the whole sequence of {width} tokens, "
-                             "so no example has a token to learn; raise sequence_length")
-        return examples
-
-    def __len__(self) -> int:
-        return len(self.tokens)
-
-    def sample(self, i: int) -> Samples:
-        return self.samples(np.asarray([i])).row(0)
-
-    def samples(self, indices: np.ndarray) -> Samples:
-        """The rows `indices`; each is one document (its padding after it), so no position ids."""
-        indices = np.asarray(indices, dtype=np.int64)
-        tokens = self.tokens[indices].astype(np.int64)
-        labels = tokens[:, 1:].copy()
-        target_positions = np.arange(1, tokens.shape[1])
-        masked = (target_positions < self.prompt_lengths[indices][:, None]) | \
-                 (target_positions >= self.lengths[indices][:, None])
-        labels[masked] = IGNORE_INDEX
-        return Samples(tokens[:, :-1], labels)
-
-    def locate(self, i: int) -> str:
-        return f"row {i}"
-
-    def close(self) -> None:
-        self.tokens = self.prompt_lengths = self.lengths = None
-
-
 class SampleRange:
     """Samples start .. stop - 1 of a source, numbered from 0. A source with held_out_samples = N is read by
     training as its head (all but the last N samples) and by evaluation as its tail, so no training batch ever
@@ -220,7 +163,7 @@ def split_held_out(source, held_out: int | None, tail: bool, where: str):
     return SampleRange(source, cut, len(source)) if tail else SampleRange(source, 0, cut)
 
 
-Source = PackedText | SFTExamples | SampleRange
+Source = PackedText | SFTExamples | PackedSFT | SampleRange
 
 
 @attrs.define
@@ -235,13 +178,29 @@ class NamedSource:
 
 
 def open_hf_source(spec: HFSpec, stage_name: str, tokenizer: Tokenizer, sequence_length: int,
-                   cache_dir: str | None = None, document_masking: bool = False) -> Source:
-    where = describe(stage_name, spec)
-    if spec.dataset.is_sft:
-        return SFTExamples.from_table(tokenized_array(spec, "sft", tokenizer, sequence_length, stage_name, cache_dir),
-                                      where)
-    return PackedText(tokenized_array(spec, "packed", tokenizer, sequence_length, stage_name, cache_dir),
-                      sequence_length, where, tokenizer.eos_id if document_masking else None)
+                   cache_dir: str | None = None, document_masking: bool = False, held_out: bool = False,
+                   answers: bool = False) -> Source:
+    """One HF source of a stage: packed text windows, or SFT samples (nanoflow.data.sft), whose held-out rows
+    are kept out here (`held_out`: only those; `answers`: chat rows as exact match reads them)."""
+    where, dataset = describe(stage_name, spec), spec.dataset
+    if dataset.is_sft:
+        rows = tokenized_array(spec, sft_kind(dataset, answers), tokenizer, stage_name, cache_dir)
+        reading = Reading(sequence_length, dataset.overlong_samples, dataset.packing)
+        return open_sft(rows, reading, tokenizer.eos_id, where, dataset.held_out_samples, held_out)
+    return split_held_out(PackedText(tokenized_array(spec, "packed", tokenizer, stage_name, cache_dir),
+                                     sequence_length, where, tokenizer.eos_id if document_masking else None),
+                          dataset.held_out_samples, held_out, where)
+
+
+def sft_summaries(dataset: DatasetArgs, stage_name: str, tokenizer: Tokenizer, sequence_length: int,
+                  cache_dir: str | None = None) -> list[tuple[HFSpec, Summary]]:
+    """(source, nanoflow.data.sft.Summary) of each source of an SFT stage, from its tokenized rows (tokenized
+    now, into the cache training reads, if they are not there yet): what --plan says of it."""
+    reading = Reading(sequence_length, dataset.overlong_samples, dataset.packing)
+    read = {key for key, _, _, _ in source_inputs(dataset)}   # sources of weight 0 are never read
+    return [(spec, summarize(tokenized_array(spec, sft_kind(dataset), tokenizer, stage_name, cache_dir), reading,
+                             dataset.held_out_samples))
+            for spec in hf_specs(dataset) if spec.key in read]
 
 
 def check_folder_tokenizer(tokens: TokenFolder, tokenizer: Tokenizer, where: str,
@@ -325,11 +284,12 @@ def source_inputs(dataset: DatasetArgs | NanosetDatasetsArgs) -> list[tuple[str,
 def open_sources(dataset: DatasetArgs | NanosetDatasetsArgs, stage_name: str, tokenizer: Tokenizer,
                  sequence_length: int, cache_dir: str | None = None, vocab_size: int | None = None,
                  accepted_names: Sequence[str] = (), held_out: bool = False,
-                 document_masking: bool = False) -> list[NamedSource]:
+                 document_masking: bool = False, answers: bool = False) -> list[NamedSource]:
     """Every source of one stage (`source_inputs`), opened (HF ones tokenized or taken from the cache), in
     config order. `accepted_names`: tokenizer.accept_recorded_names. With held_out_samples = N, each source
-    is its samples but the last N, or with `held_out` those N only. With `document_masking`, packed windows
-    carry position ids and mask the predictions across documents (`mark_documents`)."""
+    is its samples but the last N, or with `held_out` those N only (SFT: rows). With `document_masking`, packed
+    windows carry position ids and mask the predictions across documents (`mark_documents`). With `answers`, chat
+    rows end at their last assistant message, whose tokens alone are targets (exact match)."""
     inputs, n = source_inputs(dataset), dataset.held_out_samples
 
     def split(label: str, source):
@@ -346,6 +306,6 @@ def open_sources(dataset: DatasetArgs | NanosetDatasetsArgs, stage_name: str, to
     except ValueError as e:
         raise StageDataError(f'stage "{stage_name}": {e}') from None
     return [NamedSource(specs[key].label, key, weight,
-                        split(specs[key].label, open_hf_source(specs[key], stage_name, tokenizer, sequence_length,
-                                                              cache_dir, document_masking)), end)
+                        open_hf_source(specs[key], stage_name, tokenizer, sequence_length, cache_dir, document_masking,
+                                       held_out, answers), end)
             for key, weight, end, _ in inputs]

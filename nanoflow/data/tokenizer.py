@@ -7,6 +7,10 @@ loads it again, e.g. in a worker process), `encode(text) -> list[int]`, `encode_
 arrays` (the fast path the sources use), `decode(ids) -> str` (special tokens left out) and
 `special_tokens() -> {id: text}`.
 
+A folder's chat template (`chat_template`, None without one) is read as transformers reads it: chat_template.jinja
+beside tokenizer_config.json, else tokenizer_config.json's `chat_template` (a string, or a list of named templates
+whose "default" is taken); nanoflow.data.chat renders it.
+
 Special tokens, first found wins: `[tokenizer] eos_token` / `bos_token`; a folder's tokenizer_config.json
 (`eos_token` / `bos_token`, strings or AddedToken tables); a special token of tokenizer.json spelled as in
 EOS_TOKENS / BOS_TOKENS. A token named by the config or by tokenizer_config.json that is not in the
@@ -31,6 +35,9 @@ EOS_TOKENS = ("<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>", "<|im_end|>",
 BOS_TOKENS = ("<|begin_of_text|>", "<s>", "<bos>", "<|startoftext|>")
 TOKENIZER_JSON = "tokenizer.json"
 TOKENIZER_CONFIG = "tokenizer_config.json"
+CHAT_TEMPLATE_FILE = "chat_template.jinja"
+# The named special tokens transformers hands a chat template as variables (its SPECIAL_TOKENS_ATTRIBUTES).
+TEMPLATE_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 
 
 class ByteTokenizer:
@@ -45,6 +52,8 @@ class ByteTokenizer:
     fingerprint = "bytes"
     path = None          # no tokenizer.json
     args = TokenizerArgs()
+    chat_template = None
+    chat_template_path = None
 
     def encode(self, text: str) -> list[int]:
         return list(text.encode("utf-8"))
@@ -100,6 +109,11 @@ class HFTokenizer:
         folder_config = folder_config or {}
         self.eos_token, self.eos_id = self._special("eos", eos_token, folder_config, config_path, EOS_TOKENS)
         self.bos_token, self.bos_id = self._special("bos", bos_token, folder_config, config_path, BOS_TOKENS)
+        self.chat_template, self.chat_template_path = None, None
+        if config_path is not None:
+            self.chat_template, self.chat_template_path = _chat_template(os.path.dirname(config_path), folder_config)
+        self._named_tokens = {name: token for name in TEMPLATE_TOKEN_NAMES
+                              if (token := _token_content(folder_config.get(name))) is not None}
 
     def _specials(self) -> dict[str, int]:
         return {token.content: token_id for token_id, token in self._tokenizer.get_added_tokens_decoder().items()
@@ -137,11 +151,24 @@ class HFTokenizer:
         encodings = self._tokenizer.encode_batch(list(texts), add_special_tokens=False)
         return [np.asarray(e.ids, dtype=np.int64) for e in encodings]
 
+    def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        """The ids of `text` (as `encode`) and each token's (start, end) in characters of `text`."""
+        encoding = self._tokenizer.encode(text, add_special_tokens=False)
+        return encoding.ids, encoding.offsets
+
     def decode(self, ids: Iterable[int]) -> str:
         return self._tokenizer.decode([int(i) for i in ids], skip_special_tokens=True)
 
     def special_tokens(self) -> dict[int, str]:
         return {token_id: token for token, token_id in self._specials().items()}
+
+    def template_tokens(self) -> dict[str, str]:
+        """The named special tokens a chat template sees (bos_token, eos_token, ...): tokenizer_config.json's, with
+        this run's end-of-text and BOS over them, as an export writes them (so its AutoTokenizer renders the same)."""
+        named = dict(self._named_tokens, eos_token=self.eos_token)
+        if self.bos_token is not None:
+            named["bos_token"] = self.bos_token
+        return named
 
     def __repr__(self) -> str:
         return f"HFTokenizer({self.name!r}, eos={self.eos_token!r})"
@@ -175,6 +202,29 @@ def load_tokenizer(source: str | os.PathLike | TokenizerArgs = "bytes", *, eos_t
     if not os.path.isfile(name):
         raise TokenizerError(f'tokenizer {name}: no such tokenizer.json or folder (use "bytes" for the byte tokenizer)')
     return HFTokenizer(name, eos_token=eos_token, bos_token=bos_token)
+
+
+def _chat_template(folder: str, folder_config: dict) -> tuple[str | None, str | None]:
+    """(the folder's chat template, the file it is in), or (None, None): chat_template.jinja first, as
+    transformers reads it, then tokenizer_config.json's `chat_template`."""
+    jinja = os.path.join(folder, CHAT_TEMPLATE_FILE)
+    if os.path.isfile(jinja):
+        try:
+            with open(jinja, encoding="utf-8") as f:
+                return f.read(), jinja
+        except (OSError, UnicodeDecodeError) as e:
+            raise TokenizerError(f"{jinja}: cannot be read ({e})") from None
+    where = os.path.join(folder, TOKENIZER_CONFIG)
+    template = folder_config.get("chat_template")
+    if template is None or isinstance(template, str):
+        return template, where if template is not None else None
+    if isinstance(template, list):   # named templates, [{"name": ..., "template": ...}]: transformers' default one
+        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+        if isinstance(named.get("default"), str):
+            return named["default"], where
+        raise TokenizerError(f'{where}: chat_template lists templates {sorted(map(str, named))} but none named '
+                             '"default", the one a conversation without tools is rendered with')
+    raise TokenizerError(f"{where}: chat_template is a {type(template).__name__}; expected the template's text")
 
 
 def _read_tokenizer_config(path: str) -> dict:

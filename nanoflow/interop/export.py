@@ -14,7 +14,8 @@ import os
 import torch
 
 from nanoflow.config import hf_config, recorded_model, trained_rope
-from nanoflow.data.tokenizer import TOKENIZER_CONFIG, load_tokenizer
+from nanoflow.data.chat import ChatError, ChatTemplate
+from nanoflow.data.tokenizer import CHAT_TEMPLATE_FILE, TOKENIZER_CONFIG, load_tokenizer
 from nanoflow.errors import NanoflowError
 from nanoflow.io.checkpoint import read_metadata
 from nanoflow.io.hf import (
@@ -45,9 +46,10 @@ def export_hf(checkpoint_path: str, out_dir: str, *, max_shard_size: int = DEFAU
     when they exceed `max_shard_size` bytes. `dtype` ("float32", "bfloat16", "float16") casts the
     weights; default: as saved (float32 master weights). The run's tokenizer is written alongside
     (tokenizer.json + tokenizer_config.json; the built-in byte tokenizer as an equivalent
-    byte-level tokenizer.json), and generation_config.json: the released model's the run began from (`init_from`,
+    byte-level tokenizer.json; its chat template too, as the source had it: chat_template.jinja or inside
+    tokenizer_config.json), and generation_config.json: the released model's the run began from (`init_from`,
     also through the checkpoints a branch resumed from), updated where the run's tokenizer differs, else the
-    tokenizer's BOS/EOS ids. Returns a
+    tokenizer's BOS/EOS ids; either way stopping at the chat template's end-of-turn token too. Returns a
     summary: {"step", "path", "files", "dtype", "tokenizer"}.
     """
     if dtype is not None and dtype not in DTYPES:
@@ -71,8 +73,10 @@ def export_hf(checkpoint_path: str, out_dir: str, *, max_shard_size: int = DEFAU
     tokenizer_section = meta["config"].get("tokenizer", {})
     tokenizer_name = tokenizer_section.get("tokenizer_name_or_path", "bytes")
     bos, eos, tokenizer_files = _write_tokenizer(store, tokenizer_section, model.get("max_position_embeddings", 2048))
+    stops = _stop_ids(eos, tokenizer_section)
     base = _base_generation_config(meta)
-    generation = generation_config(bos, eos) if base is None else generation_config_from_base(base, bos, eos)
+    generation = generation_config(bos, stops) if base is None else \
+        _with_stops(generation_config_from_base(base, bos, eos), stops)
     store.write(GENERATION_CONFIG, (json.dumps(generation, indent=2) + "\n").encode())
     config = hf_config(model, dtype=out_dtype, bos_token_id=bos, eos_token_id=eos)
     config["nanoflow"] = {"checkpoint": checkpoint.path, "step": meta["step"]}
@@ -138,4 +142,38 @@ def _write_tokenizer(store: Store, tokenizer: dict | str, max_length: int) -> tu
         tokenizer_config["bos_token"] = loaded.bos_token
     store.write("tokenizer.json", text)
     store.write("tokenizer_config.json", (json.dumps(tokenizer_config, indent=2, ensure_ascii=False) + "\n").encode())
-    return loaded.bos_id, loaded.eos_id, ["tokenizer.json", "tokenizer_config.json"]
+    return loaded.bos_id, loaded.eos_id, ["tokenizer.json", "tokenizer_config.json", *_write_chat_template(store, loaded)]
+
+
+def _write_chat_template(store: Store, tokenizer) -> list[str]:
+    """The tokenizer's chat_template.jinja, written as it is (a template inside tokenizer_config.json travels with
+    that file), so AutoTokenizer on the export renders conversations as the run did."""
+    path = getattr(tokenizer, "chat_template_path", None)
+    if path is None or os.path.basename(path) != CHAT_TEMPLATE_FILE:
+        return []
+    store.write(CHAT_TEMPLATE_FILE, tokenizer.chat_template.encode("utf-8"))
+    return [CHAT_TEMPLATE_FILE]
+
+
+def _with_stops(generation: dict, stops: int | list[int] | None) -> dict:
+    """`generation` also stopping at each of `stops` it does not stop at yet: a base model fine-tuned on a chat
+    template whose end-of-turn token its own generation_config.json does not name (a base Llama 3's <|eot_id|>)."""
+    have = generation.get("eos_token_id")
+    have = [] if have is None else have if isinstance(have, list) else [have]
+    wanted = [] if stops is None else stops if isinstance(stops, list) else [stops]
+    merged = have + [t for t in wanted if t not in have]
+    return generation if merged == have else {**generation, "eos_token_id": merged[0] if len(merged) == 1 else merged}
+
+
+def _stop_ids(eos: int | None, tokenizer: dict | str) -> int | list[int] | None:
+    """generation_config.json's eos_token_id: the end-of-text id, and the chat template's end-of-turn token when
+    it is another (Llama 3's <|eot_id|>, ChatML's <|im_end|>), so generate() stops at the end of an answer."""
+    section = {"tokenizer_name_or_path": tokenizer} if isinstance(tokenizer, str) else tokenizer
+    try:
+        loaded = load_tokenizer(section.get("tokenizer_name_or_path", "bytes"), eos_token=section.get("eos_token"),
+                                bos_token=section.get("bos_token"))
+        turn = ChatTemplate(loaded).end_of_turn_ids() if loaded.chat_template is not None else []
+    except (NanoflowError, ChatError, OSError, ValueError):
+        return eos   # as the tokenizer export says (a tokenizer that cannot be read is exported without one)
+    stops = ([] if eos is None else [eos]) + [t for t in turn if t != eos]
+    return stops[0] if len(stops) == 1 else (stops or None)

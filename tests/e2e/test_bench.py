@@ -36,6 +36,8 @@ SMALLEST = {
     "step_overhead.py": ([], [rf"\| eager \| torch [^|]+\| {N} \| {N} \| {N} \|"]),
     "loss.py": ([], [rf"\| 1 \| 2,048 \| {N} \| {N} \| {N} \| {N} \| {N} "]),
     "average.py": ([], [rf"peak {N} MB above it = {N} × one model"]),
+    "sft_packing.py": ([], [rf"\| packed \| 256 \| 8 \| {N} \| {N}% \| {N} \| {N} \| {N} \|",
+                            rf"best packed / one a row = {N}"]),
     "document_masking.py": ([], [rf"\| 256 \| 64 \| 2 \| {N} \| {N} \| {N} \| {N} \|",
                                  rf"the worst cell: time {N}×, peak memory {N}×"]),
     "layouts.py": ([], [rf"resumed on dp1: weights {N}, moments {N}, loss {N} from one process's run; weights {N} "

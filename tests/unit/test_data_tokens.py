@@ -200,19 +200,19 @@ def test_continue_from_mistakes_are_config_errors(tmp_path, folder):
 
 
 def test_batched_gathers_equal_one_sample_at_a_time(tmp_path):
-    from nanoflow.data.sources import SFTExamples
+    from nanoflow.data.sft import PackedSFT, SFTExamples, SFTRows
 
     rng = np.random.default_rng(3)
     write_folder(tmp_path / "f", documents(rng, 40, 0, 250, length=(1, 30)), files=5)   # many file boundaries
     stream = TokenFolder(tmp_path / "f")
-    table = np.full((6, 9 + 2), EOS, np.int32)
-    for row in range(6):
-        text = rng.integers(0, 250, rng.integers(2, 10))
-        table[row, :len(text)] = text
-        table[row, 9:] = rng.integers(0, len(text)), len(text)
-    for source in (PackedText(stream, 7), PackedText(stream[0:len(stream)], 7), SFTExamples.from_table(table)):
+    texts = [rng.integers(0, 250, rng.integers(2, 12)) for _ in range(12)]
+    rows = SFTRows.build([(text, np.arange(len(text)) >= rng.integers(0, len(text))) for text in texts], 257)
+    every = np.arange(len(rows))
+    for source in (PackedText(stream, 7), PackedText(stream[0:len(stream)], 7), SFTExamples(rows, every, 8, EOS),
+                   PackedSFT(rows, every, 8, EOS)):
         indices = rng.integers(0, len(source), 50)
-        inputs, labels, _ = source.samples(indices)
+        inputs, labels, positions = source.samples(indices)
         for row, i in enumerate(indices):
             one = source.sample(int(i))
             assert inputs[row].tolist() == one[0].tolist() and labels[row].tolist() == one[1].tolist()
+            assert (positions is None) == (one[2] is None) and (one[2] is None or (positions[row] == one[2]).all())

@@ -535,3 +535,14 @@ def test_export_of_a_run_whose_base_has_no_generation_config_derives_it_from_the
     export_hf(str(tmp_path / "run"), str(tmp_path / "hf"))
     assert json.loads((tmp_path / "hf" / "generation_config.json").read_text()) == {"_from_model_config": True,
                                                                                    "eos_token_id": 256}
+
+
+def test_a_released_bases_stop_ids_gain_the_chat_templates_end_of_turn_and_keep_the_rest():
+    from nanoflow.interop.export import _with_stops
+
+    base = {"bos_token_id": 1, "eos_token_id": 256, "temperature": 0.6}
+    assert _with_stops(base, [256, 300]) == {**base, "eos_token_id": [256, 300]}   # a base model tuned to chat
+    instruct = {**base, "eos_token_id": [300, 256]}
+    assert _with_stops(instruct, [256, 300]) == instruct                            # already stops there: as it was
+    assert _with_stops(base, 256) == base and _with_stops(base, None) == base      # no template: the base's
+    assert _with_stops({"temperature": 0.6}, [256]) == {"temperature": 0.6, "eos_token_id": 256}
