@@ -164,3 +164,29 @@ def test_document_masking_trains_the_same_on_fsdp_tensor_and_sequence_parallel_l
         for step in reference:
             assert parallel[step] == pytest.approx(reference[step], abs=1e-5), f"{layout}: loss of step {step}"
         assert_close_weights(io.read_model(str(tmp_path / layout)), io.read_model(str(tmp_path / "dp1")))
+
+
+# tiny's second stage made a long-context one from step 3: 4× the sequence length, a new rope_theta and document
+# masking, all at once (test_stage_rope.py switches the RoPE alone; the test above masks throughout).
+EXTEND = ["data_stages.sft.start_training_step=3", "model.max_position_embeddings=128",
+          "data_stages.sft.sequence_length=128", "data_stages.sft.rope_theta=160000.0",
+          "data_stages.sft.document_masking=true",
+          'data_stages.sft.data.dataset={hf_dataset_or_datasets = "text", hf_data_files = "data/words/pretrain.txt", '
+          'sample_by = "paragraph"}']
+
+
+def test_a_switch_of_rope_length_and_masking_together_trains_the_same_on_dp2_and_tp2(tmp_path):
+    for layout in ("dp1", "dp2", "tp2"):
+        result = run_layout(layout, tmp_path / layout, *EXTEND)
+        assert result.returncode == 0, f"{layout}:\n{result.stdout}\n{result.stderr}"
+        assert 'stage "sft": steps 3–4, global batch 8, sequence length 128, rope θ 160,000' in result.stdout
+    rows = [json.loads(line) for line in (tmp_path / "dp1" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["tokens"] for r in rows] == [8 * 32, 8 * 32, 8 * 128, 8 * 128]
+    assert rows[1]["target_tokens"] == rows[1]["tokens"] and rows[2]["target_tokens"] < rows[2]["tokens"]
+    reference = losses(tmp_path / "dp1")
+    for layout in ("dp2", "tp2"):
+        parallel = losses(tmp_path / layout)
+        assert parallel.keys() == reference.keys() == set(range(1, STEPS + 1))
+        for step in reference:
+            assert parallel[step] == pytest.approx(reference[step], abs=1e-5), f"{layout}: loss of step {step}"
+        assert_close_weights(io.read_model(str(tmp_path / layout)), io.read_model(str(tmp_path / "dp1")))

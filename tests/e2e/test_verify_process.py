@@ -1,11 +1,12 @@
 """bin/verify-resume's own work: it starts and kills real bin/train processes (tests/unit/test_verify.py: its kill
 plan). One run of the command serves every test here: each checks another property of the same run."""
 
+import re
 import subprocess
 
 import pytest
 from helpers import REPO, TINY
-from process_helpers import run_command
+from process_helpers import run_command, sets
 
 
 @pytest.fixture(scope="module")
@@ -35,3 +36,24 @@ def test_verify_resume_prints_no_raw_python_warnings(verified):
     assert verified.returncode == 0, verified.stdout + verified.stderr
     assert "Warning:" not in verified.stderr, verified.stderr
     assert "CheckpointWarning" not in verified.stderr and "verify.py:" not in verified.stderr, verified.stderr
+
+
+@pytest.mark.slow
+def test_verify_resume_passes_across_a_switch_of_rope_length_and_masking(tmp_path):
+    """tiny's second stage made a long-context one from step 5 — 4× the sequence length, a new rope_theta and
+    document masking at once — saved every 2 steps: kills in steps and saves of both stages (its plan is stratified
+    over the run), and the run resumed after each ends bit-identical to the straight one (bin/verify-resume compares
+    every weight and AdamW moment with torch.equal)."""
+    extend = ["tokens.train_steps=8", "checkpoints.checkpoint_interval=2", "data_stages.sft.start_training_step=5",
+              "model.max_position_embeddings=128", "data_stages.sft.sequence_length=128",
+              "data_stages.sft.micro_batch_size=2", "data_stages.sft.global_batch_size=4",
+              "data_stages.sft.rope_theta=160000.0", "data_stages.sft.document_masking=true",
+              'data_stages.sft.data.dataset={hf_dataset_or_datasets = "text", '
+              'hf_data_files = "data/words/pretrain.txt", sample_by = "paragraph"}']
+    done = run_command("verify-resume", TINY.relative_to(REPO), *sets(*extend), "--kills", "4", "--seed", "5",
+                       "--workdir", tmp_path, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    killed = [int(re.search(r"in (?:the save of )?step (\d+)", line)[1]) for line in lines if ": exit -9;" in line]
+    assert len(killed) == 4 and min(killed) <= 4 < max(killed), lines   # before the switch and after it
+    assert lines[-1].startswith("PASS: after 4 kills"), lines
