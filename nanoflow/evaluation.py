@@ -183,16 +183,14 @@ def score(model: torch.nn.Module, eval_set: EvalSet, topology: Topology, dtype: 
     return result
 
 
-def score_choices(model: torch.nn.Module, eval_set: EvalSet, topology: Topology, dtype: str = "float32") -> dict:
-    """A multiple_choice set's {"loss", "tokens"} (the right choices' continuation tokens), "accuracy" and
-    "accuracy_norm" (lm-eval's acc and acc_norm) with their counts, the same on every rank.
+def choice_loglikelihoods(model: torch.nn.Module, eval_set: EvalSet, topology: Topology, dtype: str = "float32"
+                          ) -> np.ndarray:
+    """Every row's log-likelihood of its continuation (float64, rows in order), the same on every rank.
 
-    Rank r scores the r-th contiguous slice of the rows; every rank adds its log-likelihoods into its place of a
-    vector of all rows (zeros elsewhere), so the sum over the replicas is every row's exact value, from which
-    every rank picks the answers alike."""
+    Rank r scores the r-th contiguous slice of the rows and adds them into their places of a vector of all rows
+    (zeros elsewhere), so the sum over the replicas is every row's own value, from which every rank picks alike."""
     from nanoflow.step import _autocast
 
-    asked = eval_set.choices
     total = len(eval_set.input_ids)
     per_rank = math.ceil(total / topology.dp)
     start = min(topology.dp_rank * per_rank, total)
@@ -216,7 +214,14 @@ def score_choices(model: torch.nn.Module, eval_set: EvalSet, topology: Topology,
             real = max(0, min(len(x), start + mine - row))   # padding rows have no place in the vector
             found[row:row + real] = -nll[:real].sum(dim=1, dtype=torch.float64)
             row += len(x)
-    lls = all_reduce_sum(found, topology).cpu().numpy()
+    return all_reduce_sum(found, topology).cpu().numpy()
+
+
+def score_choices(model: torch.nn.Module, eval_set: EvalSet, topology: Topology, dtype: str = "float32") -> dict:
+    """A multiple_choice set's {"loss", "tokens"} (over the right choices' continuation tokens), "accuracy" and
+    "accuracy_norm" (lm-eval's acc and acc_norm) with their counts, and its "examples"."""
+    asked = eval_set.choices
+    lls = choice_loglikelihoods(model, eval_set, topology, dtype)
     right, right_norm = right_answers(lls, asked)
     gold = asked.gold_rows
     tokens = int((eval_set.labels[torch.from_numpy(gold)] != IGNORE_INDEX).sum())
