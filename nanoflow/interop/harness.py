@@ -16,10 +16,6 @@ from nanoflow.interop.export import export_hf
 log = logging.getLogger(__name__)
 
 
-class TaskError(ConfigError):
-    """A task lm-eval does not know, or cannot load."""
-
-
 def require_lm_eval():
     """The lm_eval package, or the error that says how to install it (exit 2, before any work)."""
     try:
@@ -40,9 +36,9 @@ def resolve_tasks(tasks: str, include_path: str | None = None):
     try:
         manager = config.process_tasks()
     except (ValueError, OSError) as e:
-        raise TaskError(f"--lm-eval {tasks}: {e}") from None
+        raise ConfigError(f"--lm-eval {tasks}: {e}") from None
     if not config.tasks:
-        raise TaskError(f"--lm-eval {tasks}: no tasks found")
+        raise ConfigError(f"--lm-eval {tasks}: no tasks found")
     return config.tasks, manager
 
 
