@@ -161,3 +161,14 @@ def test_the_in_loop_numbers_equal_lm_evals_on_the_same_rows_and_model(tmp_path,
     assert len(ours) == len(theirs) == sum(len(r["options"]) for r in ROWS)
     assert ours == pytest.approx(theirs, abs=1e-4)
     assert json.dumps(lm_rows)   # plain JSON, as bin/eval prints them
+
+
+def test_the_plan_opens_a_multiple_choice_set_by_its_own_columns(tmp_path, capsys):
+    from process_helpers import run_in_process
+
+    config = write_choice_run(tmp_path)
+    result = run_in_process("train", config, "--plan", capsys=capsys)
+    assert result.returncode == 0, result.stderr   # not "no column text", the column a text set would read
+    result = run_in_process("train", config, "--plan", "--set", "evaluation.datasets.choices.context_column_name='q'",
+                            capsys=capsys)
+    assert result.returncode == 2 and 'no column "q"; the columns are ctx, options, label' in result.stderr
