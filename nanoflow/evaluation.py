@@ -33,6 +33,7 @@ import torch.nn.functional as F
 
 from nanoflow.build import build_model
 from nanoflow.config import Config, EvalDatasetArgs
+from nanoflow.data.choices import ChoiceRequests, read_examples, requests, right_answers
 from nanoflow.data.fingerprint import short_digest
 from nanoflow.data.sources import IGNORE_INDEX, open_sources
 from nanoflow.data.tokens import StageDataError
@@ -59,6 +60,7 @@ class EvalSet:
     micro_batch_size: int
     position_ids: torch.Tensor | None = None   # with document masking: restarting at 0 at each document
     data_fingerprint: str | None = None        # the short digest of its fingerprint (nanoflow.data.fingerprint)
+    choices: ChoiceRequests | None = None      # multiple_choice: which example and choice each row asks about
 
     @property
     def answerable(self) -> int:
@@ -75,6 +77,8 @@ def pick(total: int, max_samples: int) -> np.ndarray:
 def load_eval_set(config: Config, entry: EvalDatasetArgs, tokenizer) -> EvalSet:
     """Open the entry's data (a stage's held-out tail, or its own dataset), take its fixed samples, close it."""
     sequence_length = config.eval_sequence_length(entry)
+    if entry.metric == "multiple_choice":
+        return load_choice_set(config, entry, tokenizer, sequence_length)
     if entry.held_out_of is not None:   # messages name the stage: it is that stage's data
         stage = next(s for s in config.data_stages if s.name == entry.held_out_of)
         dataset, label = stage.data.dataset, stage.name
@@ -113,6 +117,20 @@ def load_eval_set(config: Config, entry: EvalDatasetArgs, tokenizer) -> EvalSet:
                    None if positions is None else torch.from_numpy(positions))
 
 
+def load_choice_set(config: Config, entry: EvalDatasetArgs, tokenizer, sequence_length: int) -> EvalSet:
+    """A multiple_choice set: a row per choice of each of its examples (nanoflow.data.choices)."""
+    where = f"evaluation {entry.name}"
+    context, choices, answer, delimiter = entry.choice_format
+    examples = read_examples(entry.dataset, where, (context, choices, answer), entry.max_samples)
+    asked = requests(examples, tokenizer, sequence_length, delimiter, config.parallelism.tp, where)
+    top = int(asked.input_ids.max(initial=0))
+    if top >= config.model.vocab_size:
+        raise StageDataError(f'eval set "{entry.name}": token id {top} is outside model.vocab_size = '
+                             f"{config.model.vocab_size}")
+    return EvalSet(entry.name, entry.metric, torch.from_numpy(asked.input_ids), torch.from_numpy(asked.labels),
+                   entry.micro_batch_size or config.tokens.micro_batch_size, choices=asked)
+
+
 def load_eval_sets(config: Config, tokenizer, fingerprints: dict | None = None) -> list[EvalSet]:
     """The config's eval sets; each carries the short digest of its fingerprint in `fingerprints` ({name:
     fingerprint}: the run's, nanoflow.data.fingerprint.Fingerprints.evals), which their rows record."""
@@ -127,6 +145,8 @@ def score(model: torch.nn.Module, eval_set: EvalSet, topology: Topology, dtype: 
     """{"loss", "tokens"} (+ "accuracy") of `model` on `eval_set`, the same on every rank."""
     from nanoflow.step import _autocast  # the training forward's precision, from the one place that sets it
 
+    if eval_set.choices is not None:
+        return score_choices(model, eval_set, topology, dtype)
     total = len(eval_set.input_ids)
     per_rank = math.ceil(total / topology.dp)
     start = min(topology.dp_rank * per_rank, total)
@@ -165,13 +185,63 @@ def score(model: torch.nn.Module, eval_set: EvalSet, topology: Topology, dtype: 
     return result
 
 
+def choice_loglikelihoods(model: torch.nn.Module, eval_set: EvalSet, topology: Topology, dtype: str = "float32"
+                          ) -> np.ndarray:
+    """Every row's log-likelihood of its continuation (float64, rows in order), the same on every rank.
+
+    Rank r scores the r-th contiguous slice of the rows and adds them into their places of a vector of all rows
+    (zeros elsewhere), so the sum over the replicas is every row's own value, from which every rank picks alike."""
+    from nanoflow.step import _autocast
+
+    total = len(eval_set.input_ids)
+    per_rank = math.ceil(total / topology.dp)
+    start = min(topology.dp_rank * per_rank, total)
+    ids, labels = eval_set.input_ids[start:start + per_rank], eval_set.labels[start:start + per_rank]
+    mine = len(ids)
+    if per_rank - mine:  # rows without targets, so this rank runs the same forwards as the others
+        ids = torch.cat([ids, torch.zeros(per_rank - mine, ids.shape[1], dtype=ids.dtype)])
+        labels = torch.cat([labels, torch.full((per_rank - mine, labels.shape[1]), IGNORE_INDEX, dtype=labels.dtype)])
+    target_device = next(model.parameters()).device
+    found = torch.zeros(total, dtype=torch.float64, device=target_device)
+    with torch.inference_mode():
+        row = start
+        for x, y in zip(ids.split(eval_set.micro_batch_size), labels.split(eval_set.micro_batch_size), strict=True):
+            x, y = x.to(target_device), y.to(target_device)
+            with _autocast(dtype, target_device):
+                logits = model(x)
+            if hasattr(logits, "full_tensor"):   # a DTensor under tensor parallelism
+                logits = logits.full_tensor()
+            nll = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), ignore_index=IGNORE_INDEX,
+                                  reduction="none").view(y.shape)
+            real = max(0, min(len(x), start + mine - row))   # padding rows have no place in the vector
+            found[row:row + real] = -nll[:real].sum(dim=1, dtype=torch.float64)
+            row += len(x)
+    return all_reduce_sum(found, topology).cpu().numpy()
+
+
+def score_choices(model: torch.nn.Module, eval_set: EvalSet, topology: Topology, dtype: str = "float32") -> dict:
+    """A multiple_choice set's {"loss", "tokens"} (over the right choices' continuation tokens), "accuracy" and
+    "accuracy_norm" (lm-eval's acc and acc_norm) with their counts, and its "examples"."""
+    asked = eval_set.choices
+    lls = choice_loglikelihoods(model, eval_set, topology, dtype)
+    right, right_norm = right_answers(lls, asked)
+    gold = asked.gold_rows
+    tokens = int((eval_set.labels[torch.from_numpy(gold)] != IGNORE_INDEX).sum())
+    examples = len(asked.gold)
+    return {"loss": float(-lls[gold].sum()) / max(tokens, 1), "tokens": tokens, "accuracy": right / examples,
+            "correct": right, "accuracy_norm": right_norm / examples, "correct_norm": right_norm,
+            "examples": examples}
+
+
 def evaluate(model: torch.nn.Module, sets: list[EvalSet], topology: Topology, step: int, stage: str,
              dtype: str = "float32") -> list[dict]:
     """One row per eval set, as eval.jsonl holds them, and a progress line saying them."""
     rows = [{"step": step, "stage": stage, "dataset": s.name, **score(model, s, topology, dtype)}
             | ({"data_fingerprint": s.data_fingerprint} if s.data_fingerprint is not None else {}) for s in sets]
     log.info(f"eval step {step} ({stage}): " + "  ".join(
-        f"{r['dataset']} loss {r['loss']:.4f}" + (f" exact {r['accuracy']:.1%}" if "accuracy" in r else "")
+        f"{r['dataset']} loss {r['loss']:.4f}" + (
+            f" acc {r['accuracy']:.1%} acc_norm {r['accuracy_norm']:.1%}" if "accuracy_norm" in r
+            else f" exact {r['accuracy']:.1%}" if "accuracy" in r else "")
         for r in rows))
     return rows
 
@@ -258,7 +328,9 @@ def evaluate_checkpoint(path: str, config: Config | None = None, overrides=(), t
     index = active_stage(schedule, min(step, schedule.train_steps))   # evaluated with the RoPE it trained with
     model = load_checkpoint_weights(config, run.topology, reader, path, index)
     log.info(f"scoring {sum(len(s.input_ids) for s in sets):,} samples" + "".join(
-        f"; {s.name}: greedy answers to {len(s.input_ids):,} prompts" for s in sets if s.metric == "exact_match"))
+        f"; {s.name}: greedy answers to {len(s.input_ids):,} prompts" for s in sets if s.metric == "exact_match")
+        + "".join(f"; {s.name}: {len(s.input_ids):,} choices of {len(s.choices.gold):,} questions"
+                  for s in sets if s.choices is not None))
     return evaluate(model, sets, run.topology, step, schedule.stages[index].name, config.model.dtype)
 
 

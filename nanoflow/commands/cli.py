@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import logging
 import os
 import sys
@@ -355,8 +357,41 @@ def eval_main(argv: list[str] | None = None) -> int:
                                                   "the checkpoint recorded)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         help=f"override a config key, as in bin/train. {SET_PATHS} Repeatable.")
+    harness = parser.add_argument_group("lm-evaluation-harness (pip install '.[lm-eval]')")
+    harness.add_argument("--lm-eval", metavar="TASKS",
+                         help="instead of the eval sets, run EleutherAI's lm-evaluation-harness on the checkpoint's "
+                              "HF export: its task names, *.yaml task files or a folder of them, comma-separated; "
+                              "prints one JSON row per task")
+    harness.add_argument("--lm-eval-include", metavar="DIR", help="a folder of task YAML files to add to lm-eval's")
+    harness.add_argument("--lm-eval-batch-size", type=_count, default=16, metavar="N",
+                         help="requests per forward (default 16)")
     args = parser.parse_args(argv)
+    if args.lm_eval is None and args.lm_eval_include is not None:
+        parser.error("--lm-eval-include needs --lm-eval TASKS")
+    if args.lm_eval is not None and (args.config or args.overrides):
+        parser.error("--lm-eval scores the checkpoint as exported; a CONFIG or --set has nothing to change there")
+    if args.lm_eval is not None:
+        return guarded(lambda: _lm_eval(args), where=args.checkpoint)
     return guarded(lambda: _eval(args), where=args.config)
+
+
+def _count(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a number (1 or more)")
+    return int(text)
+
+
+def _lm_eval(args: argparse.Namespace) -> int:
+    from nanoflow.interop.harness import require_lm_eval, run_lm_eval
+    require_lm_eval()   # before the checkpoint is read: a missing package is one line, not minutes later
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise ConfigError("bin/eval --lm-eval runs in one process; run it without torchrun")
+    # stdout is the rows': lm-eval's own prints go beside the messages
+    with console.routed(sys.stderr), contextlib.redirect_stdout(sys.stderr):
+        rows, _ = run_lm_eval(args.checkpoint, args.lm_eval, include_path=args.lm_eval_include,
+                              batch_size=args.lm_eval_batch_size)
+    print("\n".join(json.dumps(row) for row in rows), flush=True)
+    return EXIT_DONE
 
 
 def _eval(args: argparse.Namespace) -> int:

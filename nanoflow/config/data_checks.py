@@ -227,6 +227,11 @@ def evaluation_problems(config: Config) -> list[str]:
             if isinstance(getattr(dataset, "hf_dataset_splits", None), list):
                 problems.append(f"{label}.dataset.hf_dataset_splits: an eval set reads one split; name it "
                                 '(e.g. hf_dataset_splits = "validation")')
+        if entry.metric == "multiple_choice":
+            problems.extend(_choice_problems(entry, label))
+        else:
+            problems.extend(f'{label}.{name}: a multiple_choice key; this set\'s metric is "{entry.metric}"'
+                            for name in entry.CHOICE_KEYS if getattr(entry, name) is not None)
         if entry.metric == "exact_match" and not dataset.is_sft:
             problems.append(f'{label}.metric = "exact_match" needs prompt/completion data (prompt_column_name and '
                             "completion_column_name) or chat messages (messages_column_name): it compares the "
@@ -238,6 +243,21 @@ def evaluation_problems(config: Config) -> list[str]:
         if config.parallelism.tp_mode == "REDUCE_SCATTER" and length % config.parallelism.tp:
             problems.append(f"{label}: sequence_length = {length} is not divisible by parallelism.tp = "
                             f'{config.parallelism.tp}, which parallelism.tp_mode = "REDUCE_SCATTER" needs')
+    return problems
+
+
+def _choice_problems(entry, label: str) -> list[str]:
+    """A multiple_choice set reads rows of its own (context, choices, answer), not windows or SFT pairs."""
+    if entry.held_out_of is not None or isinstance(entry.dataset, NanosetDatasetsArgs):
+        return [f'{label}.metric = "multiple_choice" reads rows of text (context, choices, answer) from a dataset '
+                "table of its own (an HF builder over files, a saved or hub dataset), not a token folder or a "
+                "stage's held-out windows"]
+    problems = []
+    if entry.dataset.is_sft:
+        problems.append(f'{label}.dataset: prompt/completion columns are for SFT sets; a multiple_choice set names '
+                        "its columns with context_column_name, choices_column_name and answer_column_name")
+    if isinstance(entry.dataset.hf_dataset_or_datasets, dict):
+        problems.append(f'{label}.dataset.hf_dataset_or_datasets: a multiple_choice set reads one dataset, not a blend')
     return problems
 
 

@@ -226,8 +226,10 @@ class EvalDatasetArgs:
     held_out_of: str | None = key("a stage's name: the samples its sources keep out of training "
                                         "(their held_out_samples)", None)
     max_samples: int = key("a fixed subset: this many samples evenly spaced over the set", 128, validator=positive)
-    metric: Literal["loss", "exact_match"] = key(
-        '"exact_match" (prompt/completion sets): greedy answers compared token for token, as accuracy', "loss")
+    metric: Literal["loss", "exact_match", "multiple_choice"] = key(
+        '"exact_match" (prompt/completion sets): greedy answers compared token for token, as accuracy; '
+        '"multiple_choice" (context, choices, answer rows): each choice scored by its log-likelihood, as '
+        "lm-evaluation-harness scores acc and acc_norm", "loss")
     sequence_length: int | None = key("the length its samples are cut at", None,
                                             validator=optional(positive),
                                             shown="the stage's for held_out_of, else tokens.sequence_length")
@@ -236,6 +238,22 @@ class EvalDatasetArgs:
     document_masking: bool | None = key("attention within each document of a packed window, as in training "
                                         "(tokens.document_masking)", None,
                                         shown="the stage's for held_out_of, else tokens.document_masking")
+    context_column_name: str | None = key('multiple_choice: the column of the text each choice continues', None,
+                                          shown='"context"')
+    choices_column_name: str | None = key("multiple_choice: the column of the list of choices", None,
+                                          shown='"choices"')
+    answer_column_name: str | None = key("multiple_choice: the column of the right choice, its index (or its text)",
+                                         None, shown='"answer"')
+    target_delimiter: str | None = key("multiple_choice: what joins the context and a choice (lm-evaluation-harness's "
+                                       "target_delimiter)", None, shown='" "')
+
+    CHOICE_KEYS = ("context_column_name", "choices_column_name", "answer_column_name", "target_delimiter")
+
+    @property
+    def choice_format(self) -> tuple[str, str, str, str]:
+        """A multiple_choice set's (context column, choices column, answer column, target delimiter)."""
+        given = (self.context_column_name, self.choices_column_name, self.answer_column_name, self.target_delimiter)
+        return tuple(d if v is None else v for v, d in zip(given, ("context", "choices", "answer", " "), strict=True))
 
 
 @frozen

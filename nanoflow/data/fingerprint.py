@@ -140,6 +140,8 @@ def eval_fingerprint(config: Config, entry: EvalDatasetArgs, tokenizer: Tokenize
         fingerprint["held_out_samples"] = dataset.held_out_samples
     if config.eval_document_masking(entry):
         fingerprint["document_masking"] = True
+    if entry.metric == "multiple_choice":   # its columns and delimiter make its requests (absent: another kind)
+        fingerprint["multiple_choice"] = list(entry.choice_format)
     return fingerprint
 
 

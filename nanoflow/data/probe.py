@@ -35,9 +35,10 @@ def probe_data(config: Config, tokenizer: Tokenizer, schedule: Schedule) -> None
         stage = config.data_stages[index]
         problems += _probe(config, stage.data.dataset, stage.name, tokenizer, config.stage_tokens(index).sequence_length)
     for entry in entries:
-        if entry.dataset is not None:
+        if entry.dataset is not None:   # a multiple_choice set reads its own columns, not text or SFT ones
+            columns = entry.choice_format[:3] if entry.metric == "multiple_choice" else None
             problems += _probe(config, entry.dataset, f"evaluation {entry.name}", tokenizer,
-                               config.eval_sequence_length(entry))
+                               config.eval_sequence_length(entry), columns)
     if len(problems) == 1:
         raise problems[0]
     if problems:
@@ -45,8 +46,10 @@ def probe_data(config: Config, tokenizer: Tokenizer, schedule: Schedule) -> None
                              + "\n  - ".join(str(e) for e in problems))
 
 
-def _probe(config: Config, dataset, label: str, tokenizer: Tokenizer, sequence_length: int) -> list[StageDataError]:
-    """The problems of one stage's (or eval set's: `label`) sources."""
+def _probe(config: Config, dataset, label: str, tokenizer: Tokenizer, sequence_length: int,
+           columns: tuple[str, ...] | None = None) -> list[StageDataError]:
+    """The problems of one stage's (or eval set's: `label`) sources; `columns`: those it reads, if not the
+    dataset's own."""
     found = []
     if isinstance(dataset, NanosetDatasetsArgs):
         for _, _, _, folder in source_inputs(dataset):
@@ -65,11 +68,11 @@ def _probe(config: Config, dataset, label: str, tokenizer: Tokenizer, sequence_l
         where = describe(label, specs[key])
         log.info(f"opening {where}")
         try:
-            columns = _columns(specs[key], label, where)
+            present = _columns(specs[key], label, where)
         except StageDataError as e:
             found.append(e)
             continue
-        missing = None if columns is None else missing_column(columns, dataset.columns, where)
+        missing = None if present is None else missing_column(present, columns or dataset.columns, where)
         if missing is not None:
             found.append(missing)
     return found

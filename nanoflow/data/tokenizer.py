@@ -58,6 +58,9 @@ class ByteTokenizer:
     def encode(self, text: str) -> list[int]:
         return list(text.encode("utf-8"))
 
+    def encode_with_specials(self, text: str) -> list[int]:
+        return self.encode(text)   # its exported tokenizer.json adds nothing either
+
     def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
         return [np.frombuffer(text.encode("utf-8"), dtype=np.uint8) for text in texts]
 
@@ -146,6 +149,10 @@ class HFTokenizer:
 
     def encode(self, text: str) -> list[int]:
         return self._tokenizer.encode(text, add_special_tokens=False).ids
+
+    def encode_with_specials(self, text: str) -> list[int]:
+        """As transformers encodes by default: with the tokenizer.json's post-processor (a Llama tokenizer's BOS)."""
+        return self._tokenizer.encode(text, add_special_tokens=True).ids
 
     def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
         encodings = self._tokenizer.encode_batch(list(texts), add_special_tokens=False)

@@ -86,10 +86,10 @@ class TensorBoardLog:
             self._give_up(e)
 
     def write_eval(self, row: dict) -> None:
-        """One eval.jsonl row: eval/<dataset>/loss (and /accuracy) at its step."""
+        """One eval.jsonl row: eval/<dataset>/loss (and /accuracy, /accuracy_norm) at its step."""
         if self.writer is not None:
             try:
-                for key in ("loss", "accuracy"):
+                for key in ("loss", "accuracy", "accuracy_norm"):
                     if key in row:
                         self.writer.add_scalar(f"eval/{row['dataset']}/{key}", row[key], row["step"])
             except OSError as e:
