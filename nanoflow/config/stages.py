@@ -57,7 +57,7 @@ class DatasetArgs:
         return self.prompt_column_name is not None
 
     @property
-    def columns(self) -> tuple[str, ...]:
+    def columns(self) -> tuple[str | None, ...]:   # None: a half-set SFT pair, which data_checks refuses
         return (self.prompt_column_name, self.completion_column_name) if self.is_sft else (self.text_column_name,)
 
     @property
