@@ -48,7 +48,9 @@ def validate(config: Config) -> list[str]:
     def stage_label(i: int) -> str:
         return f'data_stages[{i}] (stage "{config.data_stages[i].name}")'
 
-    complete = not unset_required(model) and model.model_type is not None   # else open_run completes it
+    # every key model_problems reads is set; else open_run completes [model] (from init_from's config.json)
+    complete = (not unset_required(model) and model.model_type is not None and model.num_key_value_heads is not None
+                and model.max_position_embeddings is not None)
     if complete:
         problems.extend(model_problems(config))
     for i in range(len(config.data_stages)):
