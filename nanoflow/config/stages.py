@@ -57,8 +57,9 @@ class DatasetArgs:
         return self.prompt_column_name is not None
 
     @property
-    def columns(self) -> tuple[str | None, ...]:   # None: a half-set SFT pair, which data_checks refuses
-        return (self.prompt_column_name, self.completion_column_name) if self.is_sft else (self.text_column_name,)
+    def columns(self) -> tuple[str, ...]:
+        prompt, completion = self.prompt_column_name, self.completion_column_name   # SFT: both (data_checks)
+        return (prompt, completion) if prompt is not None and completion is not None else (self.text_column_name,)
 
     @property
     def listed_splits(self) -> tuple[str, ...]:

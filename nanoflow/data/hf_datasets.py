@@ -9,6 +9,7 @@ import io
 import json
 import os
 from concurrent.futures import ProcessPoolExecutor
+from typing import Any
 
 import attrs
 import numpy as np
@@ -107,7 +108,7 @@ def _load_rows(spec: HFSpec, stage_name: str, cache_dir: str | None = None):
     dataset, where = spec.dataset, describe(stage_name, spec)
     if spec.problems:
         raise StageDataError(f"{where}: " + "; ".join(spec.problems))
-    options = dict(split=spec.split, cache_dir=cache_dir)
+    options: dict[str, Any] = dict(split=spec.split, cache_dir=cache_dir)
     if dataset.hf_dataset_config_name is not None:
         options["name"] = dataset.hf_dataset_config_name
     if dataset.dataset_overwrite_cache:
@@ -202,7 +203,7 @@ def _tokenize_shard(rows, kind: str, columns: tuple[str, ...], tokenizer: Tokeni
     """One contiguous shard of rows: a flat token array ("packed") or its part of the SFT table ("sft")."""
     if kind == "packed":
         return _packed_tokens(rows, columns[0], tokenizer, where)
-    return _sft_table(rows, *columns, tokenizer, sequence_length, where)
+    return _sft_table(rows, columns[0], columns[1], tokenizer, sequence_length, where)
 
 
 def _tokenize_shard_in_worker(rows, kind: str, columns: tuple[str, ...], tokenizer_args, sequence_length: int,
