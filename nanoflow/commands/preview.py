@@ -81,7 +81,9 @@ def render_row(tokenizer, input_ids: list[int], labels: list[int], position_ids:
     target = [False] + [label != IGNORE_INDEX for label in labels][:len(tokens) - 1]
     starts = [False] + [p == 0 for p in position_ids[1:]] + [False] if position_ids is not None else []
     specials = tokenizer.special_tokens()
-    pieces, run, loss_open = [], [], False
+    pieces: list[str] = []
+    run: list[int] = []
+    loss_open = False
 
     def flush():
         if run:
