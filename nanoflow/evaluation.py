@@ -83,6 +83,7 @@ def load_eval_set(config: Config, entry: EvalDatasetArgs, tokenizer) -> EvalSet:
         stage = next(s for s in config.data_stages if s.name == entry.held_out_of)
         dataset, label = stage.data.dataset, stage.name
     else:
+        assert entry.dataset is not None   # exactly one of dataset and held_out_of (config.data_checks)
         dataset, label = entry.dataset, f"evaluation {entry.name}"
     masking = config.eval_document_masking(entry)
     named = open_sources(dataset, label, tokenizer, sequence_length, None, config.model.vocab_size,
@@ -109,6 +110,7 @@ def load_eval_set(config: Config, entry: EvalDatasetArgs, tokenizer) -> EvalSet:
         for n in named:
             n.source.close()
     top = int(max(inputs.max(), labels.max()))
+    assert config.model.vocab_size is not None   # a complete [model]
     if top >= config.model.vocab_size:
         raise StageDataError(f'eval set "{entry.name}": token id {top} is outside model.vocab_size = '
                              f"{config.model.vocab_size} (was the data tokenized for another model?)")

@@ -144,7 +144,7 @@ class _FusedCrossEntropy(torch.autograd.Function):
                 grad.scatter_add_(1, safe_targets, torch.full((h.shape[0], 1), -1.0, device=grad.device))
                 grad *= (scale * is_target)[:, None]
                 grad = grad.to(dtype)  # the gradient of `.float()` rounds back to the matmul's dtype, as the plain path
-                if want_hidden:
+                if grad_hidden is not None:   # want_hidden
                     grad_hidden[start:start + positions] = grad @ w
                 if want_weight:
                     if grad_weight is None:

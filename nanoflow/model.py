@@ -295,8 +295,9 @@ class Llama(nn.Module):
             if isinstance(module, (nn.Linear, nn.Embedding)) and id(module.weight) not in seen:
                 seen.add(id(module.weight))
                 nn.init.normal_(module.weight, mean=0.0, std=self.cfg.initializer_range, generator=generator)
-                if getattr(module, "bias", None) is not None:
-                    nn.init.zeros_(module.bias)
+                bias = getattr(module, "bias", None)
+                if bias is not None:
+                    nn.init.zeros_(bias)
             elif isinstance(module, RMSNorm):
                 nn.init.ones_(module.weight)
 

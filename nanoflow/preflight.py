@@ -71,6 +71,7 @@ def _weight_problems(config: Config, entries: dict[str, dict]) -> list[str]:
     with torch.device("meta"):   # the names and shapes only: no memory, no init
         expected = {name: tuple(p.shape) for name, p in Llama(config.model).named_parameters()}
     tied = config.model.tie_word_embeddings
+    assert tied is not None   # a complete [model]
     problems = weight_mismatches(expected, {name: tuple(e["shape"]) for name, e in entries.items()}, tied=tied)
     if not tied and "lm_head.weight" not in entries:
         problems.append(f"{CONFIG} has tie_word_embeddings = false, so the output head lm_head.weight must be stored")

@@ -13,7 +13,7 @@ the seed and the sample index; the model has no dropout), so there is nothing to
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 import attrs
 import torch
@@ -32,9 +32,14 @@ class StaleStateError(RuntimeError):
 class RunFacts(Protocol):
     """What a state reads of its nanoflow.run.Run (not imported here: the run sits above the state)."""
 
-    config: Config
-    schedule: Schedule
-    topology: Topology
+    @property
+    def config(self) -> Config: ...
+    @property
+    def schedule(self) -> Schedule: ...
+    @property
+    def topology(self) -> Topology: ...
+    @property
+    def tokenizer(self) -> Any: ...   # nanoflow.data's Tokenizer (the data sits above the state too)
 
 
 @define

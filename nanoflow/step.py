@@ -34,6 +34,7 @@ def train_step(state: TrainState, batch) -> tuple[TrainState, dict]:
         raise ValueError(f"training is complete: all {schedule.train_steps} steps of the schedule are done")
     index = active_stage(schedule, step)
     stage, tokens = schedule.stages[index], config.stage_tokens(index)
+    assert tokens.batch_accumulation_per_replica is not None   # stage_tokens resolves it
     rope = stage_rope(config, index)   # the stage's RoPE: a long-context stage's switches with it
     state.model.set_rope(rope.theta, rope.scaling)
     input_ids, labels, position_ids = batch["input_ids"], batch["labels"], batch.get("position_ids")

@@ -31,7 +31,8 @@ class HostCopy:
 
     def copy(self, groups: dict[str, dict[str, Block]]) -> dict[str, dict[str, Block]]:
         """`groups` with each block's data copied into this copy's buffers (the same shapes, names, offsets)."""
-        copied, on_cuda = {}, False
+        copied: dict[str, dict[str, Block]] = {}
+        on_cuda = False
         for group, blocks in groups.items():
             copied[group] = {}
             for name, block in blocks.items():
@@ -75,7 +76,8 @@ class BackgroundWork:
     up by the next commit)."""
 
     def __init__(self, work, name: str):
-        self._result, self._error = None, None
+        self._result = None
+        self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, args=(work,), name=name, daemon=True)
         _running.add(self._thread)
         self._thread.start()

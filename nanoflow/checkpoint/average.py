@@ -33,7 +33,9 @@ def committed_steps(run_dir: str) -> dict[int, str]:
 
 
 def _step(folder: str) -> int:
-    return step_of(folder.rstrip("/").rpartition("/")[2])
+    step = step_of(folder.rstrip("/").rpartition("/")[2])
+    assert step is not None   # a committed checkpoint's folder: named by its step
+    return step
 
 
 def choose(run_dir: str, *, last: int | None = None, steps: list[int] | None = None) -> list[str]:
@@ -55,6 +57,7 @@ def choose(run_dir: str, *, last: int | None = None, steps: list[int] | None = N
                                f"{'s' * (len(history) > 1)} of its latest history (step"
                                f"{'s' * (len(history) > 1)} {', '.join(map(str, mine))}){beside}")
         return sorted(history[:last], key=_step)
+    assert steps is not None   # --last or --steps
     missing = [s for s in steps if s not in found]
     if missing:
         raise AverageError(f"--steps: {run_dir} holds no committed checkpoint of step "
@@ -135,6 +138,7 @@ def _average(readers: list[io.CheckpointReader], weights: list[float], out_dir: 
             part = reader.read("model", name).to(torch.float32)   # may be a view of the bytes read: never written to
             total = part * weight if total is None else total.add_(part, alpha=weight)
             del part
+        assert total is not None   # one checkpoint or more
         tensors[name] = total.to(getattr(torch, newest.metadata["tensors"]["model"][name]["dtype"]))
     step = newest.metadata["step"]
     info = {key: newest.metadata[key] for key in ("training", "lr_origin", "config", "data_fingerprint")

@@ -229,6 +229,7 @@ class Checkpointer:
         were committed after it was read, so they lead the commit order. Inside the run's own folder, the older
         history the start rewinds follows them (and is not theirs); a checkpoint of another start is said."""
         checkpoints = self.config.checkpoints
+        assert checkpoints.resume_checkpoint_path is not None   # called only with one
         descendants, passed_over = begun_from_start(checkpoints.checkpoints_path, checkpoints.resume_checkpoint_path)
         if passed_over:
             self._say(passed_over)

@@ -88,7 +88,7 @@ def begun_from_start(checkpoints_path: str, start: str) -> tuple[list[str], str 
     first — committed after `start` was read, they lead the commit order; inside the run's own folder the older
     history `start` rewinds follows them, and is not theirs — and, when the newest checkpoint began elsewhere,
     a line saying which is passed over."""
-    descendants = []
+    descendants: list[str] = []
     for folder in io.checkpoints_to_try(checkpoints_path):
         if same_place(folder, start):
             break
@@ -150,7 +150,7 @@ def _history(found: list[tuple[str, dict]], lineage: Lineage, run_dir: str) -> l
                        and committed_at(meta) < earliest), None)
         if parent is None or (Lineage.of(parent) or Lineage()).history is None:
             break
-        lineage, ceiling = Lineage.of(parent), lineage.began_at
+        lineage, ceiling = Lineage.of(parent) or Lineage(), lineage.began_at   # not None here: it broke out above
     return [folder for folder, _ in kept]
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 import attrs
@@ -154,12 +155,14 @@ def read_run(path: str | os.PathLike, origins: dict[str, RunResult] | None = Non
             raise CompareError(f"{path} began from {recorded[0][0]}/{recorded[1]}: name that run too, to count its "
                                "FLOPs")
         else:
+            assert origins is not None   # trunk_path is one of them
             origin = (trunk_path, recorded[1])
             base = origins[trunk_path].flops_at.get(recorded[1], math.nan)
     flops_at, total, own_flops = {}, base, math.nan if own is None else sum(own.values())
     if own is None:
         own, total = {}, math.nan
     elif math.isnan(base):
+        assert origin is not None   # base is nan only as an origin's count
         note = note or f"{path}: the FLOPs of {origin[0]} up to step {origin[1]}, where it began, are not known"
     for step in sorted(own):
         total += own[step]
@@ -190,10 +193,11 @@ def read_runs(paths: list[str]) -> list[RunResult]:
     places = _Places(paths, metadata)
     after = {}
     for p in paths:
-        recorded = _origin(metadata[p]) if metadata[p] else None
+        recorded = _origin(meta) if (meta := metadata[p]) else None
         found = places.find(p, recorded[0]) if recorded else None
         after[p] = found if found != p else None
-    pending, done = list(paths), {}
+    pending = list(paths)
+    done: dict[str, RunResult] = {}
     while pending:
         ready = [p for p in pending if after[p] is None or after[p] in done]
         if not ready:
@@ -213,7 +217,7 @@ def cosine_gap(run: RunResult, runs: list[RunResult], dataset: str) -> float:
 def shared_savings(runs: list[RunResult]) -> tuple[float, float]:
     """(FLOPs of the branches trained as separate runs from scratch, FLOPs the shared trunk and branches took)."""
     branched = [r for r in runs if r.origin is not None]
-    trunks = {r.origin[0] for r in branched}
+    trunks = {r.origin[0] for r in runs if r.origin is not None}   # the branched runs' trunks
     separate = sum(r.flops for r in branched)
     shared = sum(r.own_flops for r in branched) + sum(r.flops for r in runs if r.path in trunks)
     return separate, shared
@@ -328,7 +332,7 @@ def draw(runs: list[RunResult], dataset: str | None = None):
     return figure
 
 
-def _name_line_ends(ax, ends: list[tuple[float, float, str, str]]) -> None:
+def _name_line_ends(ax, ends: Sequence[tuple[float, float, str, str]]) -> None:
     """Each run's name beside the last point of its line; names that end at one step are pushed apart to at least
     3 % of the panel's height, in the order of their losses."""
     low, high = ax.get_ylim()

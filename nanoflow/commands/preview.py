@@ -96,7 +96,9 @@ def render_row(tokenizer, input_ids: list[int], labels: list[int], position_ids:
     if position_ids is None:
         starts = []
     specials = tokenizer.special_tokens()
-    pieces, run, loss_open = [], [], False
+    pieces: list[str] = []
+    run: list[int] = []
+    loss_open = False
 
     def flush():
         if run:

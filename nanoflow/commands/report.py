@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Sequence
 from io import BytesIO
 from pathlib import Path
 
@@ -206,13 +207,13 @@ def label_stages(ax, spans: list[StageSpan]) -> None:
 
 
 def plot(metrics: list[dict], spans: list[StageSpan], path: str | os.PathLike, *, title: str = "",
-         eval_rows: list[dict] = ()) -> Path:
+         eval_rows: Sequence[dict] = ()) -> Path:
     """Draw loss, learning rate and tokens/s against step (and the eval curves, when there are eval rows), each
     stage a labelled band, into a WIDTH × HEIGHT PNG."""
     return save_figure(draw(metrics, spans, title=title, eval_rows=eval_rows), path, "--out", dpi=DPI)
 
 
-def draw(metrics: list[dict], spans: list[StageSpan], *, title: str = "", eval_rows: list[dict] = ()):
+def draw(metrics: list[dict], spans: list[StageSpan], *, title: str = "", eval_rows: Sequence[dict] = ()):
     """The report's matplotlib Figure (see plot)."""
     figure = _figure()
     ratios = [3, 2, 2] + ([3] if eval_rows else [])

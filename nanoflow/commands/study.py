@@ -22,6 +22,7 @@ import difflib
 import json
 import math
 import os
+import sys
 from pathlib import Path
 
 from nanoflow.config import ConfigError
@@ -29,9 +30,9 @@ from nanoflow.config.checks import run_name_problem
 from nanoflow.errors import StoreError
 from nanoflow.io.store import check_root, is_remote
 
-try:
+if sys.version_info >= (3, 11):
     import tomllib
-except ModuleNotFoundError:  # Python 3.10
+else:  # Python 3.10
     import tomli as tomllib
 
 STUDY_KEYS = ("base", "runs_dir", "figure", "runs", "averages")
@@ -94,7 +95,7 @@ def shape_problem(study: dict) -> str | None:
     if problem is None and not runs:
         problem = 'no [[runs]]: a study trains at least one run ([[runs]] with name = "…" and set = […])'
     names: list[str] = []
-    for i, run in enumerate(runs if problem is None else []):
+    for i, run in enumerate((runs or []) if problem is None else []):   # (no problem: runs are given)
         problem = problem or _run_problem(i, run, names)
         names.append(run.get("name"))
     averages = study.get("averages", [])

@@ -71,7 +71,7 @@ def run_study(path: str, only: list[str] | None = None, *, train_main: Callable[
         _average(path, study, i, average)
     from nanoflow.commands.compare import format_table, plot, read_runs
     results = read_runs([f"{study['runs_dir']}/{name}" for name in [*names, *(a["name"] for a in study["averages"])]])
-    figure = figure_path(study)
+    figure: str | os.PathLike = figure_path(study)
     os.makedirs(os.path.dirname(figure), exist_ok=True)
     figure = plot(results, figure)
     print(format_table(results))

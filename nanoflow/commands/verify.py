@@ -154,6 +154,7 @@ def verify_resume(config: str, overrides: list[str], workdir: Path, *, kills: in
             how = f"kill -9 in step {kill.step + 1}"
         process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         output = []
+        assert process.stdout is not None   # stdout=PIPE
         for line in process.stdout:
             output.append(line)
             match = STEP_LINE.match(line)

@@ -48,11 +48,14 @@ def validate(config: Config) -> list[str]:
     def stage_label(i: int) -> str:
         return f'data_stages[{i}] (stage "{config.data_stages[i].name}")'
 
-    complete = not unset_required(model) and model.model_type is not None   # else open_run completes it
+    # every key model_problems reads is set; else open_run completes [model] (from init_from's config.json)
+    complete = (not unset_required(model) and model.model_type is not None and model.num_key_value_heads is not None
+                and model.max_position_embeddings is not None)
     if complete:
         problems.extend(model_problems(config))
     for i in range(len(config.data_stages)):
         tokens = config.stage_tokens(i)
+        assert tokens.batch_accumulation_per_replica is not None   # stage_tokens resolves it
         derived = tokens.micro_batch_size * tokens.batch_accumulation_per_replica * par.dp
         accumulation_stated = (config.data_stages[i].batch_accumulation_per_replica is not None
                                or config.tokens.batch_accumulation_per_replica is not None)
@@ -89,7 +92,7 @@ def validate(config: Config) -> list[str]:
     except ScheduleError as e:
         # The last stage of that name: for a duplicate name, the second one is the culprit.
         culprit = next((i for i, s in reversed(list(enumerate(config.data_stages))) if s.name == e.stage), None)
-        key = {"start_step": "start_training_step"}.get(e.key, e.key)
+        key = "start_training_step" if e.key == "start_step" else e.key
         prefix = f"{stage_label(culprit)}.{key}" if culprit is not None else (
             "tokens.train_steps" if e.key == "train_steps" else e.key)
         problems.append(f"{prefix}: {e}")
@@ -118,6 +121,8 @@ def model_problems(config: Config) -> list[str]:
     """What is wrong with a complete [model] on its own and against the run: head counts, the family's keys, the
     longest sequence against max_position_embeddings and a sliding window, the heads against tp."""
     model, par = config.model, config.parallelism
+    assert (model.num_attention_heads is not None and model.num_key_value_heads is not None
+            and model.max_position_embeddings is not None)   # a complete [model]: every key set
     problems = family_problems(model, par.tp)
     if model.num_attention_heads % model.num_key_value_heads:
         problems.append(f"model.num_attention_heads = {model.num_attention_heads} is not divisible by "

@@ -154,7 +154,8 @@ def continue_from_problems(config: Config, index: int) -> list[str]:
     if ours != theirs:
         return [f'continuing stage "{name}" needs its sequence_length ({theirs}), but this stage has {ours}: '
                 "a sample is a window of sequence_length + 1 tokens, so positions do not carry over"]
-    carried, chain = set(), other
+    carried: set[str] = set()
+    chain: int | None = other
     while chain is not None:   # the sources whose position the earlier stage carries: its own and its chain's
         carried |= set(config.data_stages[chain].data.dataset.source_keys())
         before = config.data_stages[chain].data.continue_from
@@ -170,7 +171,8 @@ def continue_from_problems(config: Config, index: int) -> list[str]:
 def held_out_problems(config: Config) -> list[str]:
     """Stages that read one source must reserve the same held_out_samples of it: a stage that reserved none would
     train on the windows another keeps for evaluation (and continue_from would read on in another order)."""
-    problems, reserved = [], {}
+    problems: list[str] = []
+    reserved: dict[str, tuple[str, int | None]] = {}
     for i, stage in enumerate(config.data_stages):
         dataset = stage.data.dataset
         for key in dataset.source_keys():
@@ -219,6 +221,7 @@ def evaluation_problems(config: Config) -> list[str]:
                 problems.append(f'{label}.sequence_length = {entry.sequence_length}, but stage "{stage.name}" cuts '
                                 f"its windows (and so the held-out ones) at {own}; leave it unset")
         else:
+            assert entry.dataset is not None   # exactly one of dataset and held_out_of, checked above
             dataset = entry.dataset
             problems.extend(f"{label}.dataset: {p}" for p in dataset_problems(dataset))
             if dataset.held_out_samples is not None:

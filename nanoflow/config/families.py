@@ -21,6 +21,8 @@ config.json is read with transformers' own defaults for its family (nanoflow.con
 
 from __future__ import annotations
 
+from typing import Any
+
 import attrs
 from attrs import frozen
 
@@ -74,7 +76,7 @@ REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers
 DEFAULT_FAMILY = "llama"
 # nanoflow's defaults for a fresh start, whatever the family (the sliding window: none); num_key_value_heads
 # and head_dim follow from the heads and hidden_size (complete)
-FRESH_DEFAULTS = {"max_position_embeddings": 2048, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+FRESH_DEFAULTS: dict[str, Any] = {"max_position_embeddings": 2048, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
                   "tie_word_embeddings": False, "initializer_range": 0.02, "attention_bias": False,
                   "sliding_window": False, "no_rope_layer_interval": 4}
 

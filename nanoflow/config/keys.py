@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import types
 import typing
+from collections.abc import Callable
 
 from attrs import NOTHING, field
 from attrs.validators import ge, gt, instance_of, lt
 
-positive = [instance_of(int), gt(0)]
-non_negative = [instance_of(int), ge(0)]
-positive_float = [instance_of((int, float)), gt(0)]
-unit_interval = [instance_of((int, float)), ge(0), lt(1)]   # Adam's betas: 1 would never forget, > 1 diverge
+Validators = list[Callable[[typing.Any, typing.Any, typing.Any], typing.Any]]   # attrs validators, as optional() takes
+
+positive: Validators = [instance_of(int), gt(0)]
+non_negative: Validators = [instance_of(int), ge(0)]
+positive_float: Validators = [instance_of((int, float)), gt(0)]
+unit_interval: Validators = [instance_of((int, float)), ge(0), lt(1)]   # Adam's betas: 1 would never forget, > 1 diverge
 INT_LIMIT = 1 << 63   # every integer must fit torch's and numpy's int64
 
 # How a path key is resolved against the TOML file's folder (nanoflow.config.load). A URL

@@ -9,6 +9,7 @@ import os
 import re
 import sys
 import typing
+from collections.abc import Sequence
 from pathlib import Path
 
 import attrs
@@ -28,7 +29,7 @@ from nanoflow.config.structure import converter
 # ---------------------------------------------------------------------------------------------
 # Loading
 
-def load_config(path: str | os.PathLike, overrides: list[str] = ()) -> Config:
+def load_config(path: str | os.PathLike, overrides: Sequence[str] = ()) -> Config:
     """Read, override, structure and validate a TOML config. Raises ConfigError."""
     path = Path(path)
     raw = _read_toml(path)
@@ -82,7 +83,7 @@ def _parse_toml(text: str) -> dict:
                            "long") from None
 
 
-def config_from_dict(raw: dict, where: str, overrides: list[str] = ()) -> Config:
+def config_from_dict(raw: dict, where: str, overrides: Sequence[str] = ()) -> Config:
     """A config recorded as plain data (a checkpoint's metadata "config", its paths already absolute), with
     `--set` overrides, structured and validated as a file is; errors are prefixed with `where`."""
     raw = json.loads(json.dumps(raw))   # a private copy: overrides never change the caller's dict
@@ -190,12 +191,12 @@ def looks_local(name: str, base: Path) -> bool:
 def resolve_paths(config: Config, base: Path) -> Config:
     """`config` with every path key (a field marked `path=` in the schema) made relative to `base`, the TOML file's
     folder, not the working directory: one walk over the sections, the stages and the eval sets."""
-    changes = {}
+    changes: dict[str, typing.Any] = {}
     for f in attrs.fields(type(config)):
         value = getattr(config, f.name)
         kind = f.metadata.get("path")
         if kind is not None and value is not None:
-            resolved = _RESOLVERS[kind](base, value)
+            resolved: typing.Any = _RESOLVERS[kind](base, value)
         elif attrs.has(type(value)):
             resolved = resolve_paths(value, base)
         elif isinstance(value, tuple) and value and attrs.has(type(value[0])):   # [[data_stages]], eval sets
@@ -215,7 +216,10 @@ def _resolve_tokenizer(base: Path, value: str) -> str:
     return value if value == "bytes" else _resolve(base, value)
 
 
-def _resolve_dataset_name(base: Path, value: str | dict[str, float]) -> str | dict[str, float]:
+_Name = typing.TypeVar("_Name", str, dict[str, float])
+
+
+def _resolve_dataset_name(base: Path, value: _Name) -> _Name:
     """A dataset name that is a local path or glob is relative to the TOML file; a {name = weight} table's names
     alike. A builder's name and a hub id are left as written."""
     if isinstance(value, dict):
@@ -226,7 +230,7 @@ def _resolve_dataset_name(base: Path, value: str | dict[str, float]) -> str | di
     return value
 
 
-_RESOLVERS = {PATH: _resolve_path, TOKENIZER_PATH: _resolve_tokenizer, DATASET_NAME: _resolve_dataset_name}
+_RESOLVERS: dict[str, typing.Callable[[Path, typing.Any], typing.Any]] = {PATH: _resolve_path, TOKENIZER_PATH: _resolve_tokenizer, DATASET_NAME: _resolve_dataset_name}
 
 
 # ---------------------------------------------------------------------------------------------

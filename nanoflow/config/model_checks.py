@@ -4,6 +4,8 @@ weights were trained under."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import attrs
 
 from nanoflow.config.families import (
@@ -194,7 +196,7 @@ def model_changes(saved: dict, current: dict) -> dict[str, list[str]]:
 
 
 # The type each config.json value nanoflow reads must have (a number must also be positive).
-_KINDS = {"vocab_size": int, "hidden_size": int, "intermediate_size": int, "num_hidden_layers": int,
+_KINDS: dict[str, Any] = {"vocab_size": int, "hidden_size": int, "intermediate_size": int, "num_hidden_layers": int,
           "num_attention_heads": int, "num_key_value_heads": int, "head_dim": int, "max_position_embeddings": int,
           "rms_norm_eps": (int, float), "initializer_range": (int, float), "tie_word_embeddings": bool,
           "attention_bias": bool, "sliding_window": int, "no_rope_layers": list, "no_rope_layer_interval": int}

@@ -17,9 +17,9 @@ import attrs
 from attrs import frozen
 from attrs.validators import ge, instance_of, optional
 
-from nanoflow.config.keys import key, positive, positive_float
+from nanoflow.config.keys import Validators, key, positive, positive_float
 
-non_negative_float = [instance_of((int, float)), ge(0)]
+non_negative_float: Validators = [instance_of((int, float)), ge(0)]
 
 
 @frozen
@@ -89,7 +89,8 @@ def rope_scaling_problems(scaling: RopeScalingArgs | None, where: str = "model.r
             problems.append(f'{where}.{name}: required with rope_type = "{scaling.rope_type}"')
         elif name not in takes and given:
             problems.append(f'{where}.{name}: not used by rope_type = "{scaling.rope_type}"; remove it')
-    if scaling.rope_type == "llama3" and not problems and scaling.low_freq_factor >= scaling.high_freq_factor:
+    low, high = scaling.low_freq_factor, scaling.high_freq_factor   # llama3 without problems: both given
+    if scaling.rope_type == "llama3" and not problems and low is not None and high is not None and low >= high:
         problems.append(f"{where}: low_freq_factor = {scaling.low_freq_factor} must be below "
                         f"high_freq_factor = {scaling.high_freq_factor}")
     return problems

@@ -76,9 +76,8 @@ class DatasetArgs:
     def columns(self) -> tuple[str, ...]:
         if self.is_chat:
             return (self.messages_column_name,)
-        if self.prompt_column_name is not None:
-            return (self.prompt_column_name, self.completion_column_name)
-        return (self.text_column_name,)
+        prompt, completion = self.prompt_column_name, self.completion_column_name   # SFT: both (data_checks)
+        return (prompt, completion) if prompt is not None and completion is not None else (self.text_column_name,)
 
     @property
     def listed_splits(self) -> tuple[str, ...]:

@@ -56,7 +56,9 @@ class _Node:
     def __init__(self, leaves: list[tuple[int, int]]):
         """leaves: (source index, integer weight)."""
         if len(leaves) == 1:
-            self.leaf, self.left, self.right = leaves[0][0], None, None
+            self.leaf: int | None = leaves[0][0]
+            self.left: _Node | None = None
+            self.right: _Node | None = None
             self.a = self.b = leaves[0][1]
             return
         self.leaf = None
@@ -65,7 +67,7 @@ class _Node:
         self.a = sum(w for _, w in leaves[:middle])
         self.b = self.a + sum(w for _, w in leaves[middle:])
 
-    def lefts(self, m: np.ndarray) -> np.ndarray:
+    def lefts(self, m: np.ndarray | np.integer) -> np.ndarray:
         """L(m): how many of the node's first m samples go left (exact integers, no overflow)."""
         q, r = np.divmod(m, self.b)
         return q * self.a + (r * self.a + self.b // 2) // self.b
@@ -155,7 +157,9 @@ class _MovingNode:
         """leaves: (source index, start integer weight, end integer weight)."""
         self.K, self.N = TS * TE, N
         if len(leaves) == 1:
-            self.leaf, self.left, self.right = leaves[0][0], None, None
+            self.leaf: int | None = leaves[0][0]
+            self.left: _MovingNode | None = None
+            self.right: _MovingNode | None = None
             return
         self.leaf = None
         middle = len(leaves) // 2

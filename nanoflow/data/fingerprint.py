@@ -103,7 +103,7 @@ def _sft_reading(dataset, tokenizer: Tokenizer) -> dict:
 def _sources_of(dataset, label: str, tokenizer: Tokenizer) -> dict:
     """{source key: what it reads and the identity of its files} of a stage's (or an eval set's) dataset."""
     if isinstance(dataset, NanosetDatasetsArgs):
-        weights = dataset.dataset_weights or [None] * len(dataset.folders)
+        weights: list[float] | list[None] = dataset.dataset_weights or [None] * len(dataset.folders)
         return {os.path.abspath(f): _token_folder(f, w) for f, w in zip(dataset.folders, weights, strict=True)}
     return {spec.name: _hf_source(spec, label, tokenizer) for spec in hf_specs(dataset)}
 
@@ -133,6 +133,7 @@ def eval_fingerprint(config: Config, entry: EvalDatasetArgs, tokenizer: Tokenize
     if entry.held_out_of is not None:
         dataset = next(s for s in config.data_stages if s.name == entry.held_out_of).data.dataset
     else:
+        assert entry.dataset is not None   # exactly one of dataset and held_out_of (config.data_checks)
         dataset = entry.dataset
     fingerprint = {"tokenizer": tokenizer_fingerprint(tokenizer), "sources": _sources_of(dataset, f"evaluation {entry.name}", tokenizer),
                    "sequence_length": config.eval_sequence_length(entry), "max_samples": entry.max_samples}

@@ -9,6 +9,7 @@ import io
 import json
 import os
 from concurrent.futures import ProcessPoolExecutor
+from typing import Any
 
 import attrs
 import numpy as np
@@ -109,7 +110,7 @@ def _load_rows(spec: HFSpec, stage_name: str, cache_dir: str | None = None):
     dataset, where = spec.dataset, describe(stage_name, spec)
     if spec.problems:
         raise StageDataError(f"{where}: " + "; ".join(spec.problems))
-    options = dict(split=spec.split, cache_dir=cache_dir)
+    options: dict[str, Any] = dict(split=spec.split, cache_dir=cache_dir)
     if dataset.hf_dataset_config_name is not None:
         options["name"] = dataset.hf_dataset_config_name
     if dataset.dataset_overwrite_cache:

@@ -113,8 +113,8 @@ def _position_after(config, schedule: Schedule, index: int, key: str) -> tuple[i
     keys = [k for k, _, _, _ in inputs]
     if key in keys:
         seed, name, offset = source_position(config, schedule, index, key)
-        consumed = _stage_blend(config, schedule, index, inputs).counts(stage_samples(schedule, index))
-        consumed = consumed[keys.index(key)]
+        counts = _stage_blend(config, schedule, index, inputs).counts(stage_samples(schedule, index))
+        consumed = counts[keys.index(key)]
         return seed, name, offset + consumed
     earlier = config.data_stages[index].data.continue_from
     return None if earlier is None else _position_after(config, schedule, schedule.index(earlier), key)
@@ -139,7 +139,8 @@ class StageLoader:
                              document_masking=self.document_masking)
         try:
             weights = [len(n.source) if n.weight is None else n.weight for n in named]
-            ends = None if any(n.weight_end is None for n in named) else [n.weight_end for n in named]
+            ends = None if any(n.weight_end is None for n in named) else [
+                n.weight_end for n in named if n.weight_end is not None]   # (every one: the filter narrows)
             self.blend = make_blend(weights, ends, stage_samples(schedule, index))
             self.parts = []
             for n in named:
@@ -254,6 +255,7 @@ class StageLoader:
 
     def _report_wraps(self, epochs: dict[int, int]) -> None:
         """Say once per source, the first time a batch reaches past its first epoch, that it wrapped around."""
+        assert self.parts is not None   # a batch was read: the stage is open
         for k, epoch in epochs.items():
             if epoch > 0 and k not in self._wrapped:
                 self._wrapped.add(k)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import json
+from typing import Any
 
 from nanoflow.config.locations import COMPRESSIONS, compression_of
 from nanoflow.data.tokens import StageDataError
@@ -59,7 +60,7 @@ def _files_error(e: Exception, builder: str, files, where: str | None, error: ty
     return error(prefix + (problem or f"{_shown(list(files))}: cannot be read: {type(e).__name__}: {e}"))
 
 
-def _stop_within(error: BaseException) -> BaseException | None:
+def _stop_within(error: BaseException | None) -> BaseException | None:
     """The KeyboardInterrupt or stop signal (a BaseException that is no Exception) `error` was raised over, if any:
     `datasets` turns one that interrupts a split before its first row into a DatasetGenerationError."""
     seen = set()
@@ -75,7 +76,7 @@ def _stop_within(error: BaseException) -> BaseException | None:
 _DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG)
 
 
-def _disk_error(error: BaseException) -> OSError | None:
+def _disk_error(error: BaseException | None) -> OSError | None:
     """The OSError of a full (or read-only) disk behind `error`, which `datasets` wraps in its own exceptions."""
     seen = set()
     while error is not None and id(error) not in seen:
@@ -86,7 +87,7 @@ def _disk_error(error: BaseException) -> OSError | None:
     return None
 
 
-_COMPRESSION_NAMES = {".gz": "gzip", ".bz2": "bzip2", ".xz": "xz", ".zst": "Zstandard", ".lz4": "LZ4"}
+_COMPRESSION_NAMES: dict[str | None, str] = {".gz": "gzip", ".bz2": "bzip2", ".xz": "xz", ".zst": "Zstandard", ".lz4": "LZ4"}
 
 
 def _decompressed(path: str) -> tuple[bytes | None, str | None]:
@@ -102,10 +103,11 @@ def _decompressed(path: str) -> tuple[bytes | None, str | None]:
             import gzip
             import lzma
 
-            opener = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}[compression]
+            opener: Any = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}[compression]
             with opener(path, "rb") as f:
                 return f.read(), None
         package = COMPRESSIONS[compression]
+        assert package is not None   # .zst and .lz4: each names its package
         try:
             module = __import__(package)
         except ImportError:
@@ -132,6 +134,7 @@ def file_problem(path: str, builder: str) -> str | None:
     data, problem = _decompressed(path)
     if problem is not None:
         return problem
+    assert data is not None   # no problem: the bytes
     if builder not in ("text", "json"):
         return None
     if not data.strip():
@@ -150,11 +153,11 @@ def file_problem(path: str, builder: str) -> str | None:
             return None   # one JSON document (a list of rows, or a table of columns)
         except ValueError:
             pass
-        for number, line in enumerate(text.splitlines(), 1):
-            if not line.strip():
+        for number, row_text in enumerate(text.splitlines(), 1):
+            if not row_text.strip():
                 continue
             try:
-                row = json.loads(line)
+                row = json.loads(row_text)
             except json.JSONDecodeError as e:
                 return f"{path}, line {number}, column {e.colno}: not valid JSON: {e.msg}"
             if not isinstance(row, dict):

@@ -77,7 +77,8 @@ def load_inputs(inputs: list[str], text_column: str = "text", cache_dir: str | N
     was_disabled = datasets.are_progress_bars_disabled()
     datasets.disable_progress_bars()
     try:
-        groups, pending = [], []   # consecutive files of one builder are read by one load_dataset call
+        groups: list = []
+        pending: list = []   # consecutive files of one builder are read by one load_dataset call
 
         def flush():
             if pending:

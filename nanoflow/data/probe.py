@@ -53,6 +53,7 @@ def _probe(config: Config, dataset, label: str, tokenizer: Tokenizer, sequence_l
     found = []
     if isinstance(dataset, NanosetDatasetsArgs):
         for _, _, _, folder in source_inputs(dataset):
+            assert folder is not None   # a dataset_folder source's
             log.info(f'opening stage "{label}": dataset_folder {folder}')
             try:
                 open_token_folder(folder, label, tokenizer, sequence_length, config.model.vocab_size,

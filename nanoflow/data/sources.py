@@ -271,6 +271,8 @@ def source_inputs(dataset: DatasetArgs | NanosetDatasetsArgs) -> list[tuple[str,
     config order, sources of weight 0 at the start and at the end left out (they would never be read). Config
     only: nothing is opened. `open_sources` opens exactly these, and the loader's blend arithmetic reads them,
     so the two cannot drift apart."""
+    folders: Sequence[str | None]
+    weights: Sequence[float | None]
     if isinstance(dataset, NanosetDatasetsArgs):
         keys, folders = [dataset.source_key(f) for f in dataset.folders], list(dataset.folders)
         weights = dataset.dataset_weights or [None] * len(folders)
@@ -300,7 +302,7 @@ def open_sources(dataset: DatasetArgs | NanosetDatasetsArgs, stage_name: str, to
                             split(f"dataset_folder {folder}",
                                  open_token_folder(folder, stage_name, tokenizer, sequence_length, vocab_size,
                                                    accepted_names, document_masking)), end)
-                for key, weight, end, folder in inputs]
+                for key, weight, end, folder in inputs if folder is not None]   # each dataset_folder's
     try:
         specs = {spec.key: spec for spec in hf_specs(dataset)}
     except ValueError as e:

@@ -133,9 +133,9 @@ class HFTokenizer:
                 continue
             token_id = self._tokenizer.token_to_id(token)
             if token_id is None:
-                specials = sorted(self._specials())
+                names = sorted(self._specials())
                 raise TokenizerError(f'{where} = "{token}" is not in the vocabulary of {self.path} '
-                                     f"({self.vocab_size} ids; its special tokens: {', '.join(specials) or '(none)'})")
+                                     f"({self.vocab_size} ids; its special tokens: {', '.join(names) or '(none)'})")
             return token, token_id
         specials = self._specials()
         for token in spellings:
@@ -190,7 +190,8 @@ def load_tokenizer(source: str | os.PathLike | TokenizerArgs = "bytes", *, eos_t
     byte tokenizer; a tokenizer.json; or an HF model or tokenizer folder holding tokenizer.json, whose
     tokenizer_config.json, when there is one, names the special tokens."""
     if isinstance(source, TokenizerArgs):
-        source, eos_token, bos_token = source.tokenizer_name_or_path, source.eos_token, source.bos_token
+        eos_token, bos_token = source.eos_token, source.bos_token
+        source = source.tokenizer_name_or_path
     name = os.fspath(source)
     if name == "bytes":
         if eos_token not in (None, ByteTokenizer.eos_token) or bos_token is not None:
@@ -249,6 +250,7 @@ def load_run_tokenizer(config: Config) -> Tokenizer:
     """The run's tokenizer, checked against the model: what `bin/train --plan` and training both call, so a
     tokenizer the model cannot embed stops both, before any step."""
     tokenizer = load_tokenizer(config.tokenizer)
+    assert config.model.vocab_size is not None   # a complete [model]: open_run completes it first
     if tokenizer.vocab_size > config.model.vocab_size:
         raise TokenizerError(f"model.vocab_size = {config.model.vocab_size} is smaller than the tokenizer's "
                              f"vocabulary ({tokenizer.vocab_size} ids, {tokenizer.name}); raise model.vocab_size "

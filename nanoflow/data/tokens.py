@@ -91,9 +91,8 @@ def recorded_tokenizer(folder: TokenFolder) -> dict | None:
     name = folder.tokenizer_name
     if name == "bytes":
         return {"fingerprint": "bytes", "how": "the built-in name", "eos_id": None}
-    path = os.path.join(name, "tokenizer.json") if os.path.isdir(name) else name
-    if not os.path.isfile(path):
-        path = _hub_cached_tokenizer(name)
+    local = os.path.join(name, "tokenizer.json") if os.path.isdir(name) else name
+    path = local if os.path.isfile(local) else _hub_cached_tokenizer(name)
     if path is None:
         return None
     try:
@@ -205,11 +204,11 @@ class TokenFile:
                 last = int(ends[-1]) if ends.size else 0
                 raise TokenFolderError(f"{path}: its index does not match it (the index ends at token {last}, "
                                        f"the file holds {self.tokens} tokens); one of them is truncated or stale")
-            self.documents = int(ends.size)
+            self.documents: int | None = int(ends.size)
             del ends
         else:
             self.documents = None
-        self._map = None
+        self._map: np.ndarray | None = None
 
     @property
     def map(self) -> np.ndarray:

@@ -116,6 +116,7 @@ def _write_tokenizer(store: Store, tokenizer: dict | str, max_length: int) -> tu
     name = section.get("tokenizer_name_or_path", "bytes")
     try:
         loaded = load_tokenizer(name, eos_token=section.get("eos_token"), bos_token=section.get("bos_token"))
+        tokenizer_config: dict
         if loaded.path is None:
             text, tokenizer_config = byte_tokenizer_json().encode(), {}
         else:

@@ -157,7 +157,7 @@ class _Conversion:
 
 
 def _name(hint) -> str:
-    return getattr(hint, "__name__", None) if typing.get_origin(hint) is None else str(hint).replace("typing.", "")
+    return str(getattr(hint, "__name__", None)) if typing.get_origin(hint) is None else str(hint).replace("typing.", "")
 
 
 def _fits(value, hint) -> bool:

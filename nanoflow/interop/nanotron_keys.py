@@ -78,7 +78,7 @@ REASONS = {
 }
 
 # Values of dropped keys that change nothing in nanoflow (None: any value is harmless).
-NEUTRAL = {
+NEUTRAL: dict[str, object] = {
     "general.ignore_sanity_checks": None, "general.benchmark_csv_path": None, "general.entity": None,
     "model.ddp_bucket_cap_mb": None, "model.make_vocab_size_divisible_by": 1,
     "model.model_config.bos_token_id": None, "model.model_config.eos_token_id": None,

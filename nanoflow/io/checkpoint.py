@@ -272,7 +272,8 @@ def commit(root: str, step: int, gathered: list[tuple[dict, dict]], info: dict, 
     write the metadata — the commit — then latest.txt, and clean up. Returns the step folder."""
     _check_info(step, info)
     store, folder = Store(root), str(step)
-    files, index = {}, {}
+    files: dict = {}
+    index: dict[str, dict[str, dict]] = {}
     for rank_files, rank_index in gathered:
         files.update(rank_files)
         for group, entries in rank_index.items():

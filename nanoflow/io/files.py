@@ -63,7 +63,7 @@ def open_to_append(path: str | os.PathLike, *, binary: bool = False):
         if e.errno == errno.ELOOP:
             raise LinkError(_link_message(path, os.readlink(path) if os.path.islink(path) else None)) from None
         raise
-    return os.fdopen(handle, "a+b" if binary else "a+", **({} if binary else {"encoding": "utf-8"}))
+    return os.fdopen(handle, "a+b") if binary else os.fdopen(handle, "a+", encoding="utf-8")
 
 
 def refuse_link(path: str | os.PathLike) -> None:

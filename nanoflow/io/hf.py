@@ -154,7 +154,7 @@ def read_hf_config(folder: str) -> tuple[dict, str]:
     return _read_json(store, CONFIG), store.url(CONFIG)
 
 
-def _read_bytes(store: Store, relative: str) -> bytes:
+def _read_bytes(store: Store, relative: str) -> bytearray:
     try:
         return store.read(relative)
     except StoreError as e:

@@ -321,6 +321,8 @@ def _identity() -> dict:
 def _process_start(pid) -> int | None:
     """The process's start time in clock ticks since boot (/proc/PID/stat field 22): a pid with it is that process."""
     text = _read_text(f"/proc/{pid}/stat") if isinstance(pid, int) else None
+    if text is None:
+        return None
     try:
         return int(text.rpartition(")")[2].split()[19])
     except (AttributeError, IndexError, ValueError):

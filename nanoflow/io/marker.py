@@ -55,7 +55,7 @@ def read_marker(store: Store, folder: str, name: str | None = None) -> dict:
     return check_metadata(text, where, folder or name or "")
 
 
-def check_metadata(text: bytes, where: str, folder_name: str) -> dict:
+def check_metadata(text: bytes | bytearray, where: str, folder_name: str) -> dict:
     """The marker parsed from `text`, once its seal, schema and step check out; DamagedCheckpointError otherwise."""
     try:
         meta = json.loads(text)

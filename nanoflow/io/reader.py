@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 
 import attrs
+import numpy
 import torch
 
 from nanoflow.io.checkpoint import (
@@ -39,7 +40,7 @@ class CheckpointReader:
         self.metadata = read_marker(self.store, "", folder)
         self._headers: dict[str, tuple[int, dict]] = {}   # file: (where its data starts, its tensor entries)
         self._fetched: dict[tuple[str, str], list] = {}   # (file, key): [tensor, reads still to serve]
-        self._small: dict[str, object] = {}                # files no bigger than the first read of their header
+        self._small: dict[str, numpy.ndarray] = {}        # files no bigger than the first read of their header
 
     def names(self, group: str) -> list[str]:
         return list(self._entries(group))

@@ -132,14 +132,14 @@ class Store:
         import torch
         buffer = torch.empty(length, dtype=torch.uint8).numpy()
         if self.is_s3:
-            view, got = memoryview(buffer), 0
+            view, got = buffer.data, 0   # memoryview(buffer): numpy declares the buffer protocol for Python >= 3.12
             for at in range(0, length, _CHUNK):
                 got += self._read_s3_range(relative, start + at, view[at:at + _CHUNK])
         else:
             try:
                 with open(self.url(relative), "rb") as f:
                     f.seek(start)
-                    got = f.readinto(buffer)
+                    got = f.readinto(buffer.data)
             except OSError as e:
                 raise StoreError(f"cannot read {self.url(relative)}: {e}") from e
         if got != length:
@@ -257,7 +257,8 @@ class Store:
             return []
         bucket, prefix = self._bucket_key("")
         start = len(prefix) + 1 if prefix else 0
-        aborted, marker = [], {}
+        aborted: list[str] = []
+        marker: dict[str, str] = {}
         while True:
             page = self._s3(f"list the unfinished uploads under {self.root}", lambda c: c.list_multipart_uploads(
                 Bucket=bucket, Prefix=prefix + "/" if prefix else "", **marker))  # noqa: B023 - called now
@@ -422,7 +423,7 @@ def _unwrapped(error: BaseException) -> BaseException:
     return error
 
 
-def _transient(error: Exception) -> bool:
+def _transient(error: BaseException) -> bool:
     import botocore.exceptions as be
     import urllib3.exceptions
 
@@ -435,7 +436,7 @@ def _transient(error: Exception) -> bool:
                               urllib3.exceptions.ProtocolError, urllib3.exceptions.TimeoutError))
 
 
-def _explain(error: Exception, store: Store, client) -> str:
+def _explain(error: BaseException, store: Store, client) -> str:
     import botocore.exceptions as be
 
     bucket, _ = store._bucket_key("")

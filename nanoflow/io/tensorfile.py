@@ -42,7 +42,7 @@ def tensor_chunks(tensors: dict[str, torch.Tensor]) -> tuple[memoryview, dict[st
     # Widest elements first, so every tensor starts aligned to its element size (as safetensors does).
     for name, tensor in sorted(tensors.items(), key=lambda item: -item[1].element_size()):
         tensor = tensor.detach().cpu().contiguous()
-        raw = tensor.reshape(-1).view(torch.uint8).numpy() if tensor.numel() else b""
+        raw = tensor.reshape(-1).view(torch.uint8).numpy().data if tensor.numel() else memoryview(b"")
         header[name] = {"dtype": DTYPES[tensor.dtype], "shape": list(tensor.shape),
                         "data_offsets": [offset, offset + len(raw)]}
         offset += len(raw)

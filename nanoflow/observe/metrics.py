@@ -139,8 +139,8 @@ def read_records(path: str | os.PathLike, fields: dict[str, str], optional: dict
     try:
         lines = data.decode("utf-8").splitlines()
     except UnicodeDecodeError as e:
-        line = data.count(b"\n", 0, e.start) + 1
-        raise MetricsError(f"{path}:{line}: not UTF-8 text (byte {e.start} of the file); nanoflow writes JSON lines "
+        bad = data.count(b"\n", 0, e.start) + 1
+        raise MetricsError(f"{path}:{bad}: not UTF-8 text (byte {e.start} of the file); nanoflow writes JSON lines "
                            "here") from None
     rows = []
     for number, line in enumerate(lines, 1):
@@ -236,7 +236,7 @@ class Window:
     def __init__(self, span: float = 30.0):
         self.span = span
         self._clock = Throughput()
-        self._steps = collections.deque()   # (stage, seconds, tokens, work), oldest first
+        self._steps: collections.deque[tuple] = collections.deque()   # (stage, seconds, tokens, work), oldest first
         self.seconds, self.tokens, self.work = 0.0, 0, 0.0
         self._stage, self._stage_seconds, self._stage_work = None, 0.0, 0.0
 

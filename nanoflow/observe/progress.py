@@ -23,7 +23,7 @@ from attrs import frozen
 from nanoflow import console
 from nanoflow.flops import flops_per_token, gpu_peak
 from nanoflow.observe.metrics import Window
-from nanoflow.schedule import Schedule, stage_steps
+from nanoflow.schedule import Schedule, Stage, stage_steps
 
 log = logging.getLogger(__name__)
 
@@ -215,7 +215,7 @@ def _loss_path(state) -> str:
 
 
 def _distinct_lengths(schedule: Schedule):
-    seen = {}
+    seen: dict[int, Stage] = {}
     for stage in schedule.stages:
         seen.setdefault(stage.sequence_length, stage)
     return seen.values()

@@ -14,9 +14,14 @@ from __future__ import annotations
 import logging
 import math
 import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from nanoflow.observe.metrics import MEASURED, Throughput, tokens_per_second
+
+if TYPE_CHECKING:
+    from torch.utils.tensorboard import SummaryWriter
 
 log = logging.getLogger(__name__)
 
@@ -45,9 +50,9 @@ class TensorBoardLog:
         self.directory = Path(run_dir)
         self.start_step = start_step
         self.enabled = enabled and available()
-        self.writer = None
+        self.writer: SummaryWriter | None = None
         self.throughput = Throughput()
-        self._previous_hook = None
+        self._previous_hook: Callable[[threading.ExceptHookArgs], object] | None = None
 
     def __enter__(self) -> TensorBoardLog:
         if self.enabled:
@@ -96,6 +101,7 @@ class TensorBoardLog:
                 self._give_up(e)
 
     def _write(self, metrics: dict) -> None:
+        assert self.writer is not None   # write() calls it with one
         step, stage = metrics["step"], metrics["stage"]
         values = {key: metrics[key] for key in SCALARS if metrics.get(key) is not None}
         if "tokens_per_s" not in values and "elapsed" in metrics and "tokens" in metrics:  # a record without the

@@ -22,8 +22,9 @@ import logging
 import os
 import re
 import sys
+from collections.abc import Callable
 from datetime import timedelta
-from typing import NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import attrs
 import torch
@@ -32,6 +33,9 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from nanoflow.config import Config, check_world_size
 from nanoflow.errors import PeerLostError
+
+if TYPE_CHECKING:
+    from nanoflow.model import Llama
 
 TP_PLAN = {
     "self_attn.q_proj": "colwise", "self_attn.k_proj": "colwise", "self_attn.v_proj": "colwise",
@@ -144,7 +148,7 @@ def _restart_store(timeout: timedelta):
     return dist.PrefixStore(f"nanoflow/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/", shared)
 
 
-def parallelize(model: torch.nn.Module, topology: Topology, config: Config) -> torch.nn.Module:
+def parallelize(model: Llama, topology: Topology, config: Config) -> Llama:
     """Apply the tensor-parallel plan over "tp", activation recomputation, then FSDP2 over "dp".
     Returns the same module, sharded; parameter names stay HF's."""
     if topology.mesh is None:
@@ -199,7 +203,7 @@ def _by_head():
     return SequenceParallel(sequence_dim=2, use_local_output=True)
 
 
-def _parallelize_sequence(model: torch.nn.Module, tp_mesh: DeviceMesh, plan: dict[str, str]) -> None:
+def _parallelize_sequence(model: Llama, tp_mesh: DeviceMesh, plan: dict[str, str]) -> None:
     """TP_PLAN with sequence parallelism (nanotron's tp_mode = "REDUCE_SCATTER"): between the blocks
     the residual stream and the norms hold sequence_length / tp positions on each rank instead of all
     of them. Each attention or MLP block all-gathers its normed input by position, and its row-wise
@@ -219,8 +223,8 @@ def _parallelize_sequence(model: torch.nn.Module, tp_mesh: DeviceMesh, plan: dic
         return PrepareModuleInput(input_layouts=(Shard(1),) + (None,) * (args - 1),
                                   desired_input_layouts=(Replicate(),) + (None,) * (args - 1), use_local_output=True)
 
-    styles = {"colwise": ColwiseParallel, "rowwise": lambda: RowwiseParallel(output_layouts=Shard(1)),
-              "by_head": _by_head}
+    styles: dict[str, Callable[[], Any]] = {
+        "colwise": ColwiseParallel, "rowwise": lambda: RowwiseParallel(output_layouts=Shard(1)), "by_head": _by_head}
     for layer in model.model.layers:
         parallelize_module(layer, tp_mesh, {
             "input_layernorm": SequenceParallel(), "self_attn": gather(4),   # x, cos, sin, documents
@@ -298,7 +302,7 @@ def gather_objects(value, topology: Topology) -> list:
 _GLOO_LOST = re.compile(r"gloo/transport/.*?\]\s*(.*?)(?:\. This is typically caused.*)?$", re.DOTALL)
 
 
-def lost_peer(error: BaseException) -> PeerLostError | None:
+def lost_peer(error: BaseException | None) -> PeerLostError | None:
     """The PeerLostError of `error` (or of an error it was raised from) when it is a collective whose peer went away:
     gloo's broken or timed-out connection, or torch.distributed's own network and backend errors; None otherwise."""
     seen = set()

@@ -10,6 +10,8 @@ The bytes themselves go through nanoflow.io; the checkpoint lifecycle is nanoflo
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 from torch.distributed.tensor import DTensor
 
@@ -35,9 +37,12 @@ def owns(tensor: torch.Tensor, topology: Topology) -> bool:
     """Whether this rank writes its box of `tensor`: only the first of the ranks holding the same box."""
     if topology.mesh is None:
         return True
-    coordinate = dict(zip(topology.mesh.mesh_dim_names, topology.mesh.get_coordinate(), strict=True))
+    names, coordinates = topology.mesh.mesh_dim_names, topology.mesh.get_coordinate()
+    assert names is not None and coordinates is not None   # the run's mesh: named, and this rank is in it
+    coordinate = dict(zip(names, coordinates, strict=True))
     if not isinstance(tensor, DTensor):
         return all(c == 0 for c in coordinate.values())
+    assert tensor.device_mesh.mesh_dim_names is not None   # the run's mesh, named
     sharded_on = {name for name, placement in zip(tensor.device_mesh.mesh_dim_names, tensor.placements, strict=True)
                   if not (placement.is_replicate() or placement.is_partial())}  # Shard or FSDP's _StridedShard
     return all(c == 0 for name, c in coordinate.items() if name not in sharded_on)
@@ -76,7 +81,7 @@ def local_tensor(target: torch.Tensor) -> torch.Tensor:
     return target.to_local() if isinstance(target, DTensor) else target
 
 
-def fill(reader, group: str, targets: dict[str, torch.Tensor]) -> None:
+def fill(reader, group: str, targets: Mapping[str, torch.Tensor]) -> None:
     """Fill each target (by saved name; sharded or not) with this rank's box of it: straight into the
     tensor where the reader can (CheckpointReader.fill), else each box read, then copied in."""
     boxes = [(group, name, *local_box(t), local_tensor(t)) for name, t in targets.items()]

@@ -14,7 +14,7 @@ from nanoflow import console
 from nanoflow.checkpoint.checkpointer import Checkpointer
 from nanoflow.config import Config, stage_rope, unreached_stages, untrained_splits
 from nanoflow.data import open_stage
-from nanoflow.data.loader import check_stages
+from nanoflow.data.loader import StageLoader, check_stages
 from nanoflow.evaluation import Evaluator
 from nanoflow.io.runfolder import check_folder, check_room
 from nanoflow.io.store import check_root
@@ -113,7 +113,8 @@ class _Stages:
 
     def __init__(self, run: Run, report: Progress):
         self.run, self.report = run, report
-        self.loader, self.index = None, None
+        self.loader: StageLoader | None = None
+        self.index: int | None = None
 
     def loader_for(self, step: int):
         index = active_stage(self.run.schedule, step)

@@ -286,6 +286,19 @@ def test_a_fresh_model_needs_its_sizes_unless_an_hf_folder_gives_them(tmp_path):
     assert (qwen3.architecture.qk_norm, qwen3.architecture.qkv_bias, qwen3.sliding_window) == ("head", False, None)
 
 
+def test_an_hf_folder_gives_the_keys_a_model_with_its_type_and_sizes_leaves_unset(tmp_path):
+    """model_type and every required size beside init_from, num_key_value_heads and max_position_embeddings unset:
+    the config loads (it raised a TypeError, dividing by the unset heads) and config.json completes it."""
+    hf_model("qwen2").save_pretrained(tmp_path / "hf")
+    given = {"model_type": "qwen2", **{k: SIZES[k] for k in ("vocab_size", "hidden_size", "intermediate_size",
+                                                             "num_hidden_layers", "num_attention_heads")}}
+    raw = tiny(tmp_path / "run").to_dict()
+    raw["model"] = {**given, "init_from": str(tmp_path / "hf")}
+    assert config_from_dict(raw, "test.toml").model.num_key_value_heads is None
+    model = init_from_config(tmp_path, tmp_path / "hf", model=given).model
+    assert (model.num_key_value_heads, model.max_position_embeddings) == (2, 64)
+
+
 def test_smollm3_s_no_rope_layers_come_from_the_interval_and_the_list_wins(tmp_path):
     base = ['model.model_type="smollm3"', "model.num_hidden_layers=8"]
     assert tiny(tmp_path, *base).model.no_rope_layers == [1, 1, 1, 0, 1, 1, 1, 0]
