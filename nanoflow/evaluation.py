@@ -126,6 +126,7 @@ def load_choice_set(config: Config, entry: EvalDatasetArgs, tokenizer, sequence_
     examples = read_examples(entry.dataset, where, (context, choices, answer), entry.max_samples)
     asked = requests(examples, tokenizer, sequence_length, delimiter, config.parallelism.tp, where)
     top = int(asked.input_ids.max(initial=0))
+    assert config.model.vocab_size is not None   # a complete [model]
     if top >= config.model.vocab_size:
         raise StageDataError(f'eval set "{entry.name}": token id {top} is outside model.vocab_size = '
                              f"{config.model.vocab_size}")
@@ -225,6 +226,7 @@ def score_choices(model: torch.nn.Module, eval_set: EvalSet, topology: Topology,
     """A multiple_choice set's {"loss", "tokens"} (over the right choices' continuation tokens), "accuracy" and
     "accuracy_norm" (lm-eval's acc and acc_norm) with their counts, and its "examples"."""
     asked = eval_set.choices
+    assert asked is not None   # a multiple_choice set (score's dispatch)
     lls = choice_loglikelihoods(model, eval_set, topology, dtype)
     right, right_norm = right_answers(lls, asked)
     gold = asked.gold_rows

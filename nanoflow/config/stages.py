@@ -74,7 +74,7 @@ class DatasetArgs:
 
     @property
     def columns(self) -> tuple[str, ...]:
-        if self.is_chat:
+        if self.messages_column_name is not None:   # chat
             return (self.messages_column_name,)
         prompt, completion = self.prompt_column_name, self.completion_column_name   # SFT: both (data_checks)
         return (prompt, completion) if prompt is not None and completion is not None else (self.text_column_name,)
@@ -251,8 +251,10 @@ class EvalDatasetArgs:
     @property
     def choice_format(self) -> tuple[str, str, str, str]:
         """A multiple_choice set's (context column, choices column, answer column, target delimiter)."""
-        given = (self.context_column_name, self.choices_column_name, self.answer_column_name, self.target_delimiter)
-        return tuple(d if v is None else v for v, d in zip(given, ("context", "choices", "answer", " "), strict=True))
+        def given(value: str | None, default: str) -> str:
+            return default if value is None else value
+        return (given(self.context_column_name, "context"), given(self.choices_column_name, "choices"),
+                given(self.answer_column_name, "answer"), given(self.target_delimiter, " "))
 
 
 @frozen

@@ -129,7 +129,8 @@ def compile_template(text: str):
 
 @contextmanager
 def _recording():
-    chunks, spans = [], []
+    chunks: list[str] = []
+    spans: list[tuple[int, int]] = []
     token = _spans.set((chunks, spans))
     try:
         yield chunks, spans

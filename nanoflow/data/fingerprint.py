@@ -87,7 +87,7 @@ def _hf_source(spec, stage_name: str, tokenizer: Tokenizer) -> dict:
 def _sft_reading(dataset, tokenizer: Tokenizer) -> dict:
     """How an SFT source is read, where it is not the default (absent: as before): the chat template that renders
     its rows, which turns are trained, packing, over-long samples left out."""
-    entry = {}
+    entry: dict[str, str | bool] = {}
     if dataset.is_chat:
         material = json.dumps([tokenizer.chat_template, tokenizer.template_tokens()]).encode()
         entry["chat_template"] = hashlib.sha256(material).hexdigest()

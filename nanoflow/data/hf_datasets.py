@@ -9,7 +9,7 @@ import io
 import json
 import os
 from concurrent.futures import ProcessPoolExecutor
-from typing import Any
+from typing import Any, cast
 
 import attrs
 import numpy as np
@@ -243,7 +243,7 @@ def _tokenize_shard(rows, kind: str, columns: tuple[str, ...], tokenizer: Tokeni
     if kind == "packed":
         return _packed_tokens(rows, columns[0], tokenizer, where)
     if kind == "sft":
-        return _sft_rows(rows, *columns, tokenizer, where)
+        return _sft_rows(rows, columns[0], columns[1], tokenizer, where)
     return _chat_rows(rows, columns[0], tokenizer, kind, where, first_row)
 
 
@@ -278,7 +278,9 @@ def tokenize_rows(rows, kind: str, columns: tuple[str, ...], tokenizer: Tokenize
                              initializer=quiet_on_ctrl_c) as pool:
         parts = list(pool.map(_tokenize_shard_in_worker, shards, [kind] * num_proc, [columns] * num_proc,
                               [tokenizer.args] * num_proc, [where] * num_proc, firsts))
-    return np.concatenate(parts) if kind == "packed" else SFTRows.join(parts)
+    if kind == "packed":
+        return np.concatenate(cast(list[np.ndarray], parts))
+    return SFTRows.join(cast(list[SFTRows], parts))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -376,16 +378,17 @@ def tokenized_array(spec: HFSpec, kind: str, tokenizer: Tokenizer, stage_name: s
     key = _cache_key(spec, kind, tokenizer, load)
     path = os.path.join(cache_root(cache_dir), f"{key}.npy")
     index_path = path.removesuffix(".npy") + ".rows.npy"
+    found: np.ndarray | SFTRows | None
     if kind == "packed":
         found = _cached(path, dataset)
     else:
         index = _cached(index_path, dataset)
         codes = None if index is None else _cached(path, dataset)
-        found = None if codes is None else SFTRows(codes, index)
+        found = None if index is None or codes is None else SFTRows(codes, index)
     if found is not None:
         return found
     tokens = tokenize_rows(load(), kind, dataset.columns, tokenizer, where, dataset.dataset_processing_num_proc_per_process)
-    if kind == "packed":
+    if isinstance(tokens, np.ndarray):   # packed
         _write_cache(path, tokens, where)
         del tokens
         return np.load(path, mmap_mode="r")

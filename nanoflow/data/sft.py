@@ -141,7 +141,7 @@ class SFTExamples:
         return f"row {int(self.picked[i])}"
 
     def close(self) -> None:
-        self.rows = self.picked = None
+        self.rows = self.picked = None  # type: ignore[assignment]  # closed: let go, never read
 
 
 class PackedSFT:
@@ -185,7 +185,7 @@ class PackedSFT:
         return f"packed window {i} (rows {', '.join(map(str, members.tolist()))})"
 
     def close(self) -> None:
-        self.rows = self.picked = self.members = self.bounds = None
+        self.rows = self.picked = self.members = self.bounds = None  # type: ignore[assignment]  # closed: let go
 
 
 def positions(lengths: np.ndarray, width: int) -> np.ndarray:

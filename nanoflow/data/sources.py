@@ -28,7 +28,7 @@ from nanoflow.data.hf_datasets import (
     tokenized_array,
 )
 from nanoflow.data.samples import IGNORE_INDEX, Samples
-from nanoflow.data.sft import PackedSFT, Reading, SFTExamples, Summary, open_sft, summarize
+from nanoflow.data.sft import PackedSFT, Reading, SFTExamples, SFTRows, Summary, open_sft, summarize
 from nanoflow.data.tokenizer import Tokenizer
 from nanoflow.data.tokens import (
     MANIFEST,
@@ -185,6 +185,7 @@ def open_hf_source(spec: HFSpec, stage_name: str, tokenizer: Tokenizer, sequence
     where, dataset = describe(stage_name, spec), spec.dataset
     if dataset.is_sft:
         rows = tokenized_array(spec, sft_kind(dataset, answers), tokenizer, stage_name, cache_dir)
+        assert isinstance(rows, SFTRows)   # an SFT kind's rows, never a packed token array
         reading = Reading(sequence_length, dataset.overlong_samples, dataset.packing)
         return open_sft(rows, reading, tokenizer.eos_id, where, dataset.held_out_samples, held_out)
     return split_held_out(PackedText(tokenized_array(spec, "packed", tokenizer, stage_name, cache_dir),
@@ -198,9 +199,13 @@ def sft_summaries(dataset: DatasetArgs, stage_name: str, tokenizer: Tokenizer, s
     now, into the cache training reads, if they are not there yet): what --plan says of it."""
     reading = Reading(sequence_length, dataset.overlong_samples, dataset.packing)
     read = {key for key, _, _, _ in source_inputs(dataset)}   # sources of weight 0 are never read
-    return [(spec, summarize(tokenized_array(spec, sft_kind(dataset), tokenizer, stage_name, cache_dir), reading,
-                             dataset.held_out_samples))
-            for spec in hf_specs(dataset) if spec.key in read]
+    summaries = []
+    for spec in hf_specs(dataset):
+        if spec.key in read:   # sources of weight 0 are never read
+            rows = tokenized_array(spec, sft_kind(dataset), tokenizer, stage_name, cache_dir)
+            assert isinstance(rows, SFTRows)   # an SFT kind's rows, never a packed token array
+            summaries.append((spec, summarize(rows, reading, dataset.held_out_samples)))
+    return summaries
 
 
 def check_folder_tokenizer(tokens: TokenFolder, tokenizer: Tokenizer, where: str,

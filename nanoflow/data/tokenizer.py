@@ -61,6 +61,9 @@ class ByteTokenizer:
     def encode_with_specials(self, text: str) -> list[int]:
         return self.encode(text)   # its exported tokenizer.json adds nothing either
 
+    def template_tokens(self) -> dict[str, str]:
+        return {"eos_token": self.eos_token}   # no chat template to see them: a chat stage needs a tokenizer folder
+
     def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
         return [np.frombuffer(text.encode("utf-8"), dtype=np.uint8) for text in texts]
 
@@ -110,7 +113,9 @@ class HFTokenizer:
         self.vocab_size = self._tokenizer.get_vocab_size(with_added_tokens=True)
         self.args = TokenizerArgs(tokenizer_name_or_path=self.name, eos_token=eos_token, bos_token=bos_token)
         folder_config = folder_config or {}
-        self.eos_token, self.eos_id = self._special("eos", eos_token, folder_config, config_path, EOS_TOKENS)
+        eos = self._special("eos", eos_token, folder_config, config_path, EOS_TOKENS)
+        assert eos[0] is not None and eos[1] is not None   # _special raises where it finds no end-of-text
+        self.eos_token, self.eos_id = eos[0], eos[1]
         self.bos_token, self.bos_id = self._special("bos", bos_token, folder_config, config_path, BOS_TOKENS)
         self.chat_template, self.chat_template_path = None, None
         if config_path is not None:

@@ -40,7 +40,7 @@ DTYPES = ("float32", "bfloat16", "float16")
 # ---------------------------------------------------------------------------------------------
 # Export (the folder's files; nanoflow.interop.export.export_hf writes them for a checkpoint)
 
-def generation_config(bos_token_id: int | None, eos_token_id: int | None,
+def generation_config(bos_token_id: int | None, eos_token_id: int | list[int] | None,
                       pad_token_id: int | None = None) -> dict:
     """generation_config.json as transformers derives it from config.json: the special-token ids it has."""
     ids = {"bos_token_id": bos_token_id, "eos_token_id": eos_token_id, "pad_token_id": pad_token_id}
