@@ -3,7 +3,9 @@
     run = open_run(config)                       # joins the process group, checks, loads the tokenizer
     checkpointer = Checkpointer(run)             # and init_state(run), Evaluator(run, …), the loop …
 
-`open_run` is the one place the schedule is built, the topology joined and the tokenizer loaded.
+`open_run` is the one place the schedule is built, the topology joined and the tokenizer loaded, and where torch's
+process-wide settings are made, before any CUDA work (nanoflow.parallel.runtime: the environment CUDA, cuBLAS and
+NCCL read when they start, determinism, TF32; `[model] dtype = "auto"` resolved for the device).
 `load_config` has already applied every rule a config file can break on its own (config/checks.py);
 `open_run` applies the ones that need more than the file (nanoflow/preflight.py): the model's size
 against this machine, the tokenizer against model.vocab_size, an HF `init_from` folder against
@@ -20,7 +22,8 @@ from nanoflow.config import Config
 from nanoflow.data.fingerprint import Fingerprints
 from nanoflow.data.tokenizer import Tokenizer, load_run_tokenizer
 from nanoflow.io.store import is_remote
-from nanoflow.parallel.mesh import SINGLE, Topology, init_topology
+from nanoflow.parallel import runtime
+from nanoflow.parallel.mesh import SINGLE, Topology, device, init_topology
 from nanoflow.preflight import check_init_from, check_model_size
 from nanoflow.schedule import Schedule
 
@@ -48,17 +51,27 @@ class Run:
         local, else runs/s3/<bucket>/<prefix> here — keyed by the checkpoints' own place, so that two runs on S3
         never share a record, whatever their names (the prefix's parts are plain: config/checks.py refuses
         empty, "." and ".." ones)."""
-        path = self.config.checkpoints.checkpoints_path
-        if not self.is_remote:
-            return Path(path)
-        return Path("runs", "s3", *path.removeprefix("s3://").rstrip("/").split("/"))
+        return run_folder(self.config)
+
+
+def run_folder(config: Config) -> Path:
+    """The local folder of a run's records (Run.folder), known before the run is opened."""
+    path = config.checkpoints.checkpoints_path
+    if not is_remote(path):
+        return Path(path)
+    return Path("runs", "s3", *path.removeprefix("s3://").rstrip("/").split("/"))
 
 
 def open_run(config: Config, *, topology: Topology | None = None, join: bool = True) -> Run:
     """The run of `config` on `topology` — by default the process group torchrun started, joined here (`join`);
-    without `join` a single process, for a plan. Raises the NanoflowError of the first check that fails."""
+    without `join` a single process, for a plan, which changes no setting of torch's. Raises the NanoflowError
+    of the first check that fails. The run's config has `[model] dtype` resolved for this process's device."""
+    if join:
+        runtime.set_environment(config, run_folder(config), config.parallelism.dp * config.parallelism.tp)
+        runtime.set_torch(config)
     if topology is None:
         topology = init_topology(config) if join else SINGLE
+    config = runtime.resolved(config, device())
     check_model_size(config)  # first: the typo of a size is what to fix, whatever else is wrong
     tokenizer = load_run_tokenizer(config)
     check_init_from(config)

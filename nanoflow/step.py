@@ -10,6 +10,7 @@ import torch
 from nanoflow.data.sources import IGNORE_INDEX
 from nanoflow.errors import DivergedError
 from nanoflow.lr import scheduled_lr
+from nanoflow.parallel import runtime
 from nanoflow.parallel.mesh import all_reduce_sum, grad_norm, scale_gradients
 from nanoflow.schedule import active_stage
 from nanoflow.state import TrainState
@@ -57,11 +58,13 @@ def train_step(state: TrainState, batch) -> tuple[TrainState, dict]:
     # loss scales each chunk's gradient by it before rounding, as the unfused order does.
     grad_scale = torch.ones((), dtype=torch.float32, device=input_ids.device) / denominator
     loss_sum = torch.zeros((), dtype=torch.float32, device=input_ids.device)
-    for ids, targets in zip(input_ids.split(tokens.micro_batch_size), labels.split(tokens.micro_batch_size), strict=True):
-        with _autocast(config.model.dtype, ids.device):
-            loss = model(ids, targets, ignore_index=IGNORE_INDEX, grad_scale=grad_scale) / denominator
-        loss.backward()
-        loss_sum += loss.detach()
+    with runtime.attention_kernels():   # once a step (the autocast, once a forward: backward runs outside it)
+        for ids, targets in zip(input_ids.split(tokens.micro_batch_size), labels.split(tokens.micro_batch_size),
+                                strict=True):
+            with precision(config.model.dtype, ids.device):
+                loss = model(ids, targets, ignore_index=IGNORE_INDEX, grad_scale=grad_scale) / denominator
+            loss.backward()
+            loss_sum += loss.detach()
 
     total_norm = grad_norm(model.parameters())
     # The step's one read of device values (docs/parallelism.md, "Host synchronisations"): the update
@@ -96,7 +99,19 @@ def train_step(state: TrainState, batch) -> tuple[TrainState, dict]:
     return state.advance(step), metrics
 
 
-def _autocast(dtype: str, device: torch.device):
-    if dtype == "bfloat16":
+def precision(dtype: str, device: torch.device):
+    """`[model] dtype` on `device` ("auto" resolved for it): bfloat16 autocast, or nothing (float32)."""
+    if runtime.compute_dtype(dtype, device) == "bfloat16":
         return torch.autocast(device.type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def forward_context(dtype: str, device: torch.device):
+    """How a forward runs on `device`: in `precision`, with the attention kernels tried in
+    nanoflow.parallel.runtime's order."""
+    with runtime.attention_kernels(), precision(dtype, device):
+        yield
+
+
+_autocast = forward_context   # the name nanoflow.evaluation imports

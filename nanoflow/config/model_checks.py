@@ -117,13 +117,18 @@ MODEL_KEYS = {
     "init_from": ("free", None, "it is read at step 0 only"),
 }
 HF_MODEL_KEYS = {key: hf for key, (_, hf, _) in MODEL_KEYS.items() if hf is not None}
+# What a checkpoint written before nanoflow had a key was trained with, where that is not the key's default
+# today: dtype was float32 until "auto" (which every checkpoint since records resolved)
+TRAINED_BEFORE_THE_KEY = {"dtype": "float32"}
 
 
 def _recorded(model: dict, key: str):
-    """model[key] of a [model] section as Config.to_dict writes it (None dropped); absent: the key's default, which
-    is what a checkpoint written before nanoflow had the key was trained with."""
+    """model[key] of a [model] section as Config.to_dict writes it (None dropped); absent: what a checkpoint
+    written before nanoflow had the key was trained with (the key's default, or TRAINED_BEFORE_THE_KEY's)."""
     if key in model:
         return model[key]
+    if key in TRAINED_BEFORE_THE_KEY:
+        return TRAINED_BEFORE_THE_KEY[key]
     default = attrs.fields_dict(ModelArgs)[key].default
     return None if isinstance(default, attrs.Factory) else default  # type: ignore[arg-type]
 
