@@ -18,7 +18,8 @@ from nanoflow.state import TrainState
 
 
 def build_optimizer(model: torch.nn.Module, args: OptimizerArgs) -> torch.optim.AdamW:
-    """AdamW with decoupled weight decay on matrices only: norms (1-D weights) are not decayed."""
+    """AdamW with decoupled weight decay on matrices only: norms (1-D weights) are not decayed. Fused (one kernel
+    for the whole update, on CPUs and GPUs) unless `torch_adam_is_fused = false` leaves the choice to torch."""
     params = list(model.parameters())  # a tied weight appears once
     factory = args.optimizer_factory
     groups = [
@@ -37,18 +38,19 @@ def build_optimizer(model: torch.nn.Module, args: OptimizerArgs) -> torch.optim.
 def build_model(config: Config, topology: Topology = SINGLE, *, init: bool = True) -> Llama:
     """The model of `config`, its weights drawn from general.seed (when `init`), sharded over `topology`.
 
-    Every rank draws the same full weights before sharding, so any layout starts from the same model.
-    Without `init` the weights are left uninitialised, for the caller to fill (a restore overwrites every one).
+    The modules are made on the meta device (no memory, no draw), their tensors allocated on this process's
+    device, and the weights drawn there once, from a generator of that device: the same weights as a model built
+    on the CPU and then drawn (Llama.reset_parameters overwrites every weight), without nn.Linear's own init first.
+    Every rank draws the same full weights before sharding, so any layout starts from the same model. Without
+    `init` the weights are left unset, for the caller to fill (a restore overwrites every one).
     """
+    with torch.device("meta"):
+        model = Llama(config.model)
+    model = model.to_empty(device=device())
+    if config.model.tie_word_embeddings:  # to_empty gives each module its own tensor: tie them again
+        model.lm_head.weight = model.model.embed_tokens.weight
     if init:
-        model = Llama(config.model).to(device())
         model.reset_parameters(torch.Generator(device=device()).manual_seed(config.general.seed))
-    else:  # built on the meta device: nn.Linear's own random init would be thrown away (0.12 s for 28 M weights)
-        with torch.device("meta"):
-            model = Llama(config.model)
-        model = model.to_empty(device=device())
-        if config.model.tie_word_embeddings:  # to_empty gives each module its own tensor: tie them again
-            model.lm_head.weight = model.model.embed_tokens.weight
     if config.model.compile:
         for layer in model.model.layers:
             layer.compile()  # in place: parameter names stay HF's
@@ -63,8 +65,8 @@ def init_state(run: Run | Config, topology: Topology | None = None) -> TrainStat
     `topology`, by default the one torchrun's environment describes: a single process without it).
     """
     run = as_run(run, topology)
-    model = build_model(run.config, run.topology)
     source = run.config.model.init_from
+    model = build_model(run.config, run.topology, init=source is None)   # init_from's weights fill every one
     if source is not None:  # open_run checked an HF folder's config.json against [model]: read its weights
         on_every_rank(lambda: load_weights(model, read_init_weights(source), source), run.topology)
     return TrainState.create(step=0, model=model, optimizer=build_optimizer(model, run.config.optimizer), lr_origin=0,
