@@ -100,8 +100,8 @@ class GarbageCollection:
     in the middle of a step and on one rank at a time, and the other ranks wait for that one at the next
     collective (torchtitan's loop does the same, every 50 steps)."""
 
-    def __init__(self, interval: int = GC_INTERVAL):
-        self.interval, self.was_enabled = interval, gc.isenabled()
+    def __init__(self, interval: int | None = None):
+        self.interval, self.was_enabled = interval or GC_INTERVAL, gc.isenabled()
 
     def __enter__(self) -> GarbageCollection:
         gc.disable()
