@@ -19,20 +19,34 @@ from nanoflow.state import TrainState
 
 def build_optimizer(model: torch.nn.Module, args: OptimizerArgs) -> torch.optim.AdamW:
     """AdamW with decoupled weight decay on matrices only: norms (1-D weights) are not decayed. Fused (one kernel
-    for the whole update, on CPUs and GPUs) unless `torch_adam_is_fused = false` leaves the choice to torch."""
+    for the whole update, on CPUs and GPUs) unless `torch_adam_is_fused = false` leaves the choice to torch.
+
+    A param group holds parameters of one layout only (plain tensors, or DTensors of one mesh): the fused and
+    foreach kernels take a group's tensors in one call, and DTensor refuses a call that mixes them (tensor
+    parallelism alone leaves the embeddings and norms plain, FSDP2 × TP puts the norms on another mesh)."""
     params = list(model.parameters())  # a tied weight appears once
     factory = args.optimizer_factory
-    groups = [
-        {"params": [p for p in params if p.ndim >= 2], "weight_decay": args.weight_decay},
-        {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
-    ]
+    groups = [{"params": same_layout, "weight_decay": decay}
+              for decay, selected in ((args.weight_decay, [p for p in params if p.ndim >= 2]),
+                                      (0.0, [p for p in params if p.ndim < 2]))
+              for same_layout in _by_layout(selected)]
     return torch.optim.AdamW(
-        [g for g in groups if g["params"]],
+        groups,
         lr=args.learning_rate_scheduler.learning_rate,  # overwritten every step by the closed-form LR
         betas=(factory.adam_beta1, factory.adam_beta2),
         eps=factory.adam_eps,
         fused=factory.torch_adam_is_fused or None,
     )
+
+
+def _by_layout(params: list[torch.Tensor]) -> list[list[torch.Tensor]]:
+    """`params` split by layout (the mesh of a DTensor; None for a plain tensor), each list in model order."""
+    from torch.distributed.tensor import DTensor
+
+    split: dict = {}
+    for p in params:
+        split.setdefault(p.device_mesh if isinstance(p, DTensor) else None, []).append(p)
+    return list(split.values())
 
 
 def build_model(config: Config, topology: Topology = SINGLE, *, init: bool = True) -> Llama:
