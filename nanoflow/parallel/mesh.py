@@ -4,7 +4,8 @@ and the one place where the model is sharded — with PyTorch's own FSDP2 and DT
 Tensor parallel (the "tp" mesh dimension): q/k/v/gate/up are split column-wise (by output
 features, so each rank holds whole heads), o/down row-wise (their all-reduce restores the full
 hidden state). Embeddings, norms and lm_head stay replicated across tp: with a small vocabulary
-that costs less than sharding and keeps tied embeddings simple. With tp_mode = "REDUCE_SCATTER"
+that costs less than sharding and keeps tied embeddings simple; at a large one it does not
+(docs/parallelism.md, "The head under tensor parallelism"). With tp_mode = "REDUCE_SCATTER"
 (sequence parallelism) the norms and the residual stream hold a slice of the positions instead.
 
 Data parallel (the "dp" mesh dimension): FSDP2 `fully_shard` per decoder layer and on the root,

@@ -36,6 +36,7 @@ SMALLEST = {
     "step_overhead.py": ([], [rf"\| eager \| torch [^|]+\| {N} \| {N} \| {N} \|"]),
     "loss.py": ([], [rf"\| 1 \| 2,048 \| {N} \| {N} \| {N} \| {N} \| {N} "]),
     "average.py": ([], [rf"peak {N} MB above it = {N} × one model"]),
+    "cpu_peak.py": ([], [rf"wall / cpu time = {N}"]),
 }
 
 
