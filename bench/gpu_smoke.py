@@ -36,6 +36,7 @@ import sys
 import tempfile
 import time
 import warnings
+from pathlib import Path
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -534,6 +535,11 @@ def main() -> None:
     results = {"tool": "bench/gpu_smoke.py", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
                "tiny": args.tiny, "budget_s": args.budget, "estimates_s": ESTIMATES, "sections": {}}
     path = os.path.join(args.out, "gpu_smoke.json")
+    scratch = tempfile.mkdtemp(prefix="gpu-smoke-", dir=os.environ.get("SMOKE_SCRATCH"))
+    # What a run sets before any CUDA work (the allocator's expandable segments), set before this process's first
+    from nanoflow.parallel.runtime import set_environment
+
+    set_environment(nanoflow.load_config(CONFIG, overrides_of(shape, 10)), Path(scratch), world_size=1)
 
     def write() -> None:
         results["elapsed_s"] = round(time.perf_counter() - started, 1)
@@ -546,7 +552,6 @@ def main() -> None:
     say(f"device {m['device']}, torch {m['torch']}, transformers {m['transformers']}, attention {m['attention']}")
     write()
     wanted = args.only.split(",") if args.only else list(ESTIMATES)
-    scratch = tempfile.mkdtemp(prefix="gpu-smoke-", dir=os.environ.get("SMOKE_SCRATCH"))
     sections = {"compare": lambda: compare(args, shape, m["peak_flops"]), "fsdp": lambda: fsdp(args, scratch),
                 "resume": lambda: resume(args, scratch), "async_save": lambda: async_save(args, shape, scratch)}
     try:
