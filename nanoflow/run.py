@@ -65,7 +65,8 @@ def run_folder(config: Config) -> Path:
 def open_run(config: Config, *, topology: Topology | None = None, join: bool = True) -> Run:
     """The run of `config` on `topology` — by default the process group torchrun started, joined here (`join`);
     without `join` a single process, for a plan, which changes no setting of torch's. Raises the NanoflowError
-    of the first check that fails. The run's config has `[model] dtype` resolved for this process's device."""
+    of the first check that fails. The run's config has `[model] dtype` resolved for this process's device (a
+    plan's too: it shows what a run on this machine would compute in)."""
     if join:
         runtime.set_environment(config, run_folder(config), config.parallelism.dp * config.parallelism.tp)
         runtime.set_torch(config)
