@@ -44,6 +44,7 @@ import torch  # noqa: E402
 from benchlib import filesystem, load_average, parse, state_with_moments  # noqa: E402  (bench/benchlib.py; puts the repo on sys.path)
 
 import nanoflow.io.checkpoint as checkpoint_module  # noqa: E402
+import nanoflow.io.files as files_module  # noqa: E402
 import nanoflow.io.marker as marker_module  # noqa: E402
 import nanoflow.io.reader as reader_module  # noqa: E402
 import nanoflow.io.store as store_module  # noqa: E402
@@ -140,7 +141,7 @@ def save_breakdown(root: str, step: int, groups: dict, info: dict) -> dict[str, 
                                     t.wrap("header + tensor views", checkpoint_module.tensor_chunks)))
         stack.enter_context(patched(marker_module, "new_checksum",
                                     lambda: TimedChecksum(t, tensorfile_module.new_checksum())))
-        stack.enter_context(patched(store_module, "_write_chunks", t.wrap("write", store_module._write_chunks)))
+        stack.enter_context(patched(files_module, "_write_chunks", t.wrap("write", files_module._write_chunks)))
         stack.enter_context(patched(os, "fsync", t.wrap("fsync", os.fsync)))
         stack.enter_context(patched(os, "replace", t.wrap("rename", os.replace)))
         total = timed(lambda: save_checkpoint(root, step, groups, info))

@@ -93,11 +93,12 @@ def paths():
 def model_for(vocab: int, sequence: int):
     import torch
 
+    from nanoflow.config.families import complete
     from nanoflow.config.schema import ModelArgs
     from nanoflow.model import Llama
 
-    cfg = ModelArgs(vocab_size=vocab, hidden_size=256, intermediate_size=688, num_hidden_layers=4,
-                    num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=max(sequence, 256))
+    cfg = complete(ModelArgs(vocab_size=vocab, hidden_size=256, intermediate_size=688, num_hidden_layers=4,
+                    num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=max(sequence, 256)))
     model = Llama(cfg)
     model.reset_parameters(torch.Generator().manual_seed(0))
     return model

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from nanoflow.config import Config, OptimizerArgs
+from nanoflow.config import Config, OptimizerArgs, stage_rope
 from nanoflow.data import open_stage
 from nanoflow.data.loader import StageLoader
 from nanoflow.io import read_init_weights
@@ -49,8 +49,9 @@ def _by_layout(params: list[torch.Tensor]) -> list[list[torch.Tensor]]:
     return list(split.values())
 
 
-def build_model(config: Config, topology: Topology = SINGLE, *, init: bool = True) -> Llama:
-    """The model of `config`, its weights drawn from general.seed (when `init`), sharded over `topology`.
+def build_model(config: Config, topology: Topology = SINGLE, *, init: bool = True, stage: int = 0) -> Llama:
+    """The model of `config`, its weights drawn from general.seed (when `init`), sharded over `topology`, encoding
+    positions with the RoPE of stage `stage` (nanoflow.config.stage_rope; train_step sets each step's stage's).
 
     The modules are made on the meta device (no memory, no draw), their tensors allocated on this process's
     device, and the weights drawn there once, from a generator of that device: the same weights as a model built
@@ -65,6 +66,8 @@ def build_model(config: Config, topology: Topology = SINGLE, *, init: bool = Tru
         model.lm_head.weight = model.model.embed_tokens.weight
     if init:
         model.reset_parameters(torch.Generator(device=device()).manual_seed(config.general.seed))
+    rope = stage_rope(config, stage)
+    model.set_rope(rope.theta, rope.scaling)
     if config.model.compile:
         for layer in model.model.layers:
             layer.compile()  # in place: parameter names stay HF's

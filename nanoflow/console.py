@@ -17,6 +17,8 @@ import os
 import sys
 from typing import TextIO
 
+from nanoflow.errors import without_credentials
+
 ROOT = "nanoflow"
 
 
@@ -29,7 +31,7 @@ class LineFormatter(logging.Formatter):
     """The message alone; a warning prefixed "warning: " (an error "error: "): no level names, no module names."""
 
     def format(self, record: logging.LogRecord) -> str:
-        text = record.getMessage()
+        text = without_credentials(record.getMessage())
         if record.levelno >= logging.ERROR:
             return f"error: {text}"
         if record.levelno >= logging.WARNING:

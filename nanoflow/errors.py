@@ -3,23 +3,45 @@
 bin/* print the message of a NanoflowError (no traceback) and exit with its `exit_status`; any
 other exception is a bug and keeps its traceback (exit 1). The classes are all here, so this module
 is the catalogue: `CATALOGUE` maps each class's name to its status, and the README's table of
-statuses is tested against `STATUSES`. The modules that raise an error import it from here (and
-re-export it where it is part of their public names). This module imports nothing, so the pure
+statuses is tested against `STATUSES`. `without_credentials` masks the password of a URL in any message. The modules that raise an error import it from here (and
+re-export it where it is part of their public names). This module imports nothing but `re`, so the pure
 modules (schedule.py, config/) can raise these too.
 """
+
+import re
 
 EXIT_DONE = 0
 EXIT_BUG = 1            # an exception nanoflow did not expect: a traceback, and an issue to file
 EXIT_BAD_INPUT = 2      # a config, data, tokenizer or checkpoint to fix, a missing extra, a run folder in use
 EXIT_DIVERGED = 3       # a non-finite loss or gradient norm: stopped before the update, the last good checkpoint kept
 EXIT_STORAGE = 4        # storage failed mid-run: what was committed before stands; rerun to resume
-EXIT_STOPPED = 75       # stopped by a signal after saving (sysexits' EX_TEMPFAIL): requeue, rerun to resume
+EXIT_STOPPED = 75       # stopped by a signal after saving, or by a lost peer (sysexits' EX_TEMPFAIL): requeue, rerun
 EXIT_INTERRUPTED = 130  # a second Ctrl-C: stopped at once without saving (the shell's 128 + SIGINT)
 
 # Every status a command can end with, by its constant's name (the README's table lists exactly these).
 STATUSES = {name: value for name, value in dict(globals()).items() if name.startswith("EXIT_")}
 
 INTERRUPTED = "interrupted: stopped at once, without saving; the last committed checkpoint (if any) is untouched"
+
+
+# The README's Quickstart install, which a command run outside nanoflow's environment names (bin/* carry a copy of
+# not_installed's line, as they must say it when nanoflow itself cannot be imported; a test holds them equal).
+QUICKSTART_INSTALL = ("python3 -m venv .venv && . .venv/bin/activate && pip install torch==2.13.0 && "
+                      "pip install -e '.[test]'")
+
+
+def not_installed(module: str, python: str) -> str:
+    """What a command says when `module` cannot be imported by the Python `python` that runs it: nanoflow or one of its
+    dependencies is not installed there (the venv not activated?)."""
+    return (f"no module named {module!r} in {python}: activate the venv nanoflow is installed in "
+            f"(. .venv/bin/activate in the checkout), or install it as the README's Quickstart does: {QUICKSTART_INSTALL}")
+
+
+def without_credentials(text: str) -> str:
+    """`text` with the user:password of every URL in it masked (http://user:pass@host → http://***@host): what the
+    message channel (nanoflow/console.py), the error line of bin/* and every storage error pass their text through,
+    so that a password in AWS_ENDPOINT_URL is never shown, logged or recorded."""
+    return re.sub(r"\b([A-Za-z][A-Za-z0-9+.-]*://)[^\s/?#'\"<>]*@", r"\1***@", text)
 
 
 def exit_interrupted() -> None:
@@ -138,6 +160,11 @@ class RunFolderError(NanoflowError, OSError):
     """A run folder that is not a folder, cannot be created or written, or has no room for a checkpoint."""
 
 
+class LinkError(NanoflowError):   # no OSError: a writer's `except OSError` must not take it for a failed write
+    """A file or folder nanoflow was about to write is a symlink it did not make: refused, nothing written
+    through it (nanoflow.io.files)."""
+
+
 class MetricsError(NanoflowError, ValueError):
     """A run folder without usable metrics."""
 
@@ -154,7 +181,8 @@ class CompareError(NanoflowError):
 
 
 class PlotError(NanoflowError):
-    """The plan picture cannot be written where --plot says."""
+    """A figure cannot be written where a command was told (--plot, --out, --output): a missing folder, a format
+    matplotlib does not write, a folder named."""
 
 
 class NanotronConfigError(NanoflowError, ValueError):
@@ -175,6 +203,16 @@ class StorageLostError(NanoflowError):   # no OSError: an `except OSError` must 
     disk): not the config's fault, and what was committed before stands; the same command resumes."""
 
     exit_status = EXIT_STORAGE
+
+
+# ---------------------------------------------------------------------------------------------
+# Exit 75: stopped, to be requeued
+
+class PeerLostError(NanoflowError):   # no RuntimeError: an `except RuntimeError` must not take it for a bug of torch's
+    """Another process of the run went away under torchrun (its node lost, its worker killed): the connection to
+    it broke in a collective. Nothing after the last committed checkpoint was saved; the same command resumes."""
+
+    exit_status = EXIT_STOPPED
 
 
 # Every error class above, by name, with the status it ends a command with.

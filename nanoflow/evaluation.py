@@ -31,10 +31,12 @@ import torch.nn.functional as F
 
 from nanoflow.build import build_model
 from nanoflow.config import Config, EvalDatasetArgs
+from nanoflow.data.fingerprint import short_digest
 from nanoflow.data.sources import IGNORE_INDEX, open_sources
 from nanoflow.data.tokens import StageDataError
 from nanoflow.io import read_init_weights
 from nanoflow.observe.metrics import EVAL_FILE, MetricsLog
+from nanoflow.parallel import threads
 from nanoflow.parallel.agree import on_every_rank
 from nanoflow.parallel.mesh import Topology, all_reduce_sum
 from nanoflow.parallel.shards import load_weights
@@ -53,6 +55,8 @@ class EvalSet:
     input_ids: torch.Tensor        # [samples, sequence_length] int64
     labels: torch.Tensor           # the same shape; IGNORE_INDEX where no loss is taken
     micro_batch_size: int
+    position_ids: torch.Tensor | None = None   # with document masking: restarting at 0 at each document
+    data_fingerprint: str | None = None        # the short digest of its fingerprint (nanoflow.data.fingerprint)
 
     @property
     def answerable(self) -> int:
@@ -74,8 +78,10 @@ def load_eval_set(config: Config, entry: EvalDatasetArgs, tokenizer) -> EvalSet:
         dataset, label = stage.data.dataset, stage.name
     else:
         dataset, label = entry.dataset, f"evaluation {entry.name}"
+    masking = config.eval_document_masking(entry)
     named = open_sources(dataset, label, tokenizer, sequence_length, None, config.model.vocab_size,
-                         config.tokenizer.accept_recorded_names or (), held_out=entry.held_out_of is not None)
+                         config.tokenizer.accept_recorded_names or (), held_out=entry.held_out_of is not None,
+                         document_masking=masking)
     try:
         sizes = np.array([len(n.source) for n in named], dtype=np.int64)
         bounds = np.concatenate([[0], np.cumsum(sizes)])
@@ -83,10 +89,16 @@ def load_eval_set(config: Config, entry: EvalDatasetArgs, tokenizer) -> EvalSet:
         which = np.searchsorted(bounds, picks, side="right") - 1
         inputs = np.empty((len(picks), sequence_length), np.int64)
         labels = np.empty_like(inputs)
+        positions = np.tile(np.arange(sequence_length), (len(picks), 1)) if masking else None
         for k, n in enumerate(named):
             rows = np.flatnonzero(which == k)
             if rows.size:
-                inputs[rows], labels[rows] = n.source.samples(picks[rows] - bounds[k])
+                read = n.source.samples(picks[rows] - bounds[k])
+                inputs[rows], labels[rows] = read.input_ids, read.labels
+                if read.position_ids is not None:   # else one document a row: positions 0..seq-1
+                    if positions is None:
+                        positions = np.tile(np.arange(sequence_length), (len(picks), 1))
+                    positions[rows] = read.position_ids
     finally:
         for n in named:
             n.source.close()
@@ -95,13 +107,18 @@ def load_eval_set(config: Config, entry: EvalDatasetArgs, tokenizer) -> EvalSet:
         raise StageDataError(f'eval set "{entry.name}": token id {top} is outside model.vocab_size = '
                              f"{config.model.vocab_size} (was the data tokenized for another model?)")
     return EvalSet(entry.name, entry.metric, torch.from_numpy(inputs), torch.from_numpy(labels),
-                   entry.micro_batch_size or config.tokens.micro_batch_size)
+                   entry.micro_batch_size or config.tokens.micro_batch_size,
+                   None if positions is None else torch.from_numpy(positions))
 
 
-def load_eval_sets(config: Config, tokenizer) -> list[EvalSet]:
+def load_eval_sets(config: Config, tokenizer, fingerprints: dict | None = None) -> list[EvalSet]:
+    """The config's eval sets; each carries the short digest of its fingerprint in `fingerprints` ({name:
+    fingerprint}: the run's, nanoflow.data.fingerprint.Fingerprints.evals), which their rows record."""
     if config.evaluation is None:
         return []
-    return [load_eval_set(config, entry, tokenizer) for entry in config.evaluation.datasets]
+    fingerprints = fingerprints or {}
+    return [attrs.evolve(load_eval_set(config, entry, tokenizer), data_fingerprint=short_digest(fingerprints[entry.name])
+                         if entry.name in fingerprints else None) for entry in config.evaluation.datasets]
 
 
 def score(model: torch.nn.Module, eval_set: EvalSet, topology: Topology, dtype: str = "float32") -> dict:
@@ -112,17 +129,23 @@ def score(model: torch.nn.Module, eval_set: EvalSet, topology: Topology, dtype: 
     per_rank = math.ceil(total / topology.dp)
     start = min(topology.dp_rank * per_rank, total)
     ids, labels = eval_set.input_ids[start:start + per_rank], eval_set.labels[start:start + per_rank]
+    positions = None if eval_set.position_ids is None else eval_set.position_ids[start:start + per_rank]
     padding = per_rank - len(ids)
     if padding:  # rows without targets: they count for nothing, but this rank runs the same forwards as the others
         ids = torch.cat([ids, torch.zeros(padding, ids.shape[1], dtype=ids.dtype)])
         labels = torch.cat([labels, torch.full((padding, labels.shape[1]), IGNORE_INDEX, dtype=labels.dtype)])
+        if positions is not None:
+            positions = torch.cat([positions, torch.arange(ids.shape[1]).expand(padding, -1)])
     target_device = next(model.parameters()).device
     sums = torch.zeros(3, dtype=torch.float64, device=target_device)   # loss, target tokens, right answers
     with torch.inference_mode():
-        for x, y in zip(ids.split(eval_set.micro_batch_size), labels.split(eval_set.micro_batch_size), strict=True):
+        chunks = [None] * len(ids.split(eval_set.micro_batch_size)) if positions is None \
+            else positions.split(eval_set.micro_batch_size)
+        for x, y, where in zip(ids.split(eval_set.micro_batch_size), labels.split(eval_set.micro_batch_size), chunks,
+                               strict=True):
             x, y = x.to(target_device), y.to(target_device)
             with _autocast(dtype, target_device):
-                logits = model(x)
+                logits = model(x, position_ids=where)
             if hasattr(logits, "full_tensor"):   # a DTensor under tensor parallelism
                 logits = logits.full_tensor()
             logits = logits.float()
@@ -143,7 +166,8 @@ def score(model: torch.nn.Module, eval_set: EvalSet, topology: Topology, dtype: 
 def evaluate(model: torch.nn.Module, sets: list[EvalSet], topology: Topology, step: int, stage: str,
              dtype: str = "float32") -> list[dict]:
     """One row per eval set, as eval.jsonl holds them, and a progress line saying them."""
-    rows = [{"step": step, "stage": stage, "dataset": s.name, **score(model, s, topology, dtype)} for s in sets]
+    rows = [{"step": step, "stage": stage, "dataset": s.name, **score(model, s, topology, dtype)}
+            | ({"data_fingerprint": s.data_fingerprint} if s.data_fingerprint is not None else {}) for s in sets]
     log.info(f"eval step {step} ({stage}): " + "  ".join(
         f"{r['dataset']} loss {r['loss']:.4f}" + (f" exact {r['accuracy']:.1%}" if "accuracy" in r else "")
         for r in rows))
@@ -166,7 +190,8 @@ class Evaluator:
 
     def __init__(self, run: Run, start_step: int, tensorboard=None):
         self.config, self.topology, self.tensorboard = run.config, run.topology, tensorboard
-        self.sets = load_eval_sets(run.config, run.tokenizer)
+        # Rank 0 writes the rows: it alone hashes the sets' files (once for the run: its checkpoints record them too)
+        self.sets = load_eval_sets(run.config, run.tokenizer, run.fingerprints.evals() if run.topology.is_main else None)
         # eval.jsonl: metrics.jsonl's own writer, with its truncation of the rows after the resumed step
         self.rows = MetricsLog(run.folder / EVAL_FILE, start_step, run.topology.is_main and bool(self.sets))
 
@@ -192,9 +217,10 @@ class Evaluator:
 # ---------------------------------------------------------------------------------------------
 # bin/eval: a committed checkpoint, evaluated without training
 
-def load_checkpoint_weights(config: Config, topology: Topology, reader, path: str) -> torch.nn.Module:
-    """The model of `config` on `topology`, its weights read from `reader` (each rank reads only its own boxes)."""
-    model = build_model(config, topology, init=False)
+def load_checkpoint_weights(config: Config, topology: Topology, reader, path: str, stage: int = 0) -> torch.nn.Module:
+    """The model of `config` on `topology` with stage `stage`'s RoPE, its weights read from `reader` (each rank
+    reads only its own boxes)."""
+    model = build_model(config, topology, init=False, stage=stage)
     on_every_rank(lambda: load_weights(model, reader, path), topology)
     return model
 
@@ -216,12 +242,22 @@ def evaluate_checkpoint(path: str, config: Config | None = None, overrides=(), t
         raise ConfigError(f"{path}: the config has no [evaluation] datasets to evaluate on; pass a CONFIG that has "
                           "[[evaluation.datasets]], or add them with --set")
     step = int(metadata["step"])
+    if threads.chosen():   # the checkpoint's count: the rows training wrote, bit for bit
+        count, line = threads.choose(metadata.get("threads"))
+        threads.apply(count)
+        log.info(line)
+    names = [entry.name for entry in config.evaluation.datasets]
+    log.info(f"evaluating {reader.path} (step {step}) on {len(names)} eval set{'s' * (len(names) != 1)}: "
+             f"{', '.join(names)}; reading the data and the weights")   # minutes can pass before its rows
     run = open_run(config, topology=topology)
-    sets = load_eval_sets(config, run.tokenizer)
-    model = load_checkpoint_weights(config, run.topology, reader, path)
+    config = run.config   # its [model] complete
+    sets = load_eval_sets(config, run.tokenizer, run.fingerprints.evals() if run.topology.is_main else None)
     schedule = run.schedule
-    stage = schedule.stages[active_stage(schedule, min(step, schedule.train_steps))].name
-    return evaluate(model, sets, run.topology, step, stage, config.model.dtype)
+    index = active_stage(schedule, min(step, schedule.train_steps))   # evaluated with the RoPE it trained with
+    model = load_checkpoint_weights(config, run.topology, reader, path, index)
+    log.info(f"scoring {sum(len(s.input_ids) for s in sets):,} samples" + "".join(
+        f"; {s.name}: greedy answers to {len(s.input_ids):,} prompts" for s in sets if s.metric == "exact_match"))
+    return evaluate(model, sets, run.topology, step, schedule.stages[index].name, config.model.dtype)
 
 
 def format_rows(rows: list[dict]) -> str:

@@ -43,15 +43,16 @@ def matmul_parameters(model) -> int:
     """N: the weights that multiply activations — every linear layer's, the output head's included; not the
     input embedding (a lookup; when tied to the head, the shared matrix counts once, as the head) nor the norms.
 
-    `model`: the [model] config (hidden_size, intermediate_size, num_hidden_layers, num_attention_heads,
-    num_key_value_heads, vocab_size)."""
-    hidden, heads = model.hidden_size, model.num_attention_heads
-    head_dim = hidden // heads
+    `model`: the complete [model] config (hidden_size, intermediate_size, num_hidden_layers, num_attention_heads,
+    num_key_value_heads, head_dim, vocab_size)."""
+    hidden, heads, head_dim = model.hidden_size, model.num_attention_heads, model.head_dim
     attention = 2 * hidden * heads * head_dim + 2 * hidden * model.num_key_value_heads * head_dim  # q, o; k, v
     mlp = 3 * hidden * model.intermediate_size  # gate, up, down
     return model.num_hidden_layers * (attention + mlp) + model.vocab_size * hidden  # + the output head
 
 
 def flops_per_token(model, sequence_length: int) -> int:
-    """Training FLOPs (forward + backward) per token at `sequence_length`: 6·N + 12·layers·hidden·sequence."""
-    return 6 * matmul_parameters(model) + 12 * model.num_hidden_layers * model.hidden_size * sequence_length
+    """Training FLOPs (forward + backward) per token at `sequence_length`: 6·N + 12·layers·heads·head_dim·sequence
+    (heads × head_dim is hidden_size unless head_dim is stated otherwise)."""
+    width = model.num_attention_heads * model.head_dim
+    return 6 * matmul_parameters(model) + 12 * model.num_hidden_layers * width * sequence_length

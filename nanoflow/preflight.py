@@ -1,8 +1,8 @@
 """The checks that need more than the config file, which nanoflow.run.open_run makes before any work starts
-(what `bin/train` and `bin/train --plan` both go through): the model's size against this machine's memory
-and `[model] init_from`: a local one must exist, and an HF model folder (local or s3://) has its config.json compared with
-`[model]` and its safetensors headers with the weights that model has (the tokenizer is loaded and
-measured against model.vocab_size by nanoflow.data.load_run_tokenizer, between the two). The process count
+(what `bin/train` and `bin/train --plan` both go through): `[model] init_from` — a local one must exist, and an
+HF model folder's (local or s3://) config.json completes `[model]` — then the model's size against this
+machine's memory, and the HF folder's safetensors headers against the weights that model has (the tokenizer is
+loaded and measured against model.vocab_size by nanoflow.data.load_run_tokenizer, between the two). The process count
 is checked where the processes join: nanoflow.parallel.mesh.init_topology.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-from nanoflow.config import Config, ConfigError, hf_config_mismatches
+from nanoflow.config import Config, ConfigError, complete_model
 from nanoflow.flops import matmul_parameters
 from nanoflow.io.hf import CONFIG, HFFormatError, HFWeights, is_hf_folder, read_hf_config
 from nanoflow.io.store import is_remote
@@ -19,24 +19,34 @@ from nanoflow.io.store import is_remote
 BYTES_PER_PARAMETER = 16
 
 
-def check_init_from(config: Config) -> None:
-    """When `[model] init_from` is an HF model folder, its config.json must describe the same model as
-    `[model]`: a ConfigError names every key that differs and every setting nanoflow's Llama lacks. Then
-    its weights, from the safetensors headers only (names, shapes, dtypes), must be the ones that model has:
-    a ConfigError names the folder and each tensor missing, unexpected, misshapen or not floating-point.
-    A nanoflow checkpoint (run or step folder) is checked when it is read, like a resume."""
+def complete_from_init(config: Config) -> Config:
+    """`config` with its [model] complete. A fresh start's was completed when the config was loaded; with
+    `[model] init_from` naming an HF model folder (local or s3://), its config.json gives every architecture key
+    [model] leaves out, read as transformers reads that model_type (nanoflow.config.model_from_hf), and must agree
+    with every key [model] gives: a ConfigError names each key that differs and each setting nanoflow does not
+    reproduce, with the family. A nanoflow checkpoint as init_from needs a complete [model] (its weights are
+    checked against it when they are read, like a resume's)."""
     path = config.model.init_from
-    if path is not None and not is_remote(path) and not os.path.exists(path):
+    if path is None:
+        return config
+    if not is_remote(path) and not os.path.exists(path):
         raise ConfigError(f"model.init_from: {path} does not exist")
-    if path is None or not is_hf_folder(path):
-        return
+    if not is_hf_folder(path):
+        return complete_model(config)
     try:
         hf, where = read_hf_config(path)
     except HFFormatError as e:
         raise ConfigError(f"model.init_from: {e}") from None
-    problems = hf_config_mismatches(config.model, hf, where)
-    if problems:
-        raise ConfigError("\n  ".join(f"model.init_from: {p}" for p in problems))
+    return complete_model(config, hf, where)
+
+
+def check_init_from(config: Config) -> None:
+    """When `[model] init_from` is an HF model folder, its weights, from the safetensors headers only (names, shapes,
+    dtypes), must be the ones the complete [model] (complete_from_init) has: a ConfigError names the folder and
+    each tensor missing, unexpected, misshapen or not floating-point."""
+    path = config.model.init_from
+    if path is None or not is_hf_folder(path):
+        return
     try:
         weights = HFWeights(path)
         entries = weights.entries()
@@ -64,19 +74,26 @@ def _weight_problems(config: Config, entries: dict[str, dict]) -> list[str]:
     problems = weight_mismatches(expected, {name: tuple(e["shape"]) for name, e in entries.items()}, tied=tied)
     if not tied and "lm_head.weight" not in entries:
         problems.append(f"{CONFIG} has tie_word_embeddings = false, so the output head lm_head.weight must be stored")
+    family = config.model.model_type
     if any(name.endswith(".bias") for name in set(entries) - set(expected)):
-        problems.append("nanoflow's Llama has no biases (a Qwen2-style model \"llamafied\" with its q/k/v biases "
-                        "is not a Llama)")
+        problems.append(f"its {CONFIG} describes a {family} without these biases (a Qwen2 \"llamafied\" with its "
+                        'q/k/v biases is a qwen2: model_type = "qwen2" in its config.json)')
     problems += [f"{name} is stored as {entry['dtype']}, not a floating-point type ({', '.join(FLOAT_DTYPES)})"
                  for name, entry in sorted(entries.items()) if entry["dtype"] not in FLOAT_DTYPES]
     return problems
 
 
 def parameter_count(model) -> int:
-    """Every parameter of the [model] config's Llama: the matmul weights, the input embedding unless tied, the norms."""
+    """Every parameter of the complete [model] config's decoder: the matmul weights, the input embedding unless
+    tied, the norms (the q/k norms too) and the biases."""
+    arch, layers = model.architecture, model.num_hidden_layers
     embedding = 0 if model.tie_word_embeddings else model.vocab_size * model.hidden_size
-    norms = (2 * model.num_hidden_layers + 1) * model.hidden_size
-    return matmul_parameters(model) + embedding + norms
+    q_width, kv_width = model.num_attention_heads * arch.head_dim, model.num_key_value_heads * arch.head_dim
+    qk_norms = {"head": 2 * arch.head_dim, "projection": q_width + kv_width, None: 0}[arch.qk_norm]
+    norms = (2 * layers + 1) * model.hidden_size + layers * qk_norms   # two a layer, before or after its blocks
+    qkv = q_width + 2 * kv_width
+    biases = layers * ((qkv if arch.qkv_bias else 0) + (model.hidden_size if arch.o_bias else 0))
+    return matmul_parameters(model) + embedding + norms + biases
 
 
 def check_model_size(config: Config) -> None:

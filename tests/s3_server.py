@@ -37,7 +37,29 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class S3Endpoint:
+class S3Client:
+    """What the tests do with an S3 server on loopback (moto's here, SeaweedFS's in seaweedfs_server.py) through
+    their own client: `url` is its endpoint."""
+
+    url: str
+
+    def client(self):
+        """A boto3 S3 client bound to this endpoint explicitly (not through the environment)."""
+        import boto3
+        from botocore.config import Config
+
+        return boto3.client("s3", endpoint_url=self.url, region_name="us-east-1", aws_access_key_id="testing",
+                            aws_secret_access_key=SECRET_ACCESS_KEY,
+                            config=Config(retries={"total_max_attempts": 2, "mode": "standard"}, connect_timeout=5,
+                                          read_timeout=30))
+
+    def make_bucket(self, prefix: str = "runs/s3") -> str:
+        bucket = f"nanoflow-{uuid.uuid4().hex[:12]}"
+        self.client().create_bucket(Bucket=bucket)
+        return f"s3://{bucket}/{prefix}"
+
+
+class S3Endpoint(S3Client):
     """moto's server on 127.0.0.1:port, which can be stopped (really: no new connections, none kept alive)
     and started again with its data, and told to stop itself when a given request arrives."""
 
@@ -149,18 +171,3 @@ class S3Endpoint:
             return app(environ, start_response)
 
         return wrapped
-
-    def client(self):
-        """A boto3 S3 client bound to this endpoint explicitly (not through the environment)."""
-        import boto3
-        from botocore.config import Config
-
-        return boto3.client("s3", endpoint_url=self.url, region_name="us-east-1", aws_access_key_id="testing",
-                            aws_secret_access_key=SECRET_ACCESS_KEY,
-                            config=Config(retries={"total_max_attempts": 2, "mode": "standard"}, connect_timeout=5,
-                                          read_timeout=30))
-
-    def make_bucket(self, prefix: str = "runs/s3") -> str:
-        bucket = f"nanoflow-{uuid.uuid4().hex[:12]}"
-        self.client().create_bucket(Bucket=bucket)
-        return f"s3://{bucket}/{prefix}"

@@ -11,10 +11,13 @@ plus one tensor. The result has no optimizer state. Its metadata is the newest s
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from nanoflow import io
-from nanoflow.config import MODEL_KEYS
+from nanoflow.checkpoint.lineage import one_history
+from nanoflow.config import MODEL_KEYS, recorded_model
 from nanoflow.errors import AverageError
 from nanoflow.io.checkpoint import commit, new_save, write_files
 from nanoflow.io.marker import step_of
@@ -26,21 +29,32 @@ SINGLE_PROCESS = {"dp": 1, "tp": 1, "world_size": 1}
 
 def committed_steps(run_dir: str) -> dict[int, str]:
     """{step: step folder} of a run folder's intact committed checkpoints."""
-    return {step_of(folder.rstrip("/").rpartition("/")[2]): folder for folder in io.checkpoints_to_try(run_dir)}
+    return {_step(folder): folder for folder in io.checkpoints_to_try(run_dir)}
+
+
+def _step(folder: str) -> int:
+    return step_of(folder.rstrip("/").rpartition("/")[2])
 
 
 def choose(run_dir: str, *, last: int | None = None, steps: list[int] | None = None) -> list[str]:
-    """The step folders to average, in step order: the `last` highest committed steps, or the `steps` named."""
+    """The step folders to average, in step order: the `last` most recently committed of one history (the newest
+    checkpoint's: nanoflow.checkpoint.lineage.one_history), or the `steps` named."""
     found = committed_steps(run_dir)
     if not found:
         raise AverageError(f"{run_dir} holds no committed checkpoint")
     if last is not None:
         if last < 1:
             raise AverageError(f"--last {last}: name one checkpoint or more")
-        if last > len(found):
-            raise AverageError(f"--last {last}: {run_dir} keeps only {len(found)} committed checkpoint"
-                               f"{'s' * (len(found) > 1)} (steps {', '.join(map(str, sorted(found)))})")
-        return [found[s] for s in sorted(found)[-last:]]
+        history, others = one_history(run_dir)
+        if last > len(history):
+            mine = sorted(_step(folder) for folder in history)
+            beside = (f"; step{'s' * (len(others) > 1)} {', '.join(str(s) for s in sorted(map(_step, others)))} "
+                      f"{'are' if len(others) > 1 else 'is'} of another history (a --fresh start or a start from an "
+                      "older step passed over it), which --steps can name" if others else "")
+            raise AverageError(f"--last {last}: {run_dir} keeps only {len(history)} committed checkpoint"
+                               f"{'s' * (len(history) > 1)} of its latest history (step"
+                               f"{'s' * (len(history) > 1)} {', '.join(map(str, mine))}){beside}")
+        return sorted(history[:last], key=_step)
     missing = [s for s in steps if s not in found]
     if missing:
         raise AverageError(f"--steps: {run_dir} holds no committed checkpoint of step "
@@ -55,8 +69,9 @@ def _same_model(readers: list[io.CheckpointReader]) -> None:
     first = readers[0]
     for other in readers[1:]:
         a, b = first.metadata["config"], other.metadata["config"]
-        differences = [f"model.{key} is {a['model'].get(key)} in {first.path} but {b['model'].get(key)} in "
-                       f"{other.path}" for key in ARCHITECTURE if a["model"].get(key) != b["model"].get(key)]
+        ours, theirs = recorded_model(a["model"]), recorded_model(b["model"])   # a record from before a key: its default
+        differences = [f"model.{key} is {ours.get(key)} in {first.path} but {theirs.get(key)} in "
+                       f"{other.path}" for key in ARCHITECTURE if ours.get(key) != theirs.get(key)]
         if a.get("tokenizer") != b.get("tokenizer"):
             differences.append(f"the tokenizer is {a.get('tokenizer')} in {first.path} but {b.get('tokenizer')} in "
                                f"{other.path}")
@@ -69,11 +84,10 @@ def _same_model(readers: list[io.CheckpointReader]) -> None:
             raise AverageError("cannot average checkpoints of different models: " + "; ".join(differences))
 
 
-def average_checkpoints(run_dir: str, out_dir: str, *, last: int | None = None, steps: list[int] | None = None,
-                        weights: list[float] | None = None) -> dict:
-    """Commit the weighted mean of the chosen checkpoints of `run_dir` as a checkpoint in `out_dir` (a run
-    folder that holds no committed checkpoint yet); its step is the newest source's. Returns a summary:
-    {"path", "step", "sources", "weights"}."""
+def selection(run_dir: str, *, last: int | None = None, steps: list[int] | None = None,
+              weights: list[float] | None = None) -> tuple[list[str], list[float]]:
+    """(the step folders of `run_dir` to average, in step order; their weights, normalised): what an average of
+    these arguments is made from, checked before anything is read."""
     if (last is None) == (steps is None):
         raise AverageError("name the checkpoints with one of --last K or --steps A,B,...")
     if steps is not None and not steps:
@@ -83,13 +97,36 @@ def average_checkpoints(run_dir: str, out_dir: str, *, last: int | None = None, 
         weights = [1.0] * len(folders)
     if len(weights) != len(folders):
         raise AverageError(f"--weights: {len(weights)} weights for {len(folders)} checkpoints")
+    if not all(math.isfinite(w) for w in weights) or not math.isfinite(sum(weights)):
+        # inf normalises to nan, and 1e308 + 1e308 overflows the sum: a NaN or all-zero "average"
+        raise AverageError(f"--weights {','.join(map(str, weights))}: weights must be finite numbers whose sum is "
+                           "finite too")
     if any(not w >= 0 for w in weights) or sum(weights) <= 0:
         raise AverageError(f"--weights {','.join(map(str, weights))}: weights must be ≥ 0, not all 0")
-    if io.checkpoints_to_try(out_dir):
-        raise AverageError(f"{out_dir} already holds a committed checkpoint; name a new folder")
-    weights = [w / sum(weights) for w in weights]
+    return folders, [w / sum(weights) for w in weights]
+
+
+def average_checkpoints(run_dir: str, out_dir: str, *, last: int | None = None, steps: list[int] | None = None,
+                        weights: list[float] | None = None) -> dict:
+    """Commit the weighted mean of the chosen checkpoints of `run_dir` as a checkpoint in `out_dir` (a run
+    folder that holds no committed checkpoint yet, locked while it is written as a training run locks its folder);
+    its step is the newest source's. Returns a summary:
+    {"path", "step", "sources", "weights"}."""
+    folders, weights = selection(run_dir, last=last, steps=steps, weights=weights)
     readers = [io.CheckpointReader(folder) for folder in folders]
     _same_model(readers)
+    # OUT_DIR's lock, the one a training run takes, from before it is found empty to after the commit: a second
+    # average into it meanwhile is refused naming this one; one that comes after finds the committed checkpoint.
+    lock = io.RunLock.acquire(out_dir, run="bin/average")
+    try:
+        if io.checkpoints_to_try(out_dir):
+            raise AverageError(f"{out_dir} already holds a committed checkpoint; name a new folder")
+        return _average(readers, weights, out_dir, lock)
+    finally:
+        lock.release()
+
+
+def _average(readers: list[io.CheckpointReader], weights: list[float], out_dir: str, lock) -> dict:
     newest = readers[-1]
     tensors = {}
     for name in newest.names("model"):
@@ -105,7 +142,9 @@ def average_checkpoints(run_dir: str, out_dir: str, *, last: int | None = None, 
     info["topology"] = SINGLE_PROCESS
     info["averaged_from"] = [{"checkpoint": r.path, "step": r.metadata["step"], "weight": w}
                              for r, w in zip(readers, weights, strict=True)]
-    suffix = new_save(out_dir, step)
+    lock.confirm()   # still this average's (its lease renewed): only then is anything written
+    suffix = new_save(out_dir, step, ["model"])
     written = write_files(out_dir, step, {"model": tensors}, suffix, rank=0)
+    lock.confirm()
     path = commit(out_dir, step, [written], info)
     return {"path": path, "step": step, "sources": [r.path for r in readers], "weights": weights}

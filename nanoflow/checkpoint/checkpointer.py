@@ -31,16 +31,25 @@ from nanoflow import console, io
 from nanoflow.build import build_model, build_optimizer, init_state
 from nanoflow.checkpoint.async_save import BackgroundWork, HostCopy
 from nanoflow.checkpoint.lineage import Lineage, begun_from_start, flags_note
-from nanoflow.checkpoint.resume_checks import Findings, check_data, check_lr, check_model
+from nanoflow.checkpoint.resume_checks import Findings, check_data, check_lr, check_model, check_rope
 from nanoflow.config import Config
 from nanoflow.errors import StorageLostError
 from nanoflow.io.checkpoint import commit, new_save, no_intact_checkpoint, write_files
 from nanoflow.io.store import StoreError
+from nanoflow.parallel import threads
 from nanoflow.parallel.agree import any_failed, every_rank, on_every_rank, on_main
 from nanoflow.parallel.mesh import Topology, gather_objects
 from nanoflow.parallel.shards import load_moments, load_weights, state_blocks
 from nanoflow.run import Run, as_run
-from nanoflow.schedule import ResumePoint, TrainingMetadata, begun_stages, is_save_step, resume_point, training_metadata
+from nanoflow.schedule import (
+    ResumePoint,
+    TrainingMetadata,
+    active_stage,
+    begun_stages,
+    is_save_step,
+    resume_point,
+    training_metadata,
+)
 from nanoflow.state import TrainState
 
 log = logging.getLogger(__name__)
@@ -54,18 +63,23 @@ class InFlight:
     work: BackgroundWork
 
 
-def checkpoint_info(state: TrainState, data_fingerprint: dict | None = None, lineage: Lineage = Lineage()) -> dict:
+def checkpoint_info(state: TrainState, data_fingerprint: dict | None = None, lineage: Lineage = Lineage(),
+                    eval_fingerprint: dict | None = None) -> dict:
     """What a checkpoint of `state` records besides its tensors (with `data_fingerprint`, {stage name:
-    fingerprint} of the begun stages, when given; `lineage`: where the run began, nanoflow/checkpoint/lineage.py)."""
+    fingerprint} of the begun stages, and `eval_fingerprint`, {eval set name: fingerprint}, when given; `lineage`:
+    where the run began, nanoflow/checkpoint/lineage.py)."""
     info = {
         "training": training_metadata(state.schedule, state.step).to_dict(),
         "lr_origin": state.lr_origin,
         "lineage": lineage.to_dict(),
         "topology": state.topology.to_dict(),
+        "threads": threads.current(),   # the intra-op threads it trained with: a resume keeps them
         "config": state.config.to_dict(),
     }
     if data_fingerprint is not None:
         info["data_fingerprint"] = data_fingerprint
+    if eval_fingerprint:   # absent without [evaluation]
+        info["eval_fingerprint"] = eval_fingerprint
     return info
 
 
@@ -145,8 +159,9 @@ class Checkpointer:
 
     def _restore(self, fresh: bool) -> TrainState:
         root, folders, start = on_main(lambda: self._checkpoints_to_try(fresh), self.topology)
-        self.lineage = Lineage()
+        self.lineage = Lineage.started()   # a fresh start begins a history of its own
         if not folders:
+            self._settle_threads(None)   # before the weights are drawn: the count is part of the numbers
             return init_state(self.run)
         state, reader, point, self.lineage = self._first_intact(root, folders, start)
         checkpoints, schedule = self.config.checkpoints, self.run.schedule
@@ -244,13 +259,15 @@ class Checkpointer:
                                                                       Lineage]:
         """The state step folder `folder` holds, its reader, where training goes on from it and the lineage the
         run's checkpoints record from now on; checked before any tensor is read: the trained history
-        (ScheduleDriftError), the model, the data, the LR (LRChangedError). With `start` (the run starts from
-        resume_checkpoint_path), load_optimizer / load_lr_scheduler = false act: fresh AdamW state, the LR
-        schedule restarted (warmup included) at the resume step; a resume of the run's own checkpoint continues
-        what it holds."""
+        (ScheduleDriftError), the begun stages' RoPE (ScheduleDriftError), the model, the data, the LR
+        (LRChangedError). With `start` (the run starts from resume_checkpoint_path), load_optimizer /
+        load_lr_scheduler = false act: fresh AdamW state, the LR schedule restarted (warmup included) at the resume
+        step; a resume of the run's own checkpoint continues what it holds."""
         reader = on_every_rank(lambda: io.CheckpointReader(folder), self.topology)
+        self._settle_threads(reader.metadata.get("threads"))
         trained = TrainingMetadata.from_dict(reader.metadata["training"])
         point = resume_point(self.run.schedule, trained)  # raises ScheduleDriftError if the config rewrites history
+        self._tell(check_rope(reader, self.run, trained))   # first: a [model] RoPE change that refuses is not said
         self._tell(check_model(reader, self.run))
         self._tell(check_data(reader, self.run))
         checkpoints, saved_origin = self.config.checkpoints, int(reader.metadata.get("lr_origin", 0))
@@ -259,19 +276,31 @@ class Checkpointer:
             lr_origin, lineage, moments = saved_origin, saved, True
         else:
             lr_origin = saved_origin if checkpoints.load_lr_scheduler else trained.completed
-            lineage = Lineage(saved.optimizer_origin if checkpoints.load_optimizer else trained.completed,
-                              start.rstrip("/"), trained.completed)
+            lineage = Lineage.started(saved.optimizer_origin if checkpoints.load_optimizer else trained.completed,
+                                      start.rstrip("/"), trained.completed)
             moments = checkpoints.load_optimizer
         if lr_origin == saved_origin:  # (a restarted schedule was asked for: its LR is new by design)
             self._tell(check_lr(reader, self.run, trained.completed, lr_origin))
         state = on_every_rank(lambda: self._read_state(reader, trained, lr_origin, moments), self.topology)
         return state, reader, point, lineage
 
+    def _settle_threads(self, recorded: int | None) -> None:
+        """The intra-op thread count this run trains with (nanoflow.parallel.threads): the count the checkpoint
+        resumed from recorded, else one chosen now, by rank 0 for every rank; or the user's, said when it
+        differs from the recorded one."""
+        if threads.chosen():
+            count, line = on_main(lambda: threads.choose(recorded), self.topology)
+            threads.apply(count)
+            self._say(line + ("; a resume keeps it, bit for bit" if recorded is None else ""))
+        elif (line := threads.mismatch(recorded)) is not None:
+            self._warn(line)
+
     def _read_state(self, reader: io.CheckpointReader, trained: TrainingMetadata, lr_origin: int,
                     moments: bool) -> TrainState:
         """This rank's boxes of the weights (and of the AdamW state, with `moments`) into a new model and optimizer."""
         config = self.config
-        model = build_model(config, self.topology, init=False)
+        model = build_model(config, self.topology, init=False,   # the RoPE of the stage that trained its last step
+                            stage=active_stage(self.run.schedule, max(trained.completed, 1)))
         load_weights(model, reader, reader.path)
         optimizer = build_optimizer(model, config.optimizer)
         if moments:
@@ -323,14 +352,15 @@ class Checkpointer:
         state.check_live()
         self.finish()
         topology, checkpoints = self.topology, self.config.checkpoints
-        fingerprint = None
+        fingerprint = evals = None
         if topology.is_main:  # only rank 0 writes the metadata
             fingerprint = self.run.fingerprints.of([s.name for s in begun_stages(state.schedule, state.step)])
-        info = checkpoint_info(state, fingerprint, self.lineage)
+            evals = self.run.fingerprints.evals()
+        info = checkpoint_info(state, fingerprint, self.lineage, evals)
         groups = state_blocks(state.model, state.optimizer, topology)
         root, step = checkpoints.checkpoints_path, state.step
         on_main(self._confirm_lock, self.topology)  # still ours: renewed now
-        suffix = on_main(lambda: new_save(root, step), self.topology)
+        suffix = on_main(lambda: new_save(root, step, groups), self.topology)
         if not checkpoints.async_save:
             gathered = gather_objects(write_files(root, step, groups, suffix, topology.rank), topology)
             return self._commit(step, gathered, info)

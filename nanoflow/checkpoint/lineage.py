@@ -16,12 +16,18 @@ inserted after the resume step, train_steps; its LR keys). That is never silent:
 
 from __future__ import annotations
 
+import math
+import os
+import secrets
+
 import attrs
 from attrs import frozen
 
 from nanoflow import io
 from nanoflow.config import LRSchedulerArgs, StageLRSchedulerArgs, converter
 from nanoflow.errors import LRChangedError  # noqa: F401 - imported from here
+from nanoflow.io.marker import committed_at
+from nanoflow.io.store import is_remote
 from nanoflow.lr import lr_of, scheduled_lr
 from nanoflow.schedule import Schedule, Stage, active_stage
 
@@ -33,6 +39,8 @@ class Lineage:
     optimizer_origin: int = 0          # the completed step the AdamW moments and step counts began at
     began_from: str | None = None      # the resume_checkpoint_path the run started from; None: a fresh start
     began_at: int = 0                  # the completed step it started from there
+    history: str | None = None         # a token drawn when the run started (fresh or from began_from), kept by its
+                                       # resumes: the checkpoints of one history share it (None: before it was kept)
 
     def to_dict(self) -> dict:
         return attrs.asdict(self)
@@ -44,7 +52,14 @@ class Lineage:
         record = metadata.get("lineage")
         if not isinstance(record, dict):
             return None
-        return cls(int(record.get("optimizer_origin", 0)), record.get("began_from"), int(record.get("began_at", 0)))
+        history = record.get("history")
+        return cls(int(record.get("optimizer_origin", 0)), record.get("began_from"), int(record.get("began_at", 0)),
+                   history if isinstance(history, str) else None)
+
+    @classmethod
+    def started(cls, optimizer_origin: int = 0, began_from: str | None = None, began_at: int = 0) -> Lineage:
+        """The lineage of a run that starts now (afresh, or from `began_from`): a history of its own."""
+        return cls(optimizer_origin, began_from, began_at, secrets.token_hex(8))
 
 
 def same_place(a: str, b: str) -> bool:
@@ -91,6 +106,58 @@ def begun_from_start(checkpoints_path: str, start: str) -> tuple[list[str], str 
                         "they stay until this run commits steps of the same numbers")
         descendants.append(folder)
     return descendants, None
+
+
+def one_history(run_dir: str) -> tuple[list[str], list[str]]:
+    """(the committed step folders of `run_dir` in the history of its newest commit, newest first; the others,
+    newest first). A history is what one run start committed (`Lineage.history`), resumes included, and, when it
+    began from a checkpoint of this same folder (a start from an older step), the history that checkpoint ends,
+    up to it. A --fresh start begins a history of its own, so the steps of the one it abandoned are not in it.
+    For checkpoints written before histories were kept: commit order, each step below the one committed after it."""
+    found = [(folder, io.read_metadata(folder)) for folder in io.checkpoints_to_try(run_dir)]
+    if not found:
+        return [], []
+    lineage = Lineage.of(found[0][1]) or Lineage()
+    if lineage.history is None:
+        kept, below = [], math.inf
+        for folder, meta in found:
+            if meta["step"] < below:
+                kept.append(folder)
+                below = meta["step"]
+    else:
+        kept = _history(found, lineage, run_dir)
+    return kept, [folder for folder, _ in found if folder not in kept]
+
+
+def _history(found: list[tuple[str, dict]], lineage: Lineage, run_dir: str) -> list[str]:
+    """The folders of `found` (newest commit first) in the history `lineage` is the newest checkpoint's of."""
+    kept: list[tuple[str, dict]] = []
+    ceiling = math.inf
+    while True:
+        for folder, meta in found:
+            theirs = Lineage.of(meta)
+            below = kept[-1][1]["step"] if kept else math.inf
+            if theirs is not None and theirs.history == lineage.history and meta["step"] <= ceiling \
+                    and meta["step"] < below:
+                kept.append((folder, meta))
+        began = lineage.began_from
+        if began is None or not (_same_folder(began, run_dir) or _same_folder(began.rstrip("/").rpartition("/")[0],
+                                                                               run_dir)):
+            break
+        # It began from a checkpoint of this folder, committed before it: that checkpoint's history, up to it.
+        earliest = committed_at(kept[-1][1])
+        parent = next((meta for _, meta in found if meta["step"] == lineage.began_at
+                       and committed_at(meta) < earliest), None)
+        if parent is None or (Lineage.of(parent) or Lineage()).history is None:
+            break
+        lineage, ceiling = Lineage.of(parent), lineage.began_at
+    return [folder for folder, _ in kept]
+
+
+def _same_folder(a: str, b: str) -> bool:
+    if is_remote(a) or is_remote(b):
+        return same_place(a, b)
+    return os.path.realpath(a) == os.path.realpath(b)
 
 
 def flags_note(load_optimizer: bool, load_lr_scheduler: bool, lineage: Lineage | None) -> str | None:

@@ -11,9 +11,11 @@ import attrs
 
 from nanoflow import io
 from nanoflow.checkpoint.lineage import LRChangedError, lr_schedule_change
-from nanoflow.config import model_changes
+from nanoflow.config import Rope, model_changes, recorded_stage_ropes, stage_rope
 from nanoflow.data.fingerprint import DataChangedError
+from nanoflow.errors import ScheduleDriftError
 from nanoflow.run import Run
+from nanoflow.schedule import TrainingMetadata
 
 MOST_CHANGES_SHOWN = 20   # of the data changes one refusal lists; the rest are counted
 
@@ -28,8 +30,8 @@ class Findings:
 
 def check_model(reader: io.CheckpointReader, run: Run) -> Findings:
     """Refuse a [model] whose weights would not fit the checkpoint's, or would compute something else than they
-    were trained to; warn of the deliberate changes (RoPE, dtype), note the harmless ones (nanoflow.config's
-    MODEL_KEYS says which keys are which)."""
+    were trained to; warn of the deliberate changes (dtype), note the harmless ones (nanoflow.config's MODEL_KEYS
+    says which keys are which; RoPE is the stages', check_rope's)."""
     changes = model_changes(reader.metadata["config"]["model"], run.config.to_dict()["model"])
     refused = changes["shape"] + changes["numbers"]
     if refused:
@@ -41,25 +43,68 @@ def check_model(reader: io.CheckpointReader, run: Run) -> Findings:
                     tuple(f"resuming with {line}" for line in changes["free"]))
 
 
-def check_data(reader: io.CheckpointReader, run: Run) -> Findings:
-    """Refuse to resume a begun stage on other data, tokenizer or seeds (unless
-    checkpoints.ignore_fingerprint_mismatch, then warn). A checkpoint without fingerprints (written before
-    nanoflow recorded them) is not checked; data that only moved is noted."""
-    saved = reader.metadata.get("data_fingerprint")
-    if not isinstance(saved, dict):
+def check_rope(reader: io.CheckpointReader, run: Run, trained: TrainingMetadata) -> Findings:
+    """Refuse a config that gives a stage the checkpoint has begun another RoPE than the checkpoint's config gave it
+    (ScheduleDriftError): a stage's RoPE is part of the stage, like its sequence length; a context extension is a new
+    stage. A record that cannot be read as a config of today's nanoflow is not compared."""
+    try:
+        before = recorded_stage_ropes(reader.metadata["config"])
+    except (KeyError, TypeError, ValueError):
         return Findings()
-    changes, moves = run.fingerprints.compare(saved)
-    notes = tuple(f"data moved: {line}" for line in moves)
-    if not changes:
+    now = {stage.name: stage_rope(run.config, index) for index, stage in enumerate(run.config.data_stages)}
+    changes = [line for stage in trained.stages if stage.name in before and stage.name in now
+               for line in _rope_changes(stage.name, before[stage.name], now[stage.name])]
+    if changes:
+        raise ScheduleDriftError(
+            f"{reader.path}: the RoPE of stages this checkpoint has trained differs from what they trained with:\n  "
+            + "\n  ".join(changes) + f"\nSet it back to resume (a stage that sets no RoPE keys has the stage "
+            f"before's, the first [model]'s); to encode positions otherwise from step {trained.completed + 1}, start "
+            "a new stage there with its own rope_theta or [data_stages.rope_scaling]")
+    return Findings()
+
+
+def _rope_changes(name: str, was: Rope, now: Rope) -> list[str]:
+    lines = [f'stage "{name}": rope_theta was {was.theta!r}, the config now says {now.theta!r}'] \
+        if was.theta != now.theta else []
+    if was.scaling_table() != now.scaling_table():
+        lines.append(f'stage "{name}": rope_scaling was {was.scaling_table()}, the config now says '
+                     f"{now.scaling_table()}")
+    return lines
+
+
+def check_data(reader: io.CheckpointReader, run: Run) -> Findings:
+    """Refuse to resume a begun stage on other data, tokenizer or seeds, or an eval set the checkpoint recorded on
+    other samples under the same name (unless checkpoints.ignore_fingerprint_mismatch, then warn: eval.jsonl's rows
+    carry each set's data_fingerprint, so the new set's rows are told apart). A checkpoint without fingerprints
+    (written before nanoflow recorded them) is not checked; data that only moved is noted."""
+    saved, saved_evals = reader.metadata.get("data_fingerprint"), reader.metadata.get("eval_fingerprint")
+    changes, moves = run.fingerprints.compare(saved) if isinstance(saved, dict) else ([], [])
+    eval_changes, eval_moves = run.fingerprints.compare_evals(saved_evals) if isinstance(saved_evals, dict) \
+        else ([], [])
+    notes = tuple(f"data moved: {line}" for line in moves + eval_moves)
+    if not changes and not eval_changes:
         return Findings(notes=notes)
-    more = len(changes) - MOST_CHANGES_SHOWN
-    text = (f"{reader.path}: the data of stages this checkpoint has trained differs from what they trained on:\n  "
-            + "\n  ".join(changes[:MOST_CHANGES_SHOWN]) + (f"\n  … and {more} more" if more > 0 else ""))
+    parts = []
+    if changes:
+        parts.append("the data of stages this checkpoint has trained differs from what they trained on:\n  "
+                     + _listed(changes))
+    if eval_changes:
+        parts.append(f"eval sets read other data than their rows in eval.jsonl (up to step {reader.metadata['step']}) "
+                     "were scored on, under the same names:\n  " + _listed(eval_changes))
+    text = f"{reader.path}: " + "\n".join(parts)
     if not run.config.checkpoints.ignore_fingerprint_mismatch:
         raise DataChangedError(text + "\nTo resume on the changed data anyway, set [checkpoints] "
-                                      "ignore_fingerprint_mismatch = true (or start a new run)")
+                                      "ignore_fingerprint_mismatch = true (or start a new run"
+                               + ("; or give a changed eval set a new name" if eval_changes else "") + ")")
     return Findings((f"{text}\n  resuming anyway, as checkpoints.ignore_fingerprint_mismatch = true says; "
-                     "the next checkpoint records the new fingerprints",), notes)
+                     "the next checkpoint records the new fingerprints"
+                     + (" and eval.jsonl's rows from now on carry each set's new data_fingerprint" if eval_changes
+                        else ""),), notes)
+
+
+def _listed(changes: list[str]) -> str:
+    more = len(changes) - MOST_CHANGES_SHOWN
+    return "\n  ".join(changes[:MOST_CHANGES_SHOWN]) + (f"\n  … and {more} more" if more > 0 else "")
 
 
 def check_lr(reader: io.CheckpointReader, run: Run, completed: int, lr_origin: int) -> Findings:

@@ -12,6 +12,7 @@ from pathlib import Path
 from nanoflow import console
 from nanoflow.config import ConfigError, load_config
 from nanoflow.errors import (
+    EXIT_BAD_INPUT,
     EXIT_BUG,
     EXIT_DONE,
     EXIT_INTERRUPTED,
@@ -19,9 +20,10 @@ from nanoflow.errors import (
     INTERRUPTED,
     MissingExtraError,
     NanoflowError,
-    NanotronConfigError,
-    PlotError,
+    not_installed,
+    without_credentials,
 )
+from nanoflow.parallel import threads
 from nanoflow.training import signals
 
 # What a command says as it works (and its closing summary line) is a message, through logging; what a command
@@ -50,7 +52,8 @@ def exit_process(code: int) -> None:
 def guarded(work: Callable[[], int], where: str | None = None) -> int:
     """Run a front end's work and return its exit status. A NanoflowError becomes its message on
     stderr, prefixed with `where` (the file the command was given) unless the message names it
-    already, and the error's exit_status; Ctrl-C, one line and 130. Never a traceback for either."""
+    already, and the error's exit_status; a dependency that is not installed, one line and 2; Ctrl-C, one line
+    and 130; a closed pipe on stdout, a quiet 0. Never a traceback for these."""
     try:
         with console.installed():
             return work()
@@ -59,15 +62,41 @@ def guarded(work: Callable[[], int], where: str | None = None) -> int:
         # A missing package is the installation's, not the given file's: no file named before it.
         if where and not isinstance(e, MissingExtraError) and not message.startswith((where, str(Path(where)))):
             message = f"{where}: {message}"
-        print(f"error: {message}", file=sys.stderr)
+        print(f"error: {without_credentials(message)}", file=sys.stderr)
         return e.exit_status
+    except ModuleNotFoundError as e:   # a dependency imported on first use (torch, datasets, ...) is not installed
+        if e.name is None or e.name.partition(".")[0] == "nanoflow":
+            raise  # a module of nanoflow's own that is not there: a bug, with its traceback
+        print(f"error: {not_installed(e.name, sys.executable)}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     except KeyboardInterrupt:  # at start-up, or a second Ctrl-C in training: a save it cuts never commits
         print(INTERRUPTED, file=sys.stderr)
         return EXIT_INTERRUPTED
+    except BrokenPipeError:   # the reader stopped reading (`| head`): as a C tool ends on SIGPIPE, quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())   # so the exit's flush raises nothing more
+        return 0
     except signals.StoppedAtStartUp as e:  # SIGTERM / SIGUSR1 before the first step: nothing to save, requeue
         print(f"stopped by {e.name} during start-up, before any step was trained: nothing to save; the last "
               "committed checkpoint (if any) is untouched; run the same command again to resume", file=sys.stderr)
         return EXIT_STOPPED
+    except Exception as e:
+        lost = _lost_peer(e)
+        if lost is None:
+            raise
+        print(f"error: {lost}", file=sys.stderr)
+        return lost.exit_status
+
+
+def _lost_peer(error: Exception):
+    """A collective whose peer went away (nanoflow.parallel.mesh.lost_peer), in a process that joined a group: an
+    ordinary event under torchrun (a node lost), never a bug's traceback."""
+    parallel = sys.modules.get("nanoflow.parallel.mesh")   # not imported: no collective was made
+    return None if parallel is None else parallel.lost_peer(error)
+
+
+# What every --set help says of a path: a value is read as the file's own would be.
+SET_PATHS = ("A path is relative to the config file, as the file's own paths are (not to the working directory): "
+             "--set 'checkpoints.checkpoints_path=\"../runs/x\"' next to schedules/tiny.toml is runs/x.")
 
 
 def program(script: str) -> str:
@@ -84,7 +113,7 @@ def train_main(argv: list[str] | None = None) -> int:
         epilog=f"Example: {program('bin/train')} schedules/curriculum.toml --set tokens.train_steps=50 --plan")
     parser.add_argument("config", help="the run's TOML config (paths inside it are relative to it)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                        help="override a config key; the value is TOML (a bare word is a string). "
+                        help=f"override a config key; the value is TOML (a bare word is a string). {SET_PATHS} "
                              "Stages by name or index: data_stages.sft.sequence_length=64. Repeatable.")
     parser.add_argument("--plan", action="store_true", help="print the stage plan and exit without training")
     parser.add_argument("--plot", metavar="PNG", help="with --plan: also draw it (stages, LR, global batch, sequence "
@@ -115,17 +144,25 @@ def _train(args: argparse.Namespace) -> int:
                           "where the run ends anyway (drop it, or raise train_steps: that changes the LR schedule)")
     if args.plan:
         from nanoflow.commands.plan import render_plan
+        from nanoflow.data.probe import probe_data
         from nanoflow.run import open_run
+        if args.plot is not None:
+            from nanoflow.commands.report import check_figure_path
+            check_figure_path(args.plot, "--plot")   # before the plan's checks, which open the data
+        stages, evals = len(config.data_stages), len(config.evaluation.datasets) if config.evaluation else 0
+        sources = f"{stages} stage{'s' * (stages != 1)}" + (f" and {evals} eval set{'s' * (evals != 1)}" if evals else "")
+        with console.routed(sys.stderr):   # stdout is the plan's; a line before the silence of opening the data
+            log.info(f"--plan: opening the tokenizer and the data of {sources}, as training would (a large source "
+                     "takes a while)")
         run = open_run(config, join=False)   # the checks a training run would pass first, in this process alone
+        with console.routed(sys.stderr):   # a line per source opened, beside the plan on stdout (for piping)
+            probe_data(run.config, run.tokenizer, run.schedule)   # what the run's start-up would stop on
         print(render_plan(run))
         if args.until_step is not None:
             print(f"stops after step {args.until_step} (--until-step)")
         if args.plot is not None:
             from nanoflow.commands.plan_plot import write_plan_plot
-            try:
-                print(f"\nwrote {write_plan_plot(run, args.plot)}")
-            except OSError as e:
-                raise PlotError(f"--plot {args.plot}: cannot write it: {e.strerror or e}") from None
+            print(f"\nwrote {write_plan_plot(run, args.plot)}")
         return EXIT_DONE
     from nanoflow.parallel.mesh import shutdown
     from nanoflow.training.loop import train  # the training machinery, once the config is known to be good
@@ -148,7 +185,8 @@ def verify_resume_main(argv: list[str] | None = None) -> int:
         description="Train CONFIG straight, then again with kill -9 at random moments (mid-step and mid-save) and "
                     "a resume after each; PASS if both end bit-identical (weights and optimizer moments).")
     parser.add_argument("config")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                        help=f"override a config key, as in bin/train. {SET_PATHS} Repeatable.")
     parser.add_argument("--kills", type=int, default=6, help="how many times to kill the run (default 6)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the kill moments")
     parser.add_argument("--workdir", help="where the two runs go (default: a temporary folder, removed after)")
@@ -159,6 +197,10 @@ def verify_resume_main(argv: list[str] | None = None) -> int:
 def _verify_resume(args: argparse.Namespace) -> int:
     load_config(args.config, args.overrides)  # fail fast, with the usual message, on a bad config
     import tempfile
+    if threads.chosen():   # one count for both runs, which its bin/train processes inherit: both start fresh
+        count, line = threads.choose(None)
+        os.environ[threads.ENV] = str(count)
+        log.info(f"{line}; both runs train with it")
 
     from nanoflow.commands.verify import verify_resume
     with tempfile.TemporaryDirectory(prefix="verify-resume-") as temporary:
@@ -207,8 +249,9 @@ def _prepare(args: argparse.Namespace) -> int:
 def export_main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog=program("bin/export"),
-        description="Write a checkpoint as an HF transformers Llama folder (config.json, the weights, the tokenizer) "
-                    "that AutoModelForCausalLM.from_pretrained and AutoTokenizer.from_pretrained load.",
+        description="Write a checkpoint as an HF transformers folder of its model family (config.json as transformers "
+                    "writes that model_type, the weights, the tokenizer) that AutoModelForCausalLM.from_pretrained and "
+                    "AutoTokenizer.from_pretrained load.",
         epilog=f"Example: {program('bin/export')} runs/curriculum hf/curriculum")
     parser.add_argument("checkpoint", help="a run folder (its latest committed checkpoint) or a step folder; "
                                            "local or s3://bucket/prefix")
@@ -245,6 +288,36 @@ def _size(text: str) -> int:
     return value
 
 
+def preview_main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog=program("bin/preview"),
+        description="Show the rows a step trains on, read as training reads them (no model is opened): decoded, with "
+                    "the tokens no loss is taken on and the document boundaries marked; or, with --json, their ids.",
+        epilog=f"Example: {program('bin/preview')} schedules/curriculum.toml --stage sft --rows 2")
+    parser.add_argument("config", help="the run's TOML config")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                        help="override a config key, as bin/train --set does")
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--step", type=_step_number, metavar="N", help="the global step to show (default 1)")
+    where.add_argument("--stage", metavar="NAME", help="show the first step of this stage")
+    parser.add_argument("--rows", type=_step_number, metavar="K",
+                        help="the first K rows of the step's global batch (default 4; with --json, every row)")
+    parser.add_argument("--json", action="store_true",
+                        help="one JSON object a row: step, row, input_ids, labels, position_ids")
+    args = parser.parse_args(argv)
+    return guarded(lambda: _preview(args), where=args.config)
+
+
+def _preview(args: argparse.Namespace) -> int:
+    from nanoflow.commands.preview import json_rows, preview, render
+    config = load_config(args.config, args.overrides)
+    rows = args.rows if args.rows is not None or args.json else 4
+    stage, step, shown, total, tokenizer, batch = preview(config, args.step, args.stage, rows)
+    print("\n".join(json_rows(step, batch, shown)) if args.json else
+          render(stage, step, shown, total, tokenizer, batch))
+    return EXIT_DONE
+
+
 def report_main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog=program("bin/report"),
@@ -253,13 +326,16 @@ def report_main(argv: list[str] | None = None) -> int:
         epilog=f"Example: {program('bin/report')} runs/curriculum")
     parser.add_argument("run_dir", help="the run folder holding metrics.jsonl (checkpoints.checkpoints_path, or "
                                         "runs/s3/<bucket>/<prefix> when checkpoints go to S3)")
-    parser.add_argument("--out", help="where to write the PNG (default RUN_DIR/report.png)")
+    parser.add_argument("--out", help="where to write the figure (default RUN_DIR/report.png); its suffix names the "
+                                      "format (.png, .svg, .pdf …; PNG without one)")
     args = parser.parse_args(argv)
     return guarded(lambda: _report(args))
 
 
 def _report(args: argparse.Namespace) -> int:
-    from nanoflow.commands.report import format_summary, write_report
+    from nanoflow.commands.report import check_figure_path, format_summary, write_report
+    if args.out is not None:
+        check_figure_path(args.out, "--out")   # before the run is read
     path, rows = write_report(args.run_dir, args.out)
     print(format_summary(rows))
     print(f"\nwrote {path}")
@@ -278,7 +354,7 @@ def eval_main(argv: list[str] | None = None) -> int:
     parser.add_argument("config", nargs="?", help="the TOML config whose eval sets to use (default: the config "
                                                   "the checkpoint recorded)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                        help="override a config key, as in bin/train. Repeatable.")
+                        help=f"override a config key, as in bin/train. {SET_PATHS} Repeatable.")
     args = parser.parse_args(argv)
     return guarded(lambda: _eval(args), where=args.config)
 
@@ -308,7 +384,8 @@ def average_main(argv: list[str] | None = None) -> int:
         epilog="Example: bin/average runs/trunk runs/trunk-avg --last 3")
     parser.add_argument("run_dir", help="the run folder whose checkpoints to average (local or s3://)")
     parser.add_argument("out_dir", help="a new run folder for the averaged checkpoint (local or s3://)")
-    parser.add_argument("--last", metavar="K", help="average the K highest committed steps")
+    parser.add_argument("--last", metavar="K", help="average the K most recently committed checkpoints of the run's "
+                                                    "latest history (not the steps a --fresh start left behind)")
     parser.add_argument("--steps", metavar="A,B,...", help="average these committed steps")
     parser.add_argument("--weights", metavar="W,W,...", help="one weight per checkpoint, in step order "
                                                              "(normalised; default: uniform)")
@@ -346,16 +423,23 @@ def compare_main(argv: list[str] | None = None) -> int:
                     "FLOPs counted once, shared by its branches), and a table: steps, FLOPs, final held-out loss per "
                     "eval set, the gap to the cosine run of the same length, the compute a shared trunk saved.",
         epilog="Example: bin/compare runs/trunk runs/cooldown-* runs/cosine-* --output compare.png")
-    parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run folders holding eval.jsonl")
-    parser.add_argument("--output", default="compare.png", help="the PNG to write (default compare.png)")
+    parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR",
+                        help="run folders holding eval.jsonl; a run on S3 by its s3:// URL or its local record folder "
+                             "runs/s3/<bucket>/<prefix>")
+    parser.add_argument("--output", default="compare.png", help="the figure to write, exactly there (default "
+                                                                "compare.png); its suffix names the format (PNG "
+                                                                "without one)")
     parser.add_argument("--dataset", help="the eval set to draw (default: the first)")
     args = parser.parse_args(argv)
     return guarded(lambda: _compare(args))
 
 
 def _compare(args: argparse.Namespace) -> int:
-    from nanoflow.commands.compare import format_table, plot, read_runs
+    from nanoflow.commands.compare import check_dataset, format_table, plot, read_runs
+    from nanoflow.commands.report import check_figure_path
+    check_figure_path(args.output, "--output")   # before any run is read
     runs = read_runs(args.run_dirs)
+    check_dataset(runs, args.dataset)
     path = plot(runs, args.output, args.dataset)
     print(format_table(runs))
     print(f"\nwrote {path}")
@@ -377,7 +461,17 @@ def sweep_main(argv: list[str] | None = None) -> int:
 
 def _sweep(args: argparse.Namespace) -> int:
     from nanoflow.commands.sweep import run_study
-    return run_study(args.study, args.only, train_main=train_main)
+    return run_study(args.study, args.only, train_main=_train_in_sweep)
+
+
+def _train_in_sweep(argv: list[str]) -> int:
+    """One run of a study: bin/train's front end, with the start-up handlers of a command around it (a run that
+    finished ignores every stop signal from then on; the study's next start-up, averages and comparison do not)."""
+    signals.reinstall_start_up_handlers()
+    try:
+        return train_main(argv)
+    finally:
+        signals.reinstall_start_up_handlers()
 
 
 def convert_nanotron_config_main(argv: list[str] | None = None) -> int:
@@ -392,17 +486,9 @@ def convert_nanotron_config_main(argv: list[str] | None = None) -> int:
 
 
 def _convert_nanotron_config(args: argparse.Namespace) -> int:
-    try:
-        import yaml
-    except ImportError:
-        raise MissingExtraError("reading YAML", "pyyaml") from None
     from nanoflow.interop.nanotron import convert
-    try:
-        with open(args.config) as f:
-            raw = yaml.safe_load(f)
-    except (OSError, yaml.YAMLError) as e:
-        raise NanotronConfigError(str(e)) from None
-    text, report = convert(raw)
+    from nanoflow.interop.nanotron_yaml import read_nanotron_yaml
+    text, report = convert(read_nanotron_yaml(args.config))
     sys.stdout.write(text)
     for line in report.lines():
         print(f"{args.config}: {line}", file=sys.stderr)
@@ -415,10 +501,12 @@ def _convert_nanotron_config(args: argparse.Namespace) -> int:
 
 def train_command() -> None:
     signals.install_start_up_handlers()  # before torch is imported: its seconds are start-up too
+    threads.choose_by_default()   # each command that computes: nanoflow.parallel.threads
     exit_process(train_main())
 
 
 def verify_resume_command() -> None:
+    threads.choose_by_default()
     exit_process(verify_resume_main())
 
 
@@ -430,11 +518,16 @@ def export_command() -> None:
     exit_process(export_main())
 
 
+def preview_command() -> None:
+    exit_process(preview_main())
+
+
 def report_command() -> None:
     exit_process(report_main())
 
 
 def eval_command() -> None:
+    threads.choose_by_default()
     exit_process(eval_main())
 
 
@@ -447,6 +540,8 @@ def compare_command() -> None:
 
 
 def sweep_command() -> None:
+    signals.install_start_up_handlers()  # as bin/train's: a stop signal while a run starts up ends the study with 75
+    threads.choose_by_default()
     exit_process(sweep_main())
 
 

@@ -16,11 +16,13 @@ from pathlib import Path
 
 import attrs
 
-from nanoflow.commands.report import COLORS, _figure, read_run_metadata
+from nanoflow.commands.report import _figure, read_run_metadata, save_figure
+from nanoflow.config import recorded_model
 from nanoflow.errors import CompareError
 from nanoflow.flops import flops_per_token
+from nanoflow.io.runfolder import record_folder
 from nanoflow.io.store import is_remote
-from nanoflow.observe.metrics import read_eval, read_metrics
+from nanoflow.observe.metrics import FILE, read_eval, read_metrics
 
 
 @attrs.frozen
@@ -30,6 +32,7 @@ class _Model:   # the [model] keys flops_per_token reads, from a checkpoint's re
     num_hidden_layers: int
     num_attention_heads: int
     num_key_value_heads: int
+    head_dim: int
     vocab_size: int
 
 
@@ -44,6 +47,7 @@ class RunResult:
     cosine: bool                     # a baseline: one cosine decay over the whole run, no origin
     evals: dict[str, list[tuple[int, float]]]   # eval set: [(step, loss)] in step order
     flops_at: dict[int, float]       # step: FLOPs to get there (for the FLOPs axis)
+    note: str | None = None          # why its FLOPs are not known (nan), when they are not
 
     def final(self, dataset: str) -> float:
         points = self.evals.get(dataset)
@@ -53,7 +57,8 @@ class RunResult:
 def step_flops(metadata: dict, metrics: list[dict]) -> dict[int, float]:
     """{step: the training FLOPs of that step}: its tokens × flops_per_token at its stage's sequence length."""
     config = metadata["config"]
-    model = _Model(**{k: config["model"][k] for k in attrs.fields_dict(_Model)})
+    recorded = recorded_model(config["model"])   # complete, also a record older than the model families
+    model = _Model(**{k: recorded[k] for k in attrs.fields_dict(_Model)})
     default = config["tokens"]["sequence_length"]
     lengths = {s["name"]: s.get("sequence_length") or default for s in config.get("data_stages", [])}
     return {m["step"]: m["tokens"] * flops_per_token(model, lengths.get(m["stage"], default)) for m in metrics}
@@ -114,18 +119,30 @@ class _Places:
         return None
 
 
+def records(path: str) -> Path:
+    """Where a run's eval.jsonl and metrics.jsonl are: the run folder, or for an s3:// run its local record folder
+    (runs/s3/<bucket>/<prefix> here, where bin/train wrote them)."""
+    return record_folder(path) if is_remote(path) else Path(path)
+
+
 def read_run(path: str | os.PathLike, origins: dict[str, RunResult] | None = None,
              places: _Places | None = None) -> RunResult:
     """One run folder's result; `origins` ({run folder as named: result}) are the runs it may have begun from."""
     path = os.fspath(path)
-    rows = read_eval(path)
+    rows = read_eval(records(path))
     if not rows:
-        raise CompareError(f"{path}: no eval.jsonl rows (train it with an [evaluation] section, or evaluate it)")
+        raise CompareError(f"{path}: no eval.jsonl rows in {records(path)} (train it with an [evaluation] section, "
+                           "or evaluate it)")
     metadata = read_run_metadata(path)
     if metadata is None:
         raise CompareError(f"{path}: no committed checkpoint, so no config to count its FLOPs from")
-    metrics = read_metrics(path) if (Path(path) / "metrics.jsonl").exists() else []
-    own = step_flops(metadata, metrics)
+    note = None
+    if os.path.lexists(records(path) / FILE):   # (one that cannot be read is the reader's one-line error)
+        own = step_flops(metadata, read_metrics(records(path)))
+    elif metadata.get("averaged_from"):
+        own = {}    # an average trained nothing of its own
+    else:           # its own steps' tokens are not known: no count at all, rather than the trunk's alone
+        own, note = None, f"{path} has no {FILE}, so the FLOPs of the steps it trained are not known"
     recorded = _origin(metadata)
     origin, base = None, 0.0
     if recorded is not None:
@@ -139,11 +156,15 @@ def read_run(path: str | os.PathLike, origins: dict[str, RunResult] | None = Non
         else:
             origin = (trunk_path, recorded[1])
             base = origins[trunk_path].flops_at.get(recorded[1], math.nan)
-    flops_at, total = {}, base
+    flops_at, total, own_flops = {}, base, math.nan if own is None else sum(own.values())
+    if own is None:
+        own, total = {}, math.nan
+    elif math.isnan(base):
+        note = note or f"{path}: the FLOPs of {origin[0]} up to step {origin[1]}, where it began, are not known"
     for step in sorted(own):
         total += own[step]
         flops_at[step] = total
-    if not own and origin is not None:
+    if not own and origin is not None and not note:
         flops_at[origin[1]] = base
     evals: dict[str, list[tuple[int, float]]] = {}
     for row in sorted(rows, key=lambda r: r["step"]):
@@ -154,14 +175,17 @@ def read_run(path: str | os.PathLike, origins: dict[str, RunResult] | None = Non
                  if s.get("learning_rate_scheduler") and s["start_training_step"] <= reached]
     cosine = recorded is None and schedule.get("lr_decay_style", "cosine") == "cosine" and not stage_lrs
     return RunResult(name=Path(path.rstrip("/")).name, path=path, steps=max(r["step"] for r in rows),
-                     own_flops=sum(own.values()), flops=total, origin=origin, cosine=cosine, evals=evals,
-                     flops_at=flops_at)
+                     own_flops=own_flops, flops=total, origin=origin,
+                     cosine=cosine, evals=evals, flops_at=flops_at, note=note)
 
 
 def read_runs(paths: list[str]) -> list[RunResult]:
     """Every run, in the order given; each origin is read before the runs that began from it. A branch's origin
     is found among the runs named by where it is now or by where it was written (see _Places)."""
     paths = list(dict.fromkeys(os.fspath(p) for p in paths))
+    for p in paths:
+        if not is_remote(p) and not os.path.isdir(p):
+            raise CompareError(f"{p} is a file, not a run folder" if os.path.lexists(p) else f"{p}: no such run folder")
     metadata = {p: read_run_metadata(p) for p in paths}
     places = _Places(paths, metadata)
     after = {}
@@ -200,17 +224,21 @@ def format_table(runs: list[RunResult]) -> str:
     header = ["run", "steps", "FLOPs", *[f"{d} loss" for d in datasets], *[f"{d} gap" for d in datasets]]
     lines = [header]
     for r in runs:
-        lines.append([r.name, str(r.steps), f"{r.flops:.3g}", *[f"{r.final(d):.4f}" for d in datasets],
-                      *[_signed(cosine_gap(r, runs, d)) for d in datasets]])
+        lines.append([r.name, str(r.steps), "n/a" if math.isnan(r.flops) else f"{r.flops:.3g}",
+                      *[f"{r.final(d):.4f}" for d in datasets], *[_signed(cosine_gap(r, runs, d)) for d in datasets]])
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     text = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths, strict=True)))
             for line in lines]
     text.insert(1, "  ".join("─" * w for w in widths))
     separate, shared = shared_savings(runs)
-    if separate:
+    unknown = [r.note for r in runs if r.note]
+    if math.isnan(separate) or math.isnan(shared):
+        text.append("\nthe compute the shared trunk spared is not known: some FLOPs are n/a")
+    elif separate:
         text.append(f"\nbranches as separate runs: {separate:.3g} FLOPs; trunk once + branches: {shared:.3g} FLOPs "
                     f"(saved {separate - shared:.3g}, {1 - shared / separate:.0%})")
     text.append("gap: final loss minus the cosine run's of the same length (negative: better than cosine)")
+    text += [f"n/a: {note}" for note in unknown]
     return "\n".join(text)
 
 
@@ -218,29 +246,99 @@ def _signed(value: float) -> str:
     return "—" if math.isnan(value) else f"{value:+.4f}"
 
 
+def eval_sets(runs: list[RunResult]) -> list[str]:
+    """The eval sets of the runs, in the order they first come."""
+    return list(dict.fromkeys(d for r in runs for d in r.evals))
+
+
+def check_dataset(runs: list[RunResult], dataset: str | None) -> str:
+    """The eval set to draw: `dataset`, once some run has it (default: the first)."""
+    names = eval_sets(runs)
+    if dataset is None:
+        return names[0]
+    if dataset not in names:
+        raise CompareError(f"--dataset {dataset}: no run has an eval set of that name; they have "
+                           + ", ".join(names))
+    return dataset
+
+
+# Ten colours that stay apart (matplotlib's tab10), one a family; within a family, line styles, then markers.
+FAMILY_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
+                 "#17becf")
+MEMBER_STYLES = ("-", "--", ":", "-.")
+MEMBER_MARKERS = ("", "o", "s", "^", "v")
+
+
+def family(name: str) -> str:
+    """A run's family: its name up to the first part that is a number (wsd-1sqrt-160-decay5 → wsd-1sqrt,
+    cosine-40 → cosine, trunk → trunk): the runs of one schedule at several lengths."""
+    parts = name.split("-")
+    cut = next((i for i, part in enumerate(parts) if i > 0 and part.isdigit()), len(parts))
+    return "-".join(parts[:cut])
+
+
+def line_styles(names: list[str]) -> dict[str, dict]:
+    """How each run is drawn: its family's colour, and a line style (then a marker) of its own within the family."""
+    families = list(dict.fromkeys(map(family, names)))
+    members: dict[str, int] = {}
+    styles = {}
+    for name in names:
+        k = members[family(name)] = members.get(family(name), -1) + 1
+        styles[name] = dict(color=FAMILY_COLORS[families.index(family(name)) % len(FAMILY_COLORS)],
+                            linestyle=MEMBER_STYLES[k % len(MEMBER_STYLES)],
+                            marker=MEMBER_MARKERS[k // len(MEMBER_STYLES) % len(MEMBER_MARKERS)] or None)
+    return styles
+
+
 def plot(runs: list[RunResult], output: str | os.PathLike, dataset: str | None = None) -> Path:
-    """Held-out loss of `dataset` (default: the first) against step and against FLOPs, one line per run."""
-    dataset = dataset or next(d for r in runs for d in r.evals)
+    """Held-out loss of `dataset` (default: the first) against step and against FLOPs, one line per run, written
+    to exactly `output` (its suffix names the format; PNG without one). Returns the path written."""
+    return save_figure(draw(runs, dataset), output, "--output")
+
+
+def draw(runs: list[RunResult], dataset: str | None = None):
+    """The figure plot() writes: each family of runs in one colour (the legend lists the families), each run in a
+    line style of its own and named at the end of its line on the step panel."""
     figure = _figure()
+    dataset = check_dataset(runs, dataset)
     by_step, by_flops = figure.subplots(1, 2)
-    styles = ("-", "--", ":", "-.")
-    for i, r in enumerate(runs):
+    styles, named = line_styles([r.name for r in runs]), set()
+    ends = []
+    for r in runs:
         points = r.evals.get(dataset, [])
         steps = [s for s, _ in points]
         losses = [v for _, v in points]
         flops = [r.flops_at.get(s, math.nan) for s in steps]
-        marker = "o" if len(points) == 1 else None
-        style = dict(color=COLORS[i % len(COLORS)], linestyle=styles[(i // len(COLORS)) % len(styles)], marker=marker,
-                     label=r.name)
+        style = dict(styles[r.name], gid=r.name, label="_nolegend_" if family(r.name) in named else family(r.name))
+        if len(points) == 1 and style["marker"] is None:
+            style["marker"] = "o"
+        named.add(family(r.name))
         by_step.plot(steps, losses, **style)
         by_flops.plot(flops, losses, **style)
+        if points:
+            ends.append((steps[-1], losses[-1], r.name, style["color"]))
     for ax, label in ((by_step, "step"), (by_flops, "training FLOPs (a trunk's counted once, up to each branch)")):
         ax.set_xlabel(label)
         ax.set_ylabel(f"held-out loss ({dataset})")
         ax.grid(alpha=0.3)
+    _name_line_ends(by_step, ends)
     by_step.legend(fontsize=7)
     figure.suptitle(f"held-out {dataset} loss of {len(runs)} runs")
     figure.tight_layout()
-    path = Path(output)
-    figure.savefig(path)
-    return path
+    return figure
+
+
+def _name_line_ends(ax, ends: list[tuple[float, float, str, str]]) -> None:
+    """Each run's name beside the last point of its line; names that end at one step are pushed apart to at least
+    3 % of the panel's height, in the order of their losses."""
+    low, high = ax.get_ylim()
+    gap, width = 0.03 * (high - low), ax.get_xlim()[1] - ax.get_xlim()[0]
+    by_step: dict[float, list] = {}
+    for end in ends:
+        by_step.setdefault(end[0], []).append(end)
+    for step, group in by_step.items():
+        placed = None
+        for _, loss, name, color in sorted(group, key=lambda e: e[1]):
+            placed = loss if placed is None else max(loss, placed + gap)
+            ax.annotate(name, xy=(step, loss), xytext=(step + 0.01 * width, placed), textcoords="data", fontsize=6,
+                        color=color, va="center", annotation_clip=False)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from nanoflow.config import NanosetDatasetsArgs, untrained_splits
+from nanoflow.config import NanosetDatasetsArgs, locate_source, stage_rope, untrained_splits
 from nanoflow.io.store import is_remote
 from nanoflow.lr import scheduled_lr
 from nanoflow.schedule import active_stage, consumed_samples, consumed_tokens, stage_steps
@@ -16,7 +16,10 @@ def render_plan(run) -> str:
     config, schedule = run.config, run.schedule
     samples = consumed_samples(schedule, schedule.train_steps)
     tokens = consumed_tokens(schedule, schedule.train_steps)
-    header = ("stage", "steps", "n steps", "global batch", "seq len", "samples", "tokens", "lr first → last")
+    ropes = [stage_rope(config, i) for i in range(len(schedule.stages))]
+    per_stage = len(set(ropes)) > 1   # a column only when a stage changes it; else one line says it
+    header = ("stage", "steps", "n steps", "global batch", "seq len", *(("rope",) if per_stage else ()), "samples",
+              "tokens", "lr first → last")
     rows = []
     for i, stage in enumerate(schedule.stages):
         steps = stage_steps(schedule, i)
@@ -28,30 +31,66 @@ def render_plan(run) -> str:
         else:
             lr, span = "not reached", f"{stage.start_step}– (after train_steps)"
         rows.append((stage.name, span, f"{len(steps):,}", f"{stage.global_batch_size:,}",
-                     f"{stage.sequence_length:,}", f"{samples[i]:,}", f"{tokens[i]:,}", lr))
+                     f"{stage.sequence_length:,}", *((ropes[i].describe(),) if per_stage else ()), f"{samples[i]:,}",
+                     f"{tokens[i]:,}", lr))
     widths = [max(len(r[c]) for r in [header, *rows]) for c in range(len(header))]
+    left = {0, 1, 5} if per_stage else {0, 1}   # the names, spans and RoPEs; the numbers align right
 
     def line(cells) -> str:
-        return "  ".join(cell.ljust(w) if c < 2 else cell.rjust(w) for c, (cell, w) in enumerate(zip(cells, widths, strict=True)))
+        return "  ".join(cell.ljust(w) if c in left else cell.rjust(w)
+                         for c, (cell, w) in enumerate(zip(cells, widths, strict=True)))
 
     model = config.model
     out = [
         f"{config.general.project}/{config.general.run}: {schedule.train_steps:,} steps, "
         f"{len(schedule.stages)} stage{'s' * (len(schedule.stages) != 1)}, dp={config.parallelism.dp} tp={config.parallelism.tp}"
         + (" (sequence parallel)" if config.parallelism.tp_mode == "REDUCE_SCATTER" else ""),
-        f"model: {model.num_hidden_layers} layers × {model.hidden_size} hidden, {model.num_attention_heads} heads "
-        f"({model.num_key_value_heads} kv), vocab {model.vocab_size}, {model.dtype}",
+        f"model: {_family(model)}{model.num_hidden_layers} layers × {model.hidden_size} hidden, "
+        f"{model.num_attention_heads} heads ({model.num_key_value_heads} kv), vocab {model.vocab_size}, {model.dtype}",
         _tokenizer_line(run.tokenizer),
+        *([] if per_stage else [f"rope: {ropes[0].describe()}, in every stage"]),
         "",
         line(header),
         line(["─" * w for w in widths]),
         *(line(r) for r in rows),
         "",
         f"total: {sum(samples):,} samples, {sum(tokens):,} tokens",
+        *_reading_lines(config),
         *untrained_splits(config),
         f"checkpoints: {_shown_path(config.checkpoints.checkpoints_path)} every {config.checkpoints.checkpoint_interval} steps",
     ]
     return "\n".join(out)
+
+
+def _family(model) -> str:
+    """A family other than Llama, named first: "qwen3 (head_dim 128), "."""
+    if model.model_type == "llama":
+        return ""
+    head = "" if model.head_dim * model.num_attention_heads == model.hidden_size else f" (head_dim {model.head_dim})"
+    return f"{model.model_type}{head}, "
+
+
+_SAMPLE_BY = {"document": "each text file one document", "line": "each line one document",
+              "paragraph": "each paragraph one document"}
+
+
+def _reading_lines(config) -> list[str]:
+    """How the stages and eval sets read their text, where it is worth saying: the text builder's sample_by (what
+    a document is), and document masking (each document attends to itself only, its positions from 0)."""
+    lines = []
+    for i, stage in enumerate(config.data_stages):
+        dataset, parts = stage.data.dataset, []
+        if not isinstance(dataset, NanosetDatasetsArgs) and not dataset.is_sft and \
+                any(locate_source(dataset, name).builder == "text" for name, _ in dataset.weighted_names()):
+            parts.append(f'sample_by = "{dataset.sample_by}" ({_SAMPLE_BY[dataset.sample_by]})')
+        if config.stage_tokens(i).document_masking:
+            parts.append("document masking")
+        if parts:
+            lines.append(f'stage "{stage.name}": ' + ", ".join(parts))
+    for entry in config.evaluation.datasets if config.evaluation is not None else ():
+        if config.eval_document_masking(entry):
+            lines.append(f'eval set "{entry.name}": document masking')
+    return lines
 
 
 def source_shares(run, step: int) -> dict[str, float] | None:

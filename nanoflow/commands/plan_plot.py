@@ -1,8 +1,8 @@
 """The plan as a picture: `bin/train CONFIG --plan --plot plan.png`.
 
 Over global steps: the stages as bands, the LR (each stage's own schedule included), the global
-batch, the sequence length and each source's share of the samples — what to look at before
-spending a GPU-week. Reads nothing but the config; matplotlib (the `report` extra) draws.
+batch, the sequence length (each stage's RoPE written at its start) and each source's share of the
+samples — what to look at before spending a GPU-week. Reads nothing but the config; matplotlib (the `report` extra) draws.
 """
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ import os
 from pathlib import Path
 
 from nanoflow.commands.plan import source_shares
-from nanoflow.commands.report import COLORS, DPI, StageSpan, _figure, draw_stage_bands, label_stages
+from nanoflow.commands.report import COLORS, DPI, StageSpan, _figure, draw_stage_bands, label_stages, save_figure
+from nanoflow.config import stage_rope
 from nanoflow.lr import scheduled_lr
 from nanoflow.schedule import Schedule, active_stage, stage_steps
 
@@ -55,6 +56,10 @@ def plan_figure(run):
     edges = _edges(steps)
     axes[1].stairs(batch, edges, color="tab:blue", linewidth=1.4, baseline=None)
     axes[2].stairs(length, edges, color="tab:green", linewidth=1.4, baseline=None)
+    for index, stage in enumerate(schedule.stages):   # each reached stage's RoPE, where its positions begin
+        if stage_steps(schedule, index):
+            axes[2].annotate(stage_rope(config, index).describe(), (stage.start_step - 0.5, stage.sequence_length),
+                             xytext=(2, 2), textcoords="offset points", fontsize=7, color="tab:green")
     _draw_shares(axes[3], run, steps, edges)
     label_stages(axes[0], spans)
     axes[-1].set_xlabel("step")
@@ -104,7 +109,4 @@ def _draw_shares(ax, run, steps: list[int], edges: list[float]) -> None:
 
 def write_plan_plot(run, path: str | os.PathLike) -> Path:
     """Draw the plan of `run` into the PNG at `path`."""
-    figure = plan_figure(run)
-    path = Path(path)
-    figure.savefig(path, dpi=DPI, format="png")
-    return path
+    return save_figure(plan_figure(run), path, "--plot", dpi=DPI)

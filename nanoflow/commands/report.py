@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import math
 import os
+from io import BytesIO
 from pathlib import Path
 
 import attrs
 
-from nanoflow.errors import MissingExtraError
+from nanoflow.errors import MissingExtraError, PlotError
+from nanoflow.io.files import refuse_link, write_atomically
+from nanoflow.io.runfolder import checkpoints_of_record
 from nanoflow.observe.metrics import read_eval, read_metrics, step_seconds, tokens_per_second
 
 WIDTH, HEIGHT, DPI = 1200, 900, 100   # report.png's size in pixels
@@ -98,14 +101,56 @@ def stage_spans(metrics: list[dict], metadata: dict | None = None) -> list[Stage
 
 
 def read_run_metadata(run_dir: str | os.PathLike) -> dict | None:
-    """The metadata of a local run folder's latest intact checkpoint, or None when it holds none."""
+    """The metadata of a run folder's latest intact checkpoint (local or s3://; for the local record folder of an
+    S3 run, runs/s3/<bucket>/<prefix>, its checkpoints' on S3), or None when it holds none."""
     from nanoflow import console, io
 
+    for place in [os.fspath(run_dir), *checkpoints_of_record(os.fspath(run_dir))]:
+        try:
+            with console.silenced("nanoflow.io.checkpoint"):
+                if io.latest(place):
+                    return io.read_metadata(place)
+        except io.CheckpointError:
+            continue
+    return None
+
+
+def figure_kind(path: Path) -> str:
+    """The format a figure is written in: its file's suffix, PNG without one."""
+    return path.suffix[1:].lower() or "png"
+
+
+def check_figure_path(path: str | os.PathLike, option: str) -> Path:
+    """`path`, once it is a place a figure can be written (`option` names it in the message): a format matplotlib
+    writes, an existing folder, not a folder itself, not a link. Checked before any work."""
+    path = Path(path)
     try:
-        with console.silenced("nanoflow.io.checkpoint"):
-            return io.read_metadata(os.fspath(run_dir)) if io.latest(os.fspath(run_dir)) else None
-    except io.CheckpointError:
-        return None
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+    except ImportError:
+        raise MissingExtraError("drawing", "matplotlib", "report") from None
+    formats = FigureCanvasAgg.get_supported_filetypes()
+    if figure_kind(path) not in formats:
+        raise PlotError(f"{option} {path}: matplotlib cannot write .{figure_kind(path)} files; name a file ending in "
+                        + ", ".join(f".{k}" for k in sorted(formats)) + " (or none: PNG)")
+    if path.is_dir():
+        raise PlotError(f"{option} {path} is a folder; name the figure's file")
+    if not path.parent.is_dir():
+        raise PlotError(f"{option} {path}: no folder {path.parent} to write it in (make it first, or name another)")
+    refuse_link(path)
+    return path
+
+
+def save_figure(figure, path: str | os.PathLike, option: str, **savefig) -> Path:
+    """Write `figure` whole to exactly `path` (never through a link: nanoflow.io.files), in the format its suffix
+    names (PNG without one); returns the path written."""
+    path = check_figure_path(path, option)
+    buffer = BytesIO()
+    figure.savefig(buffer, format=figure_kind(path), **savefig)
+    try:
+        write_atomically(path, buffer.getbuffer())
+    except OSError as e:
+        raise PlotError(f"{option} {path}: cannot write it: {e.strerror or e}") from None
+    return path
 
 
 def _figure():
@@ -164,9 +209,7 @@ def plot(metrics: list[dict], spans: list[StageSpan], path: str | os.PathLike, *
          eval_rows: list[dict] = ()) -> Path:
     """Draw loss, learning rate and tokens/s against step (and the eval curves, when there are eval rows), each
     stage a labelled band, into a WIDTH × HEIGHT PNG."""
-    path = Path(path)
-    draw(metrics, spans, title=title, eval_rows=eval_rows).savefig(path, dpi=DPI, format="png")
-    return path
+    return save_figure(draw(metrics, spans, title=title, eval_rows=eval_rows), path, "--out", dpi=DPI)
 
 
 def draw(metrics: list[dict], spans: list[StageSpan], *, title: str = "", eval_rows: list[dict] = ()):

@@ -22,6 +22,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import attrs
@@ -129,12 +130,15 @@ def verify_resume(config: str, overrides: list[str], workdir: Path, *, kills: in
     rng = random.Random(seed)
     straight, interrupted = workdir / "straight", workdir / "interrupted"
 
-    log.info(f"straight run → {straight}")
+    log.info(f"straight run → {straight} (its {train_steps} steps, then {kills} kill{'s' * (kills != 1)} and a "
+             "resume after each; each attempt is said when it ends)")
+    began = time.monotonic()
     done = subprocess.run(_train_command(config, overrides, straight) + ["--fresh"], stdout=subprocess.DEVNULL,
                           stderr=subprocess.PIPE, text=True)
     if done.returncode != 0:
         log.info(f"FAIL: the straight run failed:\n{done.stderr}")
         return False
+    log.info(f"straight run: {train_steps} steps done in {time.monotonic() - began:.0f}s")
     per_save, before_commit = _save_bytes(straight)
     plan = plan_kills(kills, saves, train_steps, before_commit, rng)
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 
+import attrs
+
 from nanoflow.config.data_checks import (
     continue_from_problems,
     dataset_problems,
@@ -16,22 +18,24 @@ from nanoflow.config.data_checks import (
     locate_source,
     untrained_splits,
 )
+from nanoflow.config.families import complete, family_problems, fresh_problems, unset_required
 from nanoflow.config.model_checks import (
-    HF_MODEL_KEYS,
     MODEL_KEYS,
-    ROPE_KEYS,
-    hf_config_mismatches,
     hf_rope,
     model_changes,
-    rope_scaling_problems,
+    model_from_hf,
+    recorded_model,
+    recorded_stage_ropes,
+    trained_rope,
 )
+from nanoflow.config.rope import ROPE_KEYS, Rope, rope_scaling_problems, stage_rope
 from nanoflow.config.schema import Config, ConfigError
 from nanoflow.lr import resolve_stage_lr, stage_span
 from nanoflow.schedule import Schedule, ScheduleError, stage_steps
 
-__all__ = ["HF_MODEL_KEYS", "MODEL_KEYS", "ROPE_KEYS", "check_world_size", "evaluation_problems", "hf_config_mismatches",
-           "hf_rope", "locate_source", "model_changes", "rope_scaling_problems", "unreached_stages", "untrained_splits",
-           "validate"]
+__all__ = ["MODEL_KEYS", "ROPE_KEYS", "Rope", "check_world_size", "complete_model", "evaluation_problems", "hf_rope",
+           "locate_source", "model_changes", "model_from_hf", "model_problems", "recorded_model", "recorded_stage_ropes",
+           "rope_scaling_problems", "stage_rope", "trained_rope", "unreached_stages", "untrained_splits", "validate"]
 
 # ---------------------------------------------------------------------------------------------
 # Validation across keys
@@ -44,28 +48,11 @@ def validate(config: Config) -> list[str]:
     def stage_label(i: int) -> str:
         return f'data_stages[{i}] (stage "{config.data_stages[i].name}")'
 
-    if model.num_attention_heads % model.num_key_value_heads:
-        problems.append(f"model.num_attention_heads = {model.num_attention_heads} is not divisible by "
-                        f"model.num_key_value_heads = {model.num_key_value_heads}")
-    if model.hidden_size % model.num_attention_heads:
-        problems.append(f"model.hidden_size = {model.hidden_size} is not divisible by "
-                        f"model.num_attention_heads = {model.num_attention_heads}")
-    for key in ("num_attention_heads", "num_key_value_heads"):
-        if getattr(model, key) % par.tp:
-            problems.append(f"model.{key} = {getattr(model, key)} is not divisible by parallelism.tp = {par.tp}")
-    if par.tp_mode == "REDUCE_SCATTER":  # each tp rank holds sequence_length / tp positions between the blocks
-        for index in range(len(config.data_stages)):
-            length = config.stage_tokens(index).sequence_length
-            if length % par.tp:
-                problems.append(f"{stage_label(index)}: sequence_length = {length} is not divisible by "
-                                f'parallelism.tp = {par.tp}, which parallelism.tp_mode = "REDUCE_SCATTER" needs')
-    too_long = "sequence_length = {} exceeds model.max_position_embeddings = " + str(model.max_position_embeddings)
-    if config.tokens.sequence_length > model.max_position_embeddings:
-        problems.append("tokens: " + too_long.format(config.tokens.sequence_length))
+    complete = not unset_required(model) and model.model_type is not None   # else open_run completes it
+    if complete:
+        problems.extend(model_problems(config))
     for i in range(len(config.data_stages)):
         tokens = config.stage_tokens(i)
-        if config.data_stages[i].sequence_length is not None and tokens.sequence_length > model.max_position_embeddings:
-            problems.append(f"{stage_label(i)}: " + too_long.format(tokens.sequence_length))
         derived = tokens.micro_batch_size * tokens.batch_accumulation_per_replica * par.dp
         accumulation_stated = (config.data_stages[i].batch_accumulation_per_replica is not None
                                or config.tokens.batch_accumulation_per_replica is not None)
@@ -81,6 +68,13 @@ def validate(config: Config) -> list[str]:
                 f"{tokens.batch_accumulation_per_replica} × {par.dp} = {derived}")
         problems.extend(f"{stage_label(i)}.data.dataset: {p}" for p in dataset_problems(config.data_stages[i].data.dataset))
         problems.extend(f"{stage_label(i)}.data.continue_from: {p}" for p in continue_from_problems(config, i))
+        problems.extend(rope_scaling_problems(config.data_stages[i].rope_scaling, f"{stage_label(i)}.rope_scaling"))
+    if par.tp_mode == "REDUCE_SCATTER":  # each tp rank holds sequence_length / tp positions between the blocks
+        for index in range(len(config.data_stages)):
+            length = config.stage_tokens(index).sequence_length
+            if length % par.tp:
+                problems.append(f"{stage_label(index)}: sequence_length = {length} is not divisible by "
+                                f'parallelism.tp = {par.tp}, which parallelism.tp_mode = "REDUCE_SCATTER" needs')
     if config.tokenizer.tokenizer_name_or_path != "bytes" and not os.path.exists(config.tokenizer.tokenizer_name_or_path):
         problems.append(f"tokenizer.tokenizer_name_or_path: {config.tokenizer.tokenizer_name_or_path} does not exist")
     problems.extend(rope_scaling_problems(model.rope_scaling))
@@ -102,6 +96,52 @@ def validate(config: Config) -> list[str]:
     return problems
 
 
+def complete_model(config: Config, hf: dict | None = None, source: str = "config.json") -> Config:
+    """`config` with its [model] complete: read from `hf`, the config.json of an HF model folder named by
+    model.init_from (as a dict; keys [model] gives must agree), else with nanoflow's defaults for a fresh model.
+    Raises one ConfigError naming every problem, of the completion and then of the completed config (validate)."""
+    if hf is not None:
+        model, problems = model_from_hf(config.model, hf, source)
+        problems = [f"model.init_from: {p}" for p in problems]
+    else:
+        problems = fresh_problems(config.model)
+        model = config.model if problems else complete(config.model)
+    if not problems:
+        config = attrs.evolve(config, model=model)
+        problems = validate(config)
+    if problems:
+        raise ConfigError("\n  ".join(problems))
+    return config
+
+
+def model_problems(config: Config) -> list[str]:
+    """What is wrong with a complete [model] on its own and against the run: head counts, the family's keys, the
+    longest sequence against max_position_embeddings and a sliding window, the heads against tp."""
+    model, par = config.model, config.parallelism
+    problems = family_problems(model, par.tp)
+    if model.num_attention_heads % model.num_key_value_heads:
+        problems.append(f"model.num_attention_heads = {model.num_attention_heads} is not divisible by "
+                        f"model.num_key_value_heads = {model.num_key_value_heads}")
+    for key in ("num_attention_heads", "num_key_value_heads"):
+        if getattr(model, key) % par.tp:
+            problems.append(f"model.{key} = {getattr(model, key)} is not divisible by parallelism.tp = {par.tp}")
+    lengths = [("tokens", config.tokens.sequence_length)]
+    lengths += [(f'data_stages[{i}] (stage "{stage.name}")', config.stage_tokens(i).sequence_length)
+                for i, stage in enumerate(config.data_stages) if stage.sequence_length is not None]
+    if config.evaluation is not None:
+        lengths += [(f'evaluation.datasets[{i}] ("{entry.name}")', config.eval_sequence_length(entry))
+                    for i, entry in enumerate(config.evaluation.datasets)]
+    for where, length in lengths:
+        if length > model.max_position_embeddings:
+            problems.append(f"{where}: sequence_length = {length} exceeds model.max_position_embeddings = "
+                            f"{model.max_position_embeddings}")
+        if model.sliding_window and length > model.sliding_window:
+            problems.append(f"{where}: sequence_length = {length} is longer than model.sliding_window = "
+                            f"{model.sliding_window} ({model.model_type}): nanoflow attends to every earlier position, "
+                            "so it reproduces a sliding window only as long as every sequence")
+    return problems
+
+
 def _run_place_problems(config: Config) -> list[str]:
     """A run writes only inside its own folder: no empty path taken for the config's folder, no run name that
     is a path, no S3 prefix with a part that would climb out of the local record's folder (runfolder.py)."""
@@ -114,11 +154,20 @@ def _run_place_problems(config: Config) -> list[str]:
         elif value is not None and value.startswith("s3://") and any(
                 part in ("", ".", "..") for part in value[len("s3://"):].rstrip("/").split("/")):
             problems.append(f"{key} = {value}: an empty, '.' or '..' part; write s3://bucket/prefix/of/plain/parts")
-    run = config.general.run
-    if run in ("", ".", "..") or any(c in run for c in "/\\\0"):
-        problems.append(f"general.run = {run!r}: a run's name, not a path (no '/', not '.' or '..', not empty); "
-                        "where it writes is checkpoints.checkpoints_path")
+    problem = run_name_problem("general.run", config.general.run)
+    if problem is not None:
+        problems.append(f"{problem}; where it writes is checkpoints.checkpoints_path")
     return problems
+
+
+def run_name_problem(key: str, name) -> str | None:
+    """Why `name` (at `key`) is no run's name — a path would write elsewhere: '/' or '\\' in it, '.', '..', empty —
+    or None when it is one. The one rule for run names: general.run, and bin/sweep's runs and averages."""
+    if not isinstance(name, str):
+        return f"{key}: a run's name (a string), not {name!r}"
+    if name in ("", ".", "..") or any(c in name for c in "/\\\0"):
+        return f"{key} = {name!r}: a run's name, not a path (no '/', not '.' or '..', not empty)"
+    return None
 
 
 def _stage_lr_problems(config: Config, schedule: Schedule, index: int) -> list[str]:

@@ -45,6 +45,11 @@ def dataset_problems(dataset: DatasetArgs | NanosetDatasetsArgs) -> list[str]:
         problems += location.messages()
         if not location.problems:
             problems += _missing_split_problems(dataset, source, location)
+        if dataset.sample_by != "document" and not location.problems and location.builder != "text":
+            rows = f"the {location.builder} builder" if location.builder else f"a {location.kind} dataset"
+            which = f"{source}'s rows" if isinstance(name, dict) else "the rows"
+            problems.append(f'sample_by = "{dataset.sample_by}" splits text files (the "text" builder), but {which} '
+                            f"come from {rows}; remove sample_by")
     if (dataset.prompt_column_name is None) != (dataset.completion_column_name is None):
         problems.append("an SFT stage needs both prompt_column_name and completion_column_name")
     return problems
@@ -207,10 +212,7 @@ def evaluation_problems(config: Config) -> list[str]:
         if entry.metric == "exact_match" and not dataset.is_sft:
             problems.append(f'{label}.metric = "exact_match" needs prompt/completion data (prompt_column_name and '
                             "completion_column_name): it compares the greedy answer to the completion")
-        length = config.eval_sequence_length(entry)
-        if length > config.model.max_position_embeddings:
-            problems.append(f"{label}: sequence_length = {length} exceeds model.max_position_embeddings = "
-                            f"{config.model.max_position_embeddings}")
+        length = config.eval_sequence_length(entry)   # against the model's bounds: checks.model_problems
         if config.parallelism.tp_mode == "REDUCE_SCATTER" and length % config.parallelism.tp:
             problems.append(f"{label}: sequence_length = {length} is not divisible by parallelism.tp = "
                             f'{config.parallelism.tp}, which parallelism.tp_mode = "REDUCE_SCATTER" needs')

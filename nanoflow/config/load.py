@@ -20,7 +20,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-from nanoflow.config.checks import validate
+from nanoflow.config.checks import complete_model, validate
 from nanoflow.config.keys import DATASET_NAME, PATH, TOKENIZER_PATH, is_union
 from nanoflow.config.schema import BUILDERS, Config, ConfigError
 from nanoflow.config.structure import converter
@@ -56,12 +56,30 @@ def _read_toml(path: Path) -> dict:
         raise ConfigError(f"{path}: not UTF-8 (byte {data[e.start]:#04x} on line {line}): TOML files are "
                           "UTF-8; save it as UTF-8") from None
     try:
-        return tomllib.loads(text)
+        return _parse_toml(text)
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: not valid TOML: {e}") from None
+    except ValueError as e:   # what _parse_toml says a config cannot hold
+        raise ConfigError(f"{path}: not a config: {e}") from None
+
+
+def _parse_toml(text: str) -> dict:
+    """tomllib.loads, with the two inputs it answers with a Python error turned into a ValueError that says why:
+    nesting too deep for its recursion, and an integer longer than Python converts from text (a config's
+    numbers have a few digits)."""
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError:
+        raise
     except RecursionError:  # tomllib recurses once per level of arrays and inline tables
-        raise ConfigError(f"{path}: not a config: arrays or inline tables nested too deeply for the TOML "
-                          "parser") from None
+        raise ValueError("arrays or inline tables nested too deeply for the TOML parser") from None
+    except ValueError:   # int(): "Exceeds the limit (4300 digits) for integer string conversion"
+        number = re.search(rf"(?<![\w.])[+-]?\d[\d_]{{{sys.get_int_max_str_digits()},}}", text)
+        line = text[:number.start()].count("\n") + 1 if number else None
+        digits = sum(c.isdigit() for c in number.group()) if number else None
+        raise ValueError((f"line {line}: an integer of {digits:,} digits" if number else "an integer too long")
+                         + f"; Python reads at most {sys.get_int_max_str_digits():,}, and no key takes one that "
+                           "long") from None
 
 
 def config_from_dict(raw: dict, where: str, overrides: list[str] = ()) -> Config:
@@ -85,6 +103,11 @@ def _structure(raw: dict, where: str, base: Path | None = None) -> Config:
         raise ConfigError(f"{where}:\n  " + "\n  ".join(_describe_structure_errors(e, raw))) from None
     if base is not None:
         config = resolve_paths(config, base)
+    if config.model.init_from is None:   # a fresh start: [model] completed here (else by nanoflow.preflight)
+        try:
+            return complete_model(config)
+        except ConfigError as e:
+            raise ConfigError(f"{where}:\n  {e}") from None
     problems = validate(config)
     if problems:
         raise ConfigError(f"{where}:\n  " + "\n  ".join(problems))
@@ -100,9 +123,12 @@ def apply_override(raw: dict, override: str, path: Path) -> None:
     if not sep or not dotted:
         raise ConfigError(f"--set {override!r}: expected section.key=value")
     try:
-        value = tomllib.loads(f"v = {text}")["v"]
+        value = _parse_toml(f"v = {text}")["v"]
     except tomllib.TOMLDecodeError:
         value = text
+    except ValueError as e:
+        shown = override if len(override) <= 60 else f"{override[:40]}…"
+        raise ConfigError(f"--set {shown!r}: {str(e).removeprefix('line 1: ')}") from None
     keys = dotted.strip().split(".")
     node = raw
     for i, key in enumerate(keys[:-1]):
@@ -124,6 +150,11 @@ _ENTRY_KINDS = {"data_stages": ("stage", "stages"), "datasets": ("eval set", "ev
 
 
 def _entry_by_name_or_index(entries: list, key: str, list_key: str, override: str, path: Path) -> dict:
+    if not all(isinstance(entry, dict) for entry in entries):   # an earlier --set made it ["a"]: no names to find
+        shown = json.dumps(entries)
+        raise ConfigError(f"--set {override!r}: {list_key or 'the top level'} in {path} is "
+                          f"{shown if len(shown) <= 40 else shown[:37] + '...'}, not an array of tables to address "
+                          f"an entry of by name or index")
     for i, entry in enumerate(entries):
         if entry.get("name") == key or str(i) == key:
             return entry
@@ -153,7 +184,7 @@ def looks_local(name: str, base: Path) -> bool:
         return True
     if os.path.splitext(name)[1].lower() in LOCAL_SUFFIXES:
         return True
-    return "/" in name and (base / name.partition("/")[0]).is_dir()
+    return "/" in name and os.path.isdir(base / name.partition("/")[0])   # os.path: False for a name too long
 
 
 def resolve_paths(config: Config, base: Path) -> Config:
@@ -189,7 +220,7 @@ def _resolve_dataset_name(base: Path, value: str | dict[str, float]) -> str | di
     alike. A builder's name and a hub id are left as written."""
     if isinstance(value, dict):
         return {_resolve_dataset_name(base, name): weight for name, weight in value.items()}
-    if value not in BUILDERS and ((base / value).exists() or glob.glob(str(base / value), recursive=True)
+    if value not in BUILDERS and (os.path.exists(base / value) or glob.glob(str(base / value), recursive=True)
                                   or looks_local(value, base)):
         return _resolve(base, os.path.expanduser(value))
     return value

@@ -23,6 +23,29 @@ SAVED_DICT = "dataset_dict.json"      # what `DatasetDict.save_to_disk` writes: 
 SAVED_DATASET = "state.json"          # what `Dataset.save_to_disk` writes (beside dataset_info.json)
 FILES_SPLIT = "train"                 # `datasets` puts a list of data files in this one split
 NAME, FILES = "hf_dataset_or_datasets", "hf_data_files"   # the keys a problem is found in
+NAME_MAX = 255                        # the longest file name, in bytes, where the file system does not say (POSIX)
+
+
+def overlong_part(path: str) -> str | None:
+    """Why `path` can name no file (the ENAMETOOLONG of every call that would look it up): a component longer than
+    the file system of the folder it would be in allows, with that path shortened; None when there is none."""
+    sizes = [(part, len(os.fsencode(part))) for part in path.split(os.sep)]
+    longest = max(size for _, size in sizes)
+    if longest <= NAME_MAX or longest <= (limit := _name_max(path)):
+        return None
+    shown = os.sep.join(part if size <= limit else f"{part[:12]}…" for part, size in sizes)
+    return f"{shown}: a path component of {longest} bytes, longer than a file name can be ({limit} bytes at most)"
+
+
+def _name_max(path: str) -> int:
+    """The longest file name the file system under `path` takes (its nearest folder that exists), in bytes."""
+    folder = os.path.dirname(os.path.abspath(path))
+    while not os.path.isdir(folder) and folder != os.path.dirname(folder):
+        folder = os.path.dirname(folder)
+    try:
+        return os.pathconf(folder, "PC_NAME_MAX")
+    except (OSError, ValueError, AttributeError):   # no pathconf (Windows), or no answer for this file system
+        return NAME_MAX
 
 
 def matching_files(pattern: str) -> list[str]:
@@ -39,8 +62,29 @@ def expand_data_files(patterns: str | list[str] | tuple[str, ...] | None) -> lis
     return sorted({path for pattern in patterns for path in matching_files(pattern)})
 
 
+# Compressions `datasets` decompresses file by file (by the suffix, as it reads `data_files`), with the package each
+# needs beyond the standard library; the builder is then the inner name's (docs.jsonl.gz: json, row by row).
+COMPRESSIONS = {".gz": None, ".bz2": None, ".xz": None, ".zst": "zstandard", ".lz4": "lz4"}
+# Archives hold several files, which a stage names one by one: extracted, never read as one document.
+ARCHIVES = (".zip", ".tar", ".tgz", ".tar.gz", ".tar.bz2", ".tar.xz", ".tar.zst", ".7z", ".rar")
+
+
+def compression_of(path: str) -> str | None:
+    """The compression suffix of a local file (".gz", ".zst" …), None for an uncompressed one."""
+    suffix = os.path.splitext(path)[1].lower()
+    return suffix if suffix in COMPRESSIONS else None
+
+
+def archive_of(path: str) -> str | None:
+    """The archive suffix of a local file (".zip", ".tar.gz" …), None for any other file."""
+    return next((suffix for suffix in ARCHIVES if path.lower().endswith(suffix)), None)
+
+
 def builder_for(path: str) -> str:
-    """The `datasets` builder that reads a local file, by its extension; anything else is text."""
+    """The `datasets` builder that reads a local file, by its extension — a compressed file's by the extension
+    inside (docs.jsonl.gz: json) —; anything else is text."""
+    if compression_of(path) is not None:
+        path = os.path.splitext(path)[0]
     return EXTENSION_BUILDERS.get(os.path.splitext(path)[1].lower(), "text")
 
 
@@ -60,6 +104,8 @@ class Location:
 
 
 def _no_file_problem(pattern: str) -> str:
+    if (overlong := overlong_part(pattern)) is not None:
+        return overlong
     if glob.glob(pattern, recursive=True):
         return f"{pattern} matches no file, only folders or other things that are not regular files"
     return f"{pattern} matches no file"
@@ -87,6 +133,8 @@ def saved_folder(folder: str) -> Location:
 def locate(name: str, data_files=None, in_table: bool = False) -> Location:
     """Where the HF source `name` lies: the value of hf_dataset_or_datasets (with its hf_data_files), or a key of
     a {name = weight} table (`in_table`), where a local path or glob names the files themselves."""
+    if name not in BUILDERS and (overlong := overlong_part(name)) is not None:   # no file, and no hub id either
+        return Location("files", problems=((NAME, overlong),))
     if name in BUILDERS:
         if in_table:
             return Location("files", name, problems=((NAME, f'"{name}" needs files; in a table, name the files '
@@ -118,11 +166,16 @@ def locate(name: str, data_files=None, in_table: bool = False) -> Location:
 def _files(builder: str | None, patterns, key: str) -> Location:
     patterns = [patterns] if isinstance(patterns, str) else list(patterns)
     problems = tuple((key, _no_file_problem(p)) for p in patterns if not matching_files(p))
-    return Location("files", builder, tuple(expand_data_files(patterns)), (FILES_SPLIT,), problems)
+    files = tuple(expand_data_files(patterns))
+    problems += tuple((key, f"{path} is an archive ({archive_of(path)}): extract it and name the files in it")
+                      for path in files if archive_of(path) is not None)
+    return Location("files", builder, files, (FILES_SPLIT,), problems)
 
 
 def token_folder_problem(folder: str) -> str | None:
     """Why `folder` is not a token folder (bin/prepare's or datatrove's *.ds files); None if it is one."""
+    if (overlong := overlong_part(folder)) is not None:
+        return overlong
     if not os.path.exists(folder):
         return f"{folder} does not exist"
     if not os.path.isdir(folder):

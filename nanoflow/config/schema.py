@@ -17,8 +17,10 @@ import attrs
 from attrs import Factory, frozen
 from attrs.validators import ge, instance_of, le, optional
 
+from nanoflow.config.families import Architecture, architecture
 from nanoflow.config.keys import PATH, TOKENIZER_PATH, key, non_negative, positive, positive_float, unit_interval
 from nanoflow.config.locations import BUILDERS  # noqa: F401 - nanoflow.config's name for it comes from here
+from nanoflow.config.rope import RopeScalingArgs
 from nanoflow.config.stages import (  # noqa: F401 - re-exported: the schema is one namespace
     DataArgs,
     DatasetArgs,
@@ -29,6 +31,9 @@ from nanoflow.config.stages import (  # noqa: F401 - re-exported: the schema is 
     StageLRSchedulerArgs,
 )
 from nanoflow.errors import ConfigError  # noqa: F401 - imported from here
+
+REQUIRED = "required (with init_from: config.json's)"
+FROM_HF = " (with init_from: config.json's)"
 
 
 @frozen
@@ -45,60 +50,77 @@ class GeneralArgs:
 
 
 @frozen
-class RopeScalingArgs:
-    """[model.rope_scaling]: HF's rope_scaling (rope_parameters), for the RoPE types nanoflow implements.
+class ModelArgs:
+    """[model]: a decoder of one of transformers' families (Llama, Qwen2, Qwen3, Mistral, SmolLM3, OLMo 2), in HF
+    config.json names, plus how to train it.
 
-    "linear" divides every frequency by `factor`; "llama3" (Llama 3.1+) divides the low frequencies by
-    `factor`, keeps the high ones and blends in between. The types and the keys each needs are
-    nanoflow.config.model_checks.ROPE_KEYS.
+    With `init_from` naming an HF model folder the architecture is read from its config.json and every
+    architecture key here may be left out; a key that is given must agree with config.json. Without one, a
+    fresh model needs its five sizes (vocab_size … num_attention_heads); the other keys have the defaults shown,
+    whatever the family (docs/hf.md has each family's keys and the switches they make).
     """
 
-    rope_type: str = key('"default" (plain RoPE), "linear" (needs factor) or "llama3" (needs all four numbers)',
-                         "default")
-    factor: float | None = key("how much longer the context is made: frequencies are divided by it",
-                                     None, validator=optional(positive_float))
-    low_freq_factor: float | None = key("llama3: wavelengths beyond original_max_position_embeddings / this "
-                                              "are divided by factor", None, validator=optional(positive_float))
-    high_freq_factor: float | None = key("llama3: wavelengths below original_max_position_embeddings / this "
-                                               "are kept; in between, blended", None,
-                                               validator=optional(positive_float))
-    original_max_position_embeddings: int | None = key("llama3: the context length the model was trained "
-                                                             "at before the extension", None,
-                                                             validator=optional(positive))
-
-
-@frozen
-class ModelArgs:
-    """[model]: a Llama decoder, in HF LlamaConfig names, plus how to train it."""
-
-    vocab_size: int = key("the embedding's rows: at least the tokenizer's vocabulary (at most 2³², token files "
-                          "hold ids as uint32)", validator=[*positive, le(1 << 32)])
-    hidden_size: int = key("the width of the residual stream", validator=positive)
-    intermediate_size: int = key("the width of each MLP's hidden layer (SwiGLU)", validator=positive)
-    num_hidden_layers: int = key("the number of decoder layers", validator=positive)
-    num_attention_heads: int = key("query heads per layer; hidden_size must divide by it", validator=positive)
-    num_key_value_heads: int = key(
-        "key/value heads per layer (grouped-query attention); num_attention_heads must divide by it",
-        Factory(lambda self: self.num_attention_heads, takes_self=True), validator=positive,
-        shown="num_attention_heads")
-    max_position_embeddings: int = key("the longest sequence: every stage's and eval set's sequence_length must "
-                                       "fit", 2048, validator=positive)
-    rms_norm_eps: float = key("the epsilon of every RMSNorm", 1e-5, validator=positive_float)
-    rope_theta: float = key("RoPE's base: the frequencies are rope_theta^(-2i/head_dim)", 10000.0,
-                            validator=positive_float)
+    model_type: Literal["llama", "qwen2", "qwen3", "mistral", "smollm3", "olmo2"] | None = key(
+        "the family, HF's model_type: what differs from Llama is a few switches (q/k/v biases, q/k RMSNorms, "
+        "layers without RoPE, norms after the blocks; docs/hf.md)", None, shown='`"llama"`; with init_from: config.json\'s')
+    vocab_size: int | None = key("the embedding's rows: at least the tokenizer's vocabulary (at most 2³², token "
+                                 "files hold ids as uint32)", None, validator=optional([*positive, le(1 << 32)]),
+                                 shown=REQUIRED)
+    hidden_size: int | None = key("the width of the residual stream", None, validator=optional(positive),
+                                  shown=REQUIRED)
+    intermediate_size: int | None = key("the width of each MLP's hidden layer (SwiGLU)", None,
+                                        validator=optional(positive), shown=REQUIRED)
+    num_hidden_layers: int | None = key("the number of decoder layers", None, validator=optional(positive),
+                                        shown=REQUIRED)
+    num_attention_heads: int | None = key("query heads per layer", None, validator=optional(positive),
+                                          shown=REQUIRED)
+    num_key_value_heads: int | None = key(
+        "key/value heads per layer (grouped-query attention); num_attention_heads must divide by it", None,
+        validator=optional(positive), shown="num_attention_heads" + FROM_HF)
+    head_dim: int | None = key("the width of each attention head (Qwen3 and Mistral state it; q_proj has "
+                               "num_attention_heads × head_dim outputs)", None, validator=optional(positive),
+                               shown="hidden_size / num_attention_heads" + FROM_HF)
+    attention_bias: bool | None = key("llama, qwen3, smollm3, olmo2: biases on the q, k, v and o projections (qwen2 "
+                                      "has them on q, k, v always; mistral never)", None, shown="`false`" + FROM_HF)
+    sliding_window: int | Literal[False] | None = key(
+        "mistral: each position attends to this many positions up to itself; nanoflow attends to every earlier "
+        "one, so it must be at least every stage's and eval set's sequence_length (false: no window, "
+        "config.json's null)", None, shown="`false`" + FROM_HF)
+    no_rope_layers: list[int] | None = key(
+        "smollm3: one entry per layer, 1 where the layer applies RoPE, 0 where it attends without positions "
+        "(NoPE); given, it wins over no_rope_layer_interval", None,
+        shown="from no_rope_layer_interval" + FROM_HF)
+    no_rope_layer_interval: int | None = key("smollm3: without no_rope_layers, every layer i with i + 1 a "
+                                             "multiple of it takes no RoPE", None, validator=optional(positive),
+                                             shown="`4`" + FROM_HF)
+    max_position_embeddings: int | None = key("the longest sequence: every stage's and eval set's sequence_length "
+                                              "must fit", None, validator=optional(positive), shown="`2048`" + FROM_HF)
+    rms_norm_eps: float | None = key("the epsilon of every RMSNorm", None, validator=optional(positive_float),
+                                     shown="`1e-05`" + FROM_HF)
+    rope_theta: float | None = key("RoPE's base: the frequencies are rope_theta^(-2i/head_dim)", None,
+                                   validator=optional(positive_float), shown="`10000.0`" + FROM_HF)
     rope_scaling: RopeScalingArgs | None = key("HF's rope_scaling, computed as transformers does "
-                                                     "(docs/hf.md); unset: plain RoPE", None)
-    tie_word_embeddings: bool = key("lm_head.weight is embed_tokens.weight", False)
-    initializer_range: float = key("the std of the normal distribution a fresh start draws every weight matrix "
-                                   "from (norms start at 1)", 0.02, validator=positive_float)
+                                                     "(docs/hf.md); unset: plain RoPE (with init_from: "
+                                                     "config.json's)", None)
+    tie_word_embeddings: bool | None = key("lm_head.weight is embed_tokens.weight", None,
+                                           shown="`false`" + FROM_HF)
+    initializer_range: float | None = key("the std of the normal distribution a fresh start draws every weight "
+                                          "matrix from (norms start at 1, biases at 0)", None,
+                                          validator=optional(positive_float), shown="`0.02`" + FROM_HF)
     dtype: Literal["auto", "float32", "bfloat16"] = key(
         '"bfloat16": bf16 autocast, the master weights and AdamW moments float32; "auto": bfloat16 on a CUDA device, '
         "float32 on a CPU (a checkpoint records, and a resume compares, what it resolved to)", "auto")
     compile: bool = key("torch.compile each decoder layer (worth it on GPUs; on CPUs the first steps pay for the "
                         "compilation)", False)
-    init_from: str | None = key("start a new run from these weights: a checkpoint (run or step folder) or an "
-                                      "HF Llama folder (config.json + safetensors); read at step 0 only", None,
-                                      path=PATH)
+    init_from: str | None = key("start a new run from these weights: a checkpoint (run or step folder), or an "
+                                "HF model folder (config.json + safetensors) of a family above, whose config.json "
+                                "then gives every architecture key left out here; read at step 0 only", None,
+                                path=PATH)
+
+    @property
+    def architecture(self) -> Architecture:
+        """The switches nanoflow.model builds this family's decoder with (set once the keys are complete)."""
+        return architecture(self)
 
 
 @frozen
@@ -147,6 +169,9 @@ class TokensArgs:
     global_batch_size: int | None = key(
         "samples per step; stated alone, the accumulation follows from it (so the run keeps its batch on any dp); "
         "stated with the accumulation, the two must agree", None, validator=optional(positive))
+    document_masking: bool = key(
+        "packed windows: each document attends only to itself, its positions start at 0, and an end-of-text "
+        "token's prediction of the next document is no target (nanotron's _use_doc_masking)", False)
 
 
 @frozen
@@ -266,7 +291,8 @@ class Config:
         """[tokens] with stage `index`'s overrides applied and the accumulation resolved."""
         stage = self.data_stages[index]
         overrides = {key: getattr(stage, key) for key in
-                     ("sequence_length", "micro_batch_size", "batch_accumulation_per_replica", "global_batch_size")
+                     ("sequence_length", "micro_batch_size", "batch_accumulation_per_replica", "global_batch_size",
+                      "document_masking")
                      if getattr(stage, key) is not None}
         tokens = attrs.evolve(self.tokens, **overrides)
         if tokens.batch_accumulation_per_replica is None:
@@ -285,6 +311,15 @@ class Config:
         if entry.held_out_of in names:
             return self.stage_tokens(names.index(entry.held_out_of)).sequence_length
         return self.tokens.sequence_length
+
+    def eval_document_masking(self, entry: EvalDatasetArgs) -> bool:
+        """An eval set's document masking: its own; else, held out of a stage, that stage's; else tokens'."""
+        if entry.document_masking is not None:
+            return entry.document_masking
+        names = [stage.name for stage in self.data_stages]
+        if entry.held_out_of in names:
+            return self.stage_tokens(names.index(entry.held_out_of)).document_masking
+        return self.tokens.document_masking
 
     def data_seed(self, index: int) -> int:
         seed = self.data_stages[index].data.seed

@@ -13,6 +13,7 @@ from attrs import frozen
 from attrs.validators import ge, instance_of, optional
 
 from nanoflow.config.keys import DATASET_NAME, PATH, key, non_negative, positive, positive_float
+from nanoflow.config.rope import RopeScalingArgs
 
 
 @frozen
@@ -33,6 +34,9 @@ class DatasetArgs:
         "is trained on", "train")
     text_column_name: str = key("pretraining text, tokenized and packed into windows of sequence_length + 1",
                                 "text")
+    sample_by: Literal["document", "line", "paragraph"] = key(
+        'the "text" builder\'s rows (datasets\' sample_by): each file one document, each line one, or each '
+        "paragraph (text between blank lines) one; each ends with end-of-text", "document")
     prompt_column_name: str | None = key("with completion_column_name, an SFT stage: prompt tokens and "
                                                "padding are masked out of the loss", None)
     completion_column_name: str | None = key("the completion of an SFT row, which the loss is taken on",
@@ -85,7 +89,10 @@ class DatasetArgs:
     def source_key(self, name: str) -> str:
         """What identifies one source across stages (continue_from): the data and how it is read."""
         files = self.hf_data_files if isinstance(self.hf_dataset_or_datasets, str) else None
-        return "hf:" + json.dumps([name, files, self.hf_dataset_config_name, self.hf_dataset_splits, self.columns])
+        read = [name, files, self.hf_dataset_config_name, self.hf_dataset_splits, self.columns]
+        if self.sample_by != "document":   # other rows: another source (the default's key stays as it was)
+            read.append(self.sample_by)
+        return "hf:" + json.dumps(read)
 
     def source_keys(self) -> tuple[str, ...]:
         return tuple(self.source_key(name) for name, _ in self.weighted_names())
@@ -175,8 +182,16 @@ class DatasetStageArgs:
                                                            None, validator=optional(positive), shown="tokens'")
     global_batch_size: int | None = key("the stage's own tokens.global_batch_size", None,
                                               validator=optional(positive), shown="tokens'")
+    document_masking: bool | None = key("the stage's own tokens.document_masking", None, shown="tokens'")
     learning_rate_scheduler: StageLRSchedulerArgs | None = key(
         "the stage's own LR schedule (a cooldown, an annealing phase); unset: the run's", None)
+    rope_theta: float | None = key("the stage's own RoPE base (a long-context stage's); it holds for the stages "
+                                   "after too, until one sets another", None, validator=optional(positive_float),
+                                   shown="the previous stage's (the first: model.rope_theta)")
+    rope_scaling: RopeScalingArgs | None = key(
+        "the stage's own rope_scaling, the keys of [model.rope_scaling] (rope_type = \"default\": none); it holds "
+        "for the stages after too, until one sets another", None,
+        shown="the previous stage's (the first: model.rope_scaling)")
 
 
 @frozen
@@ -196,6 +211,9 @@ class EvalDatasetArgs:
                                             shown="the stage's for held_out_of, else tokens.sequence_length")
     micro_batch_size: int | None = key("samples per forward pass", None, validator=optional(positive),
                                              shown="tokens.micro_batch_size")
+    document_masking: bool | None = key("attention within each document of a packed window, as in training "
+                                        "(tokens.document_masking)", None,
+                                        shown="the stage's for held_out_of, else tokens.document_masking")
 
 
 @frozen

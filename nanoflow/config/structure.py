@@ -136,7 +136,25 @@ def _structure_clip_grad(value, _cls):
     return float(value)
 
 
+def _structure_window(value, _cls):
+    """sliding_window: a number of positions, or false (config.json's null: no window)."""
+    if value is None or value is False:
+        return value
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"expected a number of positions (1 or more), or false for no window, got {value!r}")
+    return value
+
+
+def _structure_int_list(value, _cls):
+    if value is None or (isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool)
+                                                         for v in value)):
+        return value
+    raise TypeError(f"expected a list of integers, got {value!r}")
+
+
 converter.register_structure_hook(str | list[str], _structure_names)
+converter.register_structure_hook(int | Literal[False] | None, _structure_window)
+converter.register_structure_hook(list[int] | None, _structure_int_list)
 converter.register_structure_hook(RopeScalingArgs | None, _structure_rope_scaling)
 converter.register_structure_hook(float | Literal[False], _structure_clip_grad)
 converter.register_structure_hook(str | dict[str, float], _structure_datasets)

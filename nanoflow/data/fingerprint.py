@@ -14,6 +14,9 @@ and is refused. A token folder's
 by the fingerprint `datasets` gives it. A moving mixture (dataset_weights_end) also records the samples
 its shares move over, so a resume whose schedule stretches or shortens a begun moving stage is told.
 
+An eval set is fingerprinted alike (`eval_fingerprint`): its data (its own, or the stage's it is held out of),
+the tokenizer and what cuts and picks its samples; eval.jsonl's rows carry its `short_digest`.
+
 `compare_fingerprints` and `fingerprint_changes` compare two fingerprints and do no IO.
 """
 
@@ -21,28 +24,33 @@ from __future__ import annotations
 
 import glob
 import hashlib
+import json
 import os
 
-from nanoflow.config import Config, NanosetDatasetsArgs
+from nanoflow.config import Config, EvalDatasetArgs, NanosetDatasetsArgs
 from nanoflow.data.hf_datasets import hf_specs, load_rows, tokenizer_fingerprint
 from nanoflow.data.loader import orders_by_source_key, stage_samples
 from nanoflow.data.tokenizer import Tokenizer
 from nanoflow.data.tokens import SUFFIX
-from nanoflow.errors import DataChangedError  # noqa: F401 - imported from here
+from nanoflow.errors import DataChangedError, StageDataError  # noqa: F401 - DataChangedError: imported from here
 from nanoflow.schedule import Schedule
 
 HASH_LIMIT = 256 << 20   # a source of up to 256 MiB is identified by its files' content, a larger one by sizes and mtimes
 
 
 def file_identity(path: str, by_content: bool = True) -> dict:
-    """{"bytes": size, "sha256": ...}, or {"bytes": size, "mtime_ns": ...} when not `by_content`."""
-    stat = os.stat(path)
-    if not by_content:
-        return {"bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns}
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(1 << 20):
-            digest.update(block)
+    """{"bytes": size, "sha256": ...}, or {"bytes": size, "mtime_ns": ...} when not `by_content`. A file that
+    cannot be read is a StageDataError naming it."""
+    try:
+        stat = os.stat(path)
+        if not by_content:
+            return {"bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+        digest = hashlib.sha256()
+        with open(path, "rb") as f:
+            while block := f.read(1 << 20):
+                digest.update(block)
+    except OSError as e:
+        raise StageDataError(f"{path}: cannot be read: {e.strerror or e}") from None
     return {"bytes": stat.st_size, "sha256": digest.hexdigest()}
 
 
@@ -66,6 +74,8 @@ def _hf_source(spec, stage_name: str) -> dict:
              "config_name": dataset.hf_dataset_config_name}
     if spec.builder is not None:
         entry["builder"], entry["files"] = spec.builder, _files(spec.files)
+        if dataset.sample_by != "document":   # absent: as before
+            entry["sample_by"] = dataset.sample_by
     elif spec.kind == "saved":
         entry["files"] = _files(os.path.join(d, f) for d, _, fs in os.walk(spec.name) for f in fs)
     else:   # a hub dataset: `datasets`' own fingerprint of the rows (from its cache when offline)
@@ -73,15 +83,19 @@ def _hf_source(spec, stage_name: str) -> dict:
     return entry
 
 
+def _sources_of(dataset, label: str) -> dict:
+    """{source key: what it reads and the identity of its files} of a stage's (or an eval set's) dataset."""
+    if isinstance(dataset, NanosetDatasetsArgs):
+        weights = dataset.dataset_weights or [None] * len(dataset.folders)
+        return {os.path.abspath(f): _token_folder(f, w) for f, w in zip(dataset.folders, weights, strict=True)}
+    return {spec.name: _hf_source(spec, label) for spec in hf_specs(dataset)}
+
+
 def stage_fingerprint(config: Config, index: int, tokenizer: Tokenizer, schedule: Schedule) -> dict:
     """The fingerprint of stage `index`'s data (see the module docstring)."""
     stage = config.data_stages[index]
     dataset = stage.data.dataset
-    if isinstance(dataset, NanosetDatasetsArgs):
-        weights = dataset.dataset_weights or [None] * len(dataset.folders)
-        sources = {os.path.abspath(f): _token_folder(f, w) for f, w in zip(dataset.folders, weights, strict=True)}
-    else:
-        sources = {spec.name: _hf_source(spec, stage.name) for spec in hf_specs(dataset)}
+    sources = _sources_of(dataset, stage.name)
     fingerprint = {"tokenizer": tokenizer_fingerprint(tokenizer), "general.seed": config.general.seed,
                    "data.seed": config.data_seed(index), "sources": sources}
     ends = dataset.weights_end()
@@ -91,15 +105,55 @@ def stage_fingerprint(config: Config, index: int, tokenizer: Tokenizer, schedule
         fingerprint["mixture_samples"] = stage_samples(schedule, index)
     if dataset.held_out_samples:  # what training reads, and in which order, depends on it (absent: as before)
         fingerprint["held_out_samples"] = dataset.held_out_samples
+    if config.stage_tokens(index).document_masking:   # the positions and targets of its windows (absent: off)
+        fingerprint["document_masking"] = True
     return fingerprint
 
 
+def eval_fingerprint(config: Config, entry: EvalDatasetArgs, tokenizer: Tokenizer) -> dict:
+    """The fingerprint of an eval set: what decides the samples it scores — its data (its own, or the stage's it
+    is held out of) as a stage's is fingerprinted, the tokenizer, and how the samples are cut and picked."""
+    if entry.held_out_of is not None:
+        dataset = next(s for s in config.data_stages if s.name == entry.held_out_of).data.dataset
+    else:
+        dataset = entry.dataset
+    fingerprint = {"tokenizer": tokenizer_fingerprint(tokenizer), "sources": _sources_of(dataset, f"evaluation {entry.name}"),
+                   "sequence_length": config.eval_sequence_length(entry), "max_samples": entry.max_samples}
+    if entry.held_out_of is not None:
+        fingerprint["held_out_samples"] = dataset.held_out_samples
+    if config.eval_document_masking(entry):
+        fingerprint["document_masking"] = True
+    return fingerprint
+
+
+def short_digest(fingerprint: dict) -> str:
+    """16 hex digits of SHA-256 over what `fingerprint` holds, its files' paths left out (a set whose files moved,
+    the same bytes, keeps its digest): what eval.jsonl's rows carry as "data_fingerprint"."""
+    held = {**fingerprint, "sources": [_held(entry) for _, entry in sorted(fingerprint.get("sources", {}).items())]}
+    return hashlib.sha256(json.dumps(held, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
+
+
 class Fingerprints:
-    """The fingerprints of a run's stages, each computed once (files are hashed once per run, not per save)."""
+    """The fingerprints of a run's stages and eval sets, each computed once (files are hashed once per run, not per
+    save)."""
 
     def __init__(self, config: Config, tokenizer: Tokenizer, schedule: Schedule):
         self.config, self.tokenizer, self.schedule = config, tokenizer, schedule
         self._by_name: dict[str, dict] = {}
+        self._evals: dict[str, dict] | None = None
+
+    def evals(self) -> dict:
+        """{eval set name: fingerprint} of the config's eval sets (none without [evaluation])."""
+        if self._evals is None:
+            entries = self.config.evaluation.datasets if self.config.evaluation is not None else ()
+            self._evals = {e.name: eval_fingerprint(self.config, e, self.tokenizer) for e in entries}
+        return self._evals
+
+    def compare_evals(self, saved: dict) -> tuple[list[str], list[str]]:
+        """compare_fingerprints of the eval sets `saved` holds that the config still has (one removed is no change:
+        its rows stay what they were), by eval set."""
+        current = self.evals()
+        return compare_fingerprints({n: f for n, f in saved.items() if n in current}, current, kind="eval set")
 
     def of(self, stage_names) -> dict:
         """{stage name: fingerprint} of the named stages the config has (a name it lacks is left out)."""
@@ -225,14 +279,27 @@ def _sources(saved: dict, current: dict, located: bool, out: list[str], moves: l
         _walk({}, {key: current[key]}, ("sources",), out)
 
 
-def compare_fingerprints(saved: dict, current: dict, located=()) -> tuple[list[str], list[str]]:
-    """(changes, moves) between a checkpoint's fingerprints and the current ones, one line each, by stage: a
-    change ('stage "pretrain": data.seed: was 7, now 8') refuses the resume; a move (the same bytes read from
-    elsewhere) is said. `located`: the stages whose sample orders depend on where their sources lie (a source
-    moved there is a change). Only the stages `saved` holds are compared."""
+# Keys recorded only when not at their default (so fingerprints written before them compare equal): a side that
+# lacks one holds the default, and a change reads "was false, now true" rather than a key appearing.
+_DEFAULTS = {"document_masking": False}
+
+
+def _with_defaults(saved, current):
+    if not (isinstance(saved, dict) and isinstance(current, dict)):
+        return saved, current
+    present = {k: v for k, v in _DEFAULTS.items() if k in saved or k in current}
+    return {**present, **saved}, {**present, **current}
+
+
+def compare_fingerprints(saved: dict, current: dict, located=(), kind: str = "stage") -> tuple[list[str], list[str]]:
+    """(changes, moves) between a checkpoint's fingerprints and the current ones, one line each, by stage (or eval
+    set: `kind`): a change ('stage "pretrain": data.seed: was 7, now 8') refuses the resume; a move (the same bytes
+    read from elsewhere) is said. `located`: the stages whose sample orders depend on where their sources lie (a
+    source moved there is a change). Only the stages `saved` holds are compared."""
     changes, moves = [], []
     for name, fingerprint in saved.items():
         now = current.get(name, {})
+        fingerprint, now = _with_defaults(fingerprint, now)
         lines: list[str] = []
         stage_moves: list[str] = []
         if isinstance(fingerprint, dict) and isinstance(now, dict) and \
@@ -242,8 +309,8 @@ def compare_fingerprints(saved: dict, current: dict, located=()) -> tuple[list[s
             _sources(fingerprint["sources"], now["sources"], name in located, lines, stage_moves)
         else:
             _walk(fingerprint, now, (), lines)
-        changes += [f'stage "{name}": {line}' for line in lines]
-        moves += [f'stage "{name}": {line}' for line in stage_moves]
+        changes += [f'{kind} "{name}": {line}' for line in lines]
+        moves += [f'{kind} "{name}": {line}' for line in stage_moves]
     return changes, moves
 
 

@@ -4,7 +4,6 @@ in without tokenizing again."""
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import io
 import json
@@ -16,6 +15,7 @@ import numpy as np
 
 from nanoflow.config import DatasetArgs, locate_source
 from nanoflow.config.locations import builder_for, expand_data_files  # noqa: F401 - also this module's API
+from nanoflow.data.local_files import load_files
 from nanoflow.data.tokenizer import Tokenizer, load_tokenizer
 from nanoflow.data.tokens import (
     StageDataError,
@@ -94,7 +94,8 @@ def load_rows(dataset: DatasetArgs | HFSpec, stage_name: str, cache_dir: str | N
 def _load_rows(spec: HFSpec, stage_name: str, cache_dir: str | None = None):
     """The dataset's rows as a `datasets.Dataset`.
 
-    Local files go through a builder ("text" reads each file as one document); a folder written by
+    Local files go through a builder ("text" reads each file as one document, or by line or paragraph as
+    the stage's sample_by says); a folder written by
     `Dataset.save_to_disk` is loaded as is; any other name is tried on the hub (which `datasets`
     skips when HF_DATASETS_OFFLINE=1, answering from its cache). `datasets` caches what it builds
     under `cache_dir` (default: $HF_DATASETS_CACHE, ~/.cache/huggingface/datasets), keyed on the
@@ -116,20 +117,8 @@ def _load_rows(spec: HFSpec, stage_name: str, cache_dir: str | None = None):
 
     if spec.builder is not None:
         if spec.builder == "text":
-            options["sample_by"] = "document"
-        try:
-            return datasets.load_dataset(spec.builder, data_files=list(spec.files), **options)
-        except Exception as e:  # noqa: BLE001 - `datasets` raises many kinds here; name the file and line instead
-            problem = next(filter(None, (file_problem(path, spec.builder) for path in spec.files)), None)
-            full = None if problem else _disk_error(e)
-            if full is not None:   # the files are fine: it is `datasets`' own cache that cannot be written
-                cache = cache_dir or str(datasets.config.HF_DATASETS_CACHE)
-                raise StageDataError(
-                    f"{where}: `datasets` cannot write its cache under {cache} ({full.strerror or full}"
-                    + (f": {full.filename}" if full.filename else "") + "); the data files are fine: free space "
-                    "there, or set HF_DATASETS_CACHE to a folder with room") from None
-            raise StageDataError(f"{where}: " + (problem or f"the files cannot be read: {type(e).__name__}: {e}")) \
-                from None
+            options["sample_by"] = dataset.sample_by   # "document" unless the stage says: not datasets' "line"
+        return load_files(spec.builder, spec.files, where, **options)
     if spec.kind == "saved":
         rows = datasets.load_from_disk(spec.name)
         if isinstance(rows, datasets.DatasetDict):
@@ -140,67 +129,28 @@ def _load_rows(spec: HFSpec, stage_name: str, cache_dir: str | None = None):
     try:   # a hub id (config.locate_source: a local path never gets here, so never minutes of hub retries)
         return datasets.load_dataset(spec.name, data_files=list(spec.files) or None, **options)
     except (FileNotFoundError, ConnectionError, OSError, ValueError) as e:
-        offline = " (HF_DATASETS_OFFLINE is set: only datasets already in the cache can load)" \
-            if os.environ.get("HF_DATASETS_OFFLINE", "0") not in ("", "0") else ""
-        raise StageDataError(f"{where}: cannot load {spec.name!r} from the hub or a local path{offline}: {e}") from None
+        raise hub_error(spec, where, e) from None
 
 
-# A write that failed for want of room or permission, not because of what was written.
-_DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG)
-
-
-def _disk_error(error: BaseException) -> OSError | None:
-    """The OSError of a full (or read-only) disk behind `error`, which `datasets` wraps in its own exceptions."""
-    seen = set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        if isinstance(error, OSError) and error.errno in _DISK_ERRNOS:
-            return error
-        error = error.__cause__ or error.__context__
-    return None
-
-
-def file_problem(path: str, builder: str) -> str | None:
-    """What makes a local text or JSON file unreadable, naming the file and the line; None if nothing is found."""
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError as e:
-        return f"{path}: cannot be read: {e.strerror or e}"
-    if builder not in ("text", "json"):
-        return None
-    if not data.strip():
-        return f"{path}: the file is empty" + (" (no JSON rows)" if builder == "json" else "")
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = data.count(b"\n", 0, e.start) + 1
-        return f"{path}, line {line}: not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start}); is it a binary file?"
-    if "\x00" in text:
-        line = text.count("\n", 0, text.index("\x00")) + 1
-        return f"{path}, line {line}: a NUL byte; this is a binary file, not text"
-    if builder == "json":
-        try:
-            json.loads(text)
-            return None   # one JSON document (a list of rows, or a table of columns)
-        except ValueError:
-            pass
-        for number, line in enumerate(text.splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                return f"{path}, line {number}, column {e.colno}: not valid JSON: {e.msg}"
-            if not isinstance(row, dict):
-                return f"{path}, line {number}: a JSON {type(row).__name__}, expected an object (one row per line)"
-    return None
+def hub_error(spec: HFSpec, where: str, error: Exception) -> StageDataError:
+    """The error of a hub name that cannot be loaded (offline: not in the cache)."""
+    offline = " (HF_DATASETS_OFFLINE is set: only datasets already in the cache can load)" \
+        if os.environ.get("HF_DATASETS_OFFLINE", "0") not in ("", "0") else ""
+    return StageDataError(f"{where}: cannot load {spec.name!r} from the hub or a local path{offline}: {error}")
 
 
 def _require_columns(rows, columns: list[str], where: str) -> None:
+    missing = missing_column(rows.column_names, columns, where)
+    if missing is not None:
+        raise missing
+
+
+def missing_column(present, columns, where: str) -> StageDataError | None:
+    """The error of the first of `columns` that a source's columns (`present`) lack, None when it has them all."""
     for column in columns:
-        if column not in rows.column_names:
-            raise StageDataError(f'{where}: no column "{column}"; the columns are {", ".join(rows.column_names)}')
+        if column not in present:
+            return StageDataError(f'{where}: no column "{column}"; the columns are {", ".join(present)}')
+    return None
 
 
 def _texts(rows, column: str, where: str):
@@ -344,6 +294,8 @@ def tokenized_array(spec: HFSpec, kind: str, tokenizer: Tokenizer, sequence_leng
     material = [_CACHE_VERSION, kind, spec.name, [spec.split], dataset.hf_dataset_config_name, list(columns),
                 sequence_length if kind == "sft" else None, tokenizer_fingerprint(tokenizer), tokenizer.eos_id,
                 _data_fingerprint(spec, load)]
+    if spec.builder == "text" and dataset.sample_by != "document":   # other rows, other tokens (the default's key
+        material.append(["sample_by", dataset.sample_by])            # stays as it was, and so its caches)
     key = hashlib.sha256(json.dumps(material).encode()).hexdigest()[:32]
     root = cache_root(cache_dir)
     path = os.path.join(root, f"{key}.npy")

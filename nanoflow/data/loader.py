@@ -133,8 +133,10 @@ class StageLoader:
         self._wrapped: set[int] = set()
         data = config.data_stages[index].data
         self.workers = data.num_loading_workers
+        self.document_masking = config.stage_tokens(index).document_masking
         named = open_sources(data.dataset, self.stage.name, tokenizer, self.stage.sequence_length, cache_dir,
-                             self.vocab_size, config.tokenizer.accept_recorded_names or ())
+                             self.vocab_size, config.tokenizer.accept_recorded_names or (),
+                             document_masking=self.document_masking)
         try:
             weights = [len(n.source) if n.weight is None else n.weight for n in named]
             ends = None if any(n.weight_end is None for n in named) else [n.weight_end for n in named]
@@ -173,7 +175,9 @@ class StageLoader:
         return (step - self.steps.start) * batch + rank * rows, rows
 
     def batch_at(self, step: int, rank: int = 0, world: int = 1) -> dict[str, torch.Tensor]:
-        """Rank `rank`'s rows of global step `step`: {"input_ids", "labels"}, each [B // world, seq] int64."""
+        """Rank `rank`'s rows of global step `step`: {"input_ids", "labels"}, each [B // world, seq] int64, and
+        and "position_ids" (restarting at 0 at each document; 0..seq-1 for a row of one) when the stage masks
+        documents or a source of the batch packs several into a row."""
         self._check_open()
         start, count = self._span(step, rank, world)
         if not self.workers:
@@ -211,6 +215,7 @@ class StageLoader:
         which, local = self.blend.assign(gs)
         inputs = np.empty((count, seq), np.int64)
         labels = np.empty((count, seq), np.int64)
+        position_ids = np.tile(np.arange(seq), (count, 1)) if self.document_masking else None
         epochs = {}
         for k, part in enumerate(parts):
             rows = np.flatnonzero(which == k)
@@ -220,7 +225,7 @@ class StageLoader:
             indices = part.order.take(positions)
             epochs[k] = int(positions.max()) // len(part.source)
             try:
-                inputs[rows], labels[rows] = part.source.samples(indices)
+                read = part.source.samples(indices)
             except Exception:   # find the sample that fails, to name it
                 for row, i in zip(rows.tolist(), indices.tolist(), strict=True):
                     try:
@@ -228,13 +233,21 @@ class StageLoader:
                     except Exception as e:
                         raise SampleReadError(self._where(part, int(gs[row]), i) + f": {type(e).__name__}: {e}") from e
                 raise
+            inputs[rows], labels[rows] = read.input_ids, read.labels
+            if read.position_ids is not None:   # else one document a row (an SFT row): positions 0..seq-1
+                if position_ids is None:
+                    position_ids = np.tile(np.arange(seq), (count, 1))
+                position_ids[rows] = read.position_ids
             top = max(int(inputs[rows].max()), int(labels[rows].max()))
             if top >= self.vocab_size:
                 row = next(r for r in rows.tolist() if max(inputs[r].max(), labels[r].max()) >= self.vocab_size)
                 i = int(indices[rows.tolist().index(row)])
                 raise SampleReadError(self._where(part, int(gs[row]), i) + f": token id {top} is outside "
                                 f"model.vocab_size = {self.vocab_size} (was the data tokenized for another model?)")
-        return {"input_ids": torch.from_numpy(inputs), "labels": torch.from_numpy(labels)}, epochs
+        batch = {"input_ids": torch.from_numpy(inputs), "labels": torch.from_numpy(labels)}
+        if position_ids is not None:
+            batch["position_ids"] = torch.from_numpy(position_ids)
+        return batch, epochs
 
     def _where(self, part: OrderedSource, g: int, i: int) -> str:
         return f'stage "{self.stage.name}": sample {g} ({part.named.label}, {part.source.locate(i)})'

@@ -1,7 +1,7 @@
 """bin/prepare: tokenize text into a token folder (the datatrove / Nanoset layout of tokens.py).
 
 The inputs (text files, one document each; jsonl / json / csv / parquet / arrow files, one document
-per row of the text column; a folder saved with `Dataset.save_to_disk`; or a hub dataset name)
+per row of the text column, compressed or not (docs.jsonl.gz: its rows, as `datasets` reads it); a folder saved with `Dataset.save_to_disk`; or a hub dataset name)
 are read in the order given and cut into shards of `docs_per_shard` documents; shard k becomes
 NNNNN.ds (+ .index, + .metadata), so the output is the documents in input order, each followed by
 end-of-text — the token stream the same text gives as an HF source.
@@ -27,12 +27,13 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from typing import TextIO
 
 from nanoflow.config import TokenizerArgs
-from nanoflow.config.locations import saved_folder
+from nanoflow.config.locations import archive_of, saved_folder
 from nanoflow.data.hf_datasets import (
     _ROWS_PER_BATCH,
     builder_for,
     tokenizer_fingerprint,
 )
+from nanoflow.data.local_files import load_files
 from nanoflow.data.tokenizer import Tokenizer, load_tokenizer
 from nanoflow.data.tokens import (
     MANIFEST,
@@ -82,13 +83,14 @@ def load_inputs(inputs: list[str], text_column: str = "text", cache_dir: str | N
             if pending:
                 builder = builder_for(pending[0])
                 options = {"sample_by": "document"} if builder == "text" else {}
-                rows = datasets.load_dataset(builder, data_files=list(pending), split="train", cache_dir=cache_dir,
-                                             **options)
+                rows = load_files(builder, pending, error=PrepareError, split="train", cache_dir=cache_dir, **options)
                 where = pending[0] if len(pending) == 1 else f"{pending[0]} (and {len(pending) - 1} more)"
                 groups.append(_select_text(rows, "text" if builder == "text" else text_column, where))
                 pending.clear()
 
         for name in inputs:
+            if os.path.isfile(name) and archive_of(name) is not None:   # as a stage refuses it (config.locations)
+                raise PrepareError(f"{name} is an archive ({archive_of(name)}): extract it and name the files in it")
             if os.path.isfile(name):
                 if pending and builder_for(pending[0]) != builder_for(name):
                     flush()

@@ -1,7 +1,9 @@
 """Sample sources: packed pretraining text and SFT examples, from HF `datasets` or from token folders.
 
-A source answers `sample(i)` for i in range(len(source)) with (input_ids, labels), both int64
-arrays of sequence_length tokens whose labels are already shifted by one (label -100: no loss).
+A source answers `samples(indices)` with a `Samples` record: input_ids and labels, [len(indices),
+sequence_length] int64 arrays whose labels are already shifted by one (label -100: no loss), and
+position_ids where a window packs several documents that attend only to themselves (document masking),
+else None (positions 0..sequence_length-1). `sample(i)` is the same for one sample, as 1-D arrays.
 Which sample is read when is not decided here (see order.py, blend.py and loader.py).
 
 HF sources are tokenized once and the tokens cached on disk (see `tokenized_array`), so a resumed
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import attrs
 import numpy as np
@@ -39,6 +42,33 @@ log = logging.getLogger(__name__)
 IGNORE_INDEX = -100     # the label PyTorch's cross-entropy skips
 
 
+class Samples(NamedTuple):
+    """What a source gives for some sample indices (for one sample, `sample(i)`: the same as 1-D arrays)."""
+
+    input_ids: np.ndarray                    # [n, sequence_length] int64
+    labels: np.ndarray                       # the next tokens; IGNORE_INDEX where no loss is taken
+    position_ids: np.ndarray | None = None   # restarting at 0 at each document; None: 0..sequence_length-1
+
+    def row(self, i: int) -> Samples:
+        return Samples(self.input_ids[i], self.labels[i], None if self.position_ids is None else self.position_ids[i])
+
+
+def mark_documents(input_ids: np.ndarray, labels: np.ndarray, eos_id: int) -> np.ndarray:
+    """Document masking of packed windows [n, seq]: the position ids, restarting at 0 after each end-of-text
+    token (which ends its document; a window's first token is position 0, a document cut by the window's
+    left edge starts there); and, in `labels` (changed in place), IGNORE_INDEX where an end-of-text token
+    would predict the next document's first token. nanotron's DataCollatorForCLMWithPositionIds and
+    transformers' DataCollatorWithFlattening make the same position ids and label mask."""
+    seq = input_ids.shape[1]
+    starts = np.zeros(input_ids.shape, dtype=bool)
+    starts[:, 0] = True
+    starts[:, 1:] = input_ids[:, :-1] == eos_id
+    index = np.arange(seq)
+    position_ids = index - np.maximum.accumulate(np.where(starts, index, 0), axis=1)
+    labels[input_ids == eos_id] = IGNORE_INDEX
+    return position_ids
+
+
 # ---------------------------------------------------------------------------------------------
 # Sources
 
@@ -48,9 +78,10 @@ class PackedText:
     windows share one token and every token but the first is a target exactly once.
 
     The stream is an array (an HF source's cached tokens) or a `TokenFolder` (its files as one stream).
+    With `eos_id` (document masking), each window's documents are marked (`mark_documents`).
     """
 
-    def __init__(self, tokens, sequence_length: int, where: str = "the source"):
+    def __init__(self, tokens, sequence_length: int, where: str = "the source", eos_id: int | None = None):
         if getattr(tokens, "ndim", 1) != 1:
             raise ValueError(f"{where}: expected a flat token array, got shape {tokens.shape}")
         if len(tokens) < sequence_length + 1:
@@ -58,20 +89,17 @@ class PackedText:
                              f"{sequence_length + 1}; add text or shorten the sequence")
         self.tokens = tokens
         self.sequence_length = sequence_length
+        self.eos_id = eos_id
 
     def __len__(self) -> int:
         return (len(self.tokens) - 1) // self.sequence_length
 
-    def sample(self, i: int) -> tuple[np.ndarray, np.ndarray]:
-        if not 0 <= i < len(self):
-            raise IndexError(f"window {i} is outside 0..{len(self) - 1}")
-        start = i * self.sequence_length
-        window = self.tokens[start:start + self.sequence_length + 1].astype(np.int64)
-        return window[:-1], window[1:]
+    def sample(self, i: int) -> Samples:
+        return self.samples(np.asarray([i])).row(0)
 
-    def samples(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """sample(i) for each i, as two [len(indices), sequence_length] arrays, gathered in a few numpy
-        operations (which release the GIL) rather than one Python call per sample."""
+    def samples(self, indices: np.ndarray) -> Samples:
+        """The windows `indices`, gathered in a few numpy operations (which release the GIL) rather than one
+        Python call per sample."""
         indices = np.asarray(indices, dtype=np.int64)
         if indices.size and (indices.min() < 0 or indices.max() >= len(self)):
             bad = int(indices[(indices < 0) | (indices >= len(self))][0])
@@ -81,7 +109,11 @@ class PackedText:
             windows = self.tokens.gather(starts, self.sequence_length + 1)
         else:
             windows = self.tokens[starts[:, None] + np.arange(self.sequence_length + 1)].astype(np.int64)
-        return windows[:, :-1], windows[:, 1:]
+        input_ids, labels = windows[:, :-1], windows[:, 1:]
+        if self.eos_id is None:
+            return Samples(input_ids, labels)
+        labels = labels.copy()
+        return Samples(input_ids, labels, mark_documents(input_ids, labels, self.eos_id))
 
     def locate(self, i: int) -> str:
         """Where sample i comes from, for error messages."""
@@ -120,15 +152,11 @@ class SFTExamples:
     def __len__(self) -> int:
         return len(self.tokens)
 
-    def sample(self, i: int) -> tuple[np.ndarray, np.ndarray]:
-        tokens = self.tokens[i].astype(np.int64)
-        labels = tokens[1:].copy()
-        target_positions = np.arange(1, len(tokens))
-        labels[(target_positions < self.prompt_lengths[i]) | (target_positions >= self.lengths[i])] = IGNORE_INDEX
-        return tokens[:-1], labels
+    def sample(self, i: int) -> Samples:
+        return self.samples(np.asarray([i])).row(0)
 
-    def samples(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """sample(i) for each i, as two [len(indices), sequence_length] arrays."""
+    def samples(self, indices: np.ndarray) -> Samples:
+        """The rows `indices`; each is one document (its padding after it), so no position ids."""
         indices = np.asarray(indices, dtype=np.int64)
         tokens = self.tokens[indices].astype(np.int64)
         labels = tokens[:, 1:].copy()
@@ -136,7 +164,7 @@ class SFTExamples:
         masked = (target_positions < self.prompt_lengths[indices][:, None]) | \
                  (target_positions >= self.lengths[indices][:, None])
         labels[masked] = IGNORE_INDEX
-        return tokens[:, :-1], labels
+        return Samples(tokens[:, :-1], labels)
 
     def locate(self, i: int) -> str:
         return f"row {i}"
@@ -163,11 +191,11 @@ class SampleRange:
             bad = int(indices[(indices < 0) | (indices >= len(self))][0])
             raise IndexError(f"sample {bad} is outside 0..{len(self) - 1}")
 
-    def sample(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+    def sample(self, i: int) -> Samples:
         self._check(np.asarray([i]))
         return self.source.sample(self.start + i)
 
-    def samples(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def samples(self, indices: np.ndarray) -> Samples:
         indices = np.asarray(indices, dtype=np.int64)
         self._check(indices)
         return self.source.samples(indices + self.start)
@@ -207,13 +235,13 @@ class NamedSource:
 
 
 def open_hf_source(spec: HFSpec, stage_name: str, tokenizer: Tokenizer, sequence_length: int,
-                   cache_dir: str | None = None) -> Source:
+                   cache_dir: str | None = None, document_masking: bool = False) -> Source:
     where = describe(stage_name, spec)
     if spec.dataset.is_sft:
         return SFTExamples.from_table(tokenized_array(spec, "sft", tokenizer, sequence_length, stage_name, cache_dir),
                                       where)
     return PackedText(tokenized_array(spec, "packed", tokenizer, sequence_length, stage_name, cache_dir),
-                      sequence_length, where)
+                      sequence_length, where, tokenizer.eos_id if document_masking else None)
 
 
 def check_folder_tokenizer(tokens: TokenFolder, tokenizer: Tokenizer, where: str,
@@ -256,7 +284,8 @@ _CHECKED_AT_OPEN = 1 << 16
 
 
 def open_token_folder(folder: str, stage_name: str, tokenizer: Tokenizer, sequence_length: int,
-                      vocab_size: int | None = None, accepted_names: Sequence[str] = ()) -> PackedText:
+                      vocab_size: int | None = None, accepted_names: Sequence[str] = (),
+                      document_masking: bool = False) -> PackedText:
     """A token folder as packed windows, after checking that it was written for this run's tokenizer and model."""
     where = f'stage "{stage_name}" (dataset_folder {folder})'
     try:
@@ -275,7 +304,7 @@ def open_token_folder(folder: str, stage_name: str, tokenizer: Tokenizer, sequen
                 raise TokenFolderError(f"{where}: {file.path} holds token id {int(head.max())}, outside "
                                        f"model.vocab_size = {vocab_size}")
         tokens.close()
-    return PackedText(tokens, sequence_length, where)
+    return PackedText(tokens, sequence_length, where, tokenizer.eos_id if document_masking else None)
 
 
 def source_inputs(dataset: DatasetArgs | NanosetDatasetsArgs) -> list[tuple[str, float | None, float | None, str | None]]:
@@ -295,10 +324,12 @@ def source_inputs(dataset: DatasetArgs | NanosetDatasetsArgs) -> list[tuple[str,
 
 def open_sources(dataset: DatasetArgs | NanosetDatasetsArgs, stage_name: str, tokenizer: Tokenizer,
                  sequence_length: int, cache_dir: str | None = None, vocab_size: int | None = None,
-                 accepted_names: Sequence[str] = (), held_out: bool = False) -> list[NamedSource]:
+                 accepted_names: Sequence[str] = (), held_out: bool = False,
+                 document_masking: bool = False) -> list[NamedSource]:
     """Every source of one stage (`source_inputs`), opened (HF ones tokenized or taken from the cache), in
     config order. `accepted_names`: tokenizer.accept_recorded_names. With held_out_samples = N, each source
-    is its samples but the last N, or with `held_out` those N only."""
+    is its samples but the last N, or with `held_out` those N only. With `document_masking`, packed windows
+    carry position ids and mask the predictions across documents (`mark_documents`)."""
     inputs, n = source_inputs(dataset), dataset.held_out_samples
 
     def split(label: str, source):
@@ -308,7 +339,7 @@ def open_sources(dataset: DatasetArgs | NanosetDatasetsArgs, stage_name: str, to
         return [NamedSource(f"dataset_folder {folder}", key, weight,
                             split(f"dataset_folder {folder}",
                                  open_token_folder(folder, stage_name, tokenizer, sequence_length, vocab_size,
-                                                   accepted_names)), end)
+                                                   accepted_names, document_masking)), end)
                 for key, weight, end, folder in inputs]
     try:
         specs = {spec.key: spec for spec in hf_specs(dataset)}
@@ -316,5 +347,5 @@ def open_sources(dataset: DatasetArgs | NanosetDatasetsArgs, stage_name: str, to
         raise StageDataError(f'stage "{stage_name}": {e}') from None
     return [NamedSource(specs[key].label, key, weight,
                         split(specs[key].label, open_hf_source(specs[key], stage_name, tokenizer, sequence_length,
-                                                              cache_dir)), end)
+                                                              cache_dir, document_masking)), end)
             for key, weight, end, _ in inputs]

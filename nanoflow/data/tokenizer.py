@@ -4,7 +4,8 @@ tokenizer folder beside its tokenizer_config.json).
 Both give `eos_id`/`eos_token`, `bos_id`/`bos_token` (None when there is none), `vocab_size`, `name`,
 `fingerprint` (what the tokenizer is, for caches and token folders), `args` (the [tokenizer] section that
 loads it again, e.g. in a worker process), `encode(text) -> list[int]`, `encode_batch(texts) -> list of int
-arrays` (the fast path the sources use) and `decode(ids) -> str`.
+arrays` (the fast path the sources use), `decode(ids) -> str` (special tokens left out) and
+`special_tokens() -> {id: text}`.
 
 Special tokens, first found wins: `[tokenizer] eos_token` / `bos_token`; a folder's tokenizer_config.json
 (`eos_token` / `bos_token`, strings or AddedToken tables); a special token of tokenizer.json spelled as in
@@ -54,6 +55,9 @@ class ByteTokenizer:
     def decode(self, ids: Iterable[int]) -> str:
         # Special ids are not text; a window cut mid-character decodes with replacement characters.
         return bytes(int(i) for i in ids if 0 <= int(i) < 256).decode("utf-8", errors="replace")
+
+    def special_tokens(self) -> dict[int, str]:
+        return {self.eos_id: self.eos_token}
 
     def __repr__(self) -> str:
         return "ByteTokenizer()"
@@ -135,6 +139,9 @@ class HFTokenizer:
 
     def decode(self, ids: Iterable[int]) -> str:
         return self._tokenizer.decode([int(i) for i in ids], skip_special_tokens=True)
+
+    def special_tokens(self) -> dict[int, str]:
+        return {token_id: token for token, token_id in self._specials().items()}
 
     def __repr__(self) -> str:
         return f"HFTokenizer({self.name!r}, eos={self.eos_token!r})"

@@ -159,6 +159,8 @@ def read_token_format(path: str) -> tuple[str, int]:
     except FileNotFoundError:
         raise TokenFolderError(f"{path}: no {os.path.basename(metadata)} beside it; it names the tokenizer and the "
                                "token size, without which the file cannot be read") from None
+    except OSError as e:
+        raise _unreadable(metadata, e) from None
     name, sep, size = first.rpartition("|")
     if not sep:                      # older datatrove: the tokenizer name alone, 2-byte tokens
         return first, 2
@@ -167,12 +169,27 @@ def read_token_format(path: str) -> tuple[str, int]:
     return name, int(size)
 
 
+def _unreadable(path: str, error: OSError) -> TokenFolderError:
+    return TokenFolderError(f"{path}: cannot be read: {error.strerror or error}")
+
+
+def _check_readable(path: str) -> None:
+    """Open `path` for reading and close it: a file the user may not read is named now, at start-up, not by a
+    traceback from the first read (a memory map opens it only then)."""
+    try:
+        with open(path, "rb"):
+            pass
+    except OSError as e:
+        raise _unreadable(path, e) from None
+
+
 class TokenFile:
     """One NAME.ds file, memory-mapped and checked against its index and metadata."""
 
     def __init__(self, path: str):
         self.path = path
         self.tokenizer_name, self.token_size = read_token_format(path)
+        _check_readable(path)
         size = os.path.getsize(path)
         if size % self.token_size:
             raise TokenFolderError(f"{path}: {size} bytes is not a whole number of {self.token_size}-byte tokens; "
@@ -180,6 +197,7 @@ class TokenFile:
         self.tokens = size // self.token_size
         index = path + ".index"
         if os.path.exists(index):
+            _check_readable(index)
             index_size = os.path.getsize(index)
             ends = np.memmap(index, dtype="<u8", mode="r") if index_size >= 8 else np.zeros(0, np.uint64)
             if index_size % 8 or (ends.size and (int(ends[-1]) != self.tokens or (np.diff(ends.astype(np.int64)) < 0)
@@ -202,8 +220,11 @@ class TokenFile:
             raise TokenFolderError(f"{self.path}: {size} bytes now, {self.tokens * self.token_size} when the run "
                                    "opened it: the file changed under the run (truncated or rewritten)")
         if self._map is None:
-            self._map = (np.memmap(self.path, dtype=token_dtype(self.token_size), mode="r") if self.tokens
-                         else np.zeros(0, token_dtype(self.token_size)))
+            try:
+                self._map = (np.memmap(self.path, dtype=token_dtype(self.token_size), mode="r") if self.tokens
+                             else np.zeros(0, token_dtype(self.token_size)))
+            except OSError as e:   # its permissions changed under the run
+                raise _unreadable(self.path, e) from None
         return self._map
 
     def close(self) -> None:

@@ -1,4 +1,4 @@
-"""Export a checkpoint as an HF `transformers` Llama folder (see nanoflow/io/hf.py for the folder).
+"""Export a checkpoint as an HF `transformers` folder of its model family (see nanoflow/io/hf.py for the folder).
 
 Reads a run folder (its latest intact checkpoint) or a step folder, local or s3://, and writes a
 local folder or an s3:// prefix: the weights and config.json as io writes them, plus the run's own
@@ -13,8 +13,10 @@ import os
 
 import torch
 
+from nanoflow.config import hf_config, recorded_model, trained_rope
 from nanoflow.data.tokenizer import TOKENIZER_CONFIG, load_tokenizer
 from nanoflow.errors import NanoflowError
+from nanoflow.io.checkpoint import read_metadata
 from nanoflow.io.hf import (
     CONFIG,
     DEFAULT_MAX_SHARD_SIZE,
@@ -22,7 +24,9 @@ from nanoflow.io.hf import (
     GENERATION_CONFIG,
     byte_tokenizer_json,
     generation_config,
-    hf_config,
+    generation_config_from_base,
+    is_hf_folder,
+    read_generation_config,
     write_weights,
 )
 from nanoflow.io.reader import read_checkpoint
@@ -33,13 +37,17 @@ log = logging.getLogger(__name__)
 
 def export_hf(checkpoint_path: str, out_dir: str, *, max_shard_size: int = DEFAULT_MAX_SHARD_SIZE,
               dtype: str | None = None) -> dict:
-    """Write checkpoint `checkpoint_path` (a run folder or step folder, local or s3://) as an HF Llama folder.
+    """Write checkpoint `checkpoint_path` (a run folder or step folder, local or s3://) as an HF folder of its
+    model_type (config.json as transformers writes that family: nanoflow.config.hf_config), with the RoPE of the
+    stage that trained the checkpoint's step.
 
     Weights go to model.safetensors, or to model-0000i-of-0000n.safetensors shards with an index
     when they exceed `max_shard_size` bytes. `dtype` ("float32", "bfloat16", "float16") casts the
     weights; default: as saved (float32 master weights). The run's tokenizer is written alongside
     (tokenizer.json + tokenizer_config.json; the built-in byte tokenizer as an equivalent
-    byte-level tokenizer.json), and generation_config.json with the tokenizer's BOS/EOS ids. Returns a
+    byte-level tokenizer.json), and generation_config.json: the released model's the run began from (`init_from`,
+    also through the checkpoints a branch resumed from), updated where the run's tokenizer differs, else the
+    tokenizer's BOS/EOS ids. Returns a
     summary: {"step", "path", "files", "dtype", "tokenizer"}.
     """
     if dtype is not None and dtype not in DTYPES:
@@ -48,7 +56,9 @@ def export_hf(checkpoint_path: str, out_dir: str, *, max_shard_size: int = DEFAU
         raise ValueError(f"max_shard_size must be positive, got {max_shard_size}")
     checkpoint = read_checkpoint(checkpoint_path, groups=("model",))
     meta, tensors = checkpoint.metadata, dict(checkpoint.groups["model"])
-    model = meta["config"]["model"]
+    model = recorded_model(meta["config"]["model"])   # complete, also a record older than the model families
+    rope = trained_rope(meta)   # the RoPE of the stage that trained the step: a long-context stage's after it
+    model = {**model, "rope_theta": rope.theta, "rope_scaling": rope.scaling_table()}
     if model.get("tie_word_embeddings"):
         tensors.pop("lm_head.weight", None)   # HF saves a tied head once, as the embedding
     if dtype is not None:
@@ -61,12 +71,35 @@ def export_hf(checkpoint_path: str, out_dir: str, *, max_shard_size: int = DEFAU
     tokenizer_section = meta["config"].get("tokenizer", {})
     tokenizer_name = tokenizer_section.get("tokenizer_name_or_path", "bytes")
     bos, eos, tokenizer_files = _write_tokenizer(store, tokenizer_section, model.get("max_position_embeddings", 2048))
-    store.write(GENERATION_CONFIG, (json.dumps(generation_config(bos, eos), indent=2) + "\n").encode())
+    base = _base_generation_config(meta)
+    generation = generation_config(bos, eos) if base is None else generation_config_from_base(base, bos, eos)
+    store.write(GENERATION_CONFIG, (json.dumps(generation, indent=2) + "\n").encode())
     config = hf_config(model, dtype=out_dtype, bos_token_id=bos, eos_token_id=eos)
     config["nanoflow"] = {"checkpoint": checkpoint.path, "step": meta["step"]}
     store.write(CONFIG, (json.dumps(config, indent=2) + "\n").encode())   # last: a folder with config.json is whole
     return {"step": meta["step"], "path": store.root, "files": files + tokenizer_files + [GENERATION_CONFIG, CONFIG],
             "dtype": out_dtype, "tokenizer": tokenizer_name if tokenizer_files else None}
+
+
+def _base_generation_config(meta: dict, hops: int = 8) -> dict | None:
+    """The generation_config.json of the released model a checkpoint's weights began from: followed back through the
+    checkpoint it resumed from (lineage's began_from: a branch) or the one it was initialised from, to an HF folder
+    named by `[model] init_from`. None when there is none (a run from scratch, a base without one, one unreadable:
+    said)."""
+    for _ in range(hops):
+        began = (meta.get("lineage") or {}).get("began_from")
+        source = began or ((meta.get("config") or {}).get("model") or {}).get("init_from")
+        if source is None:
+            return None
+        try:
+            if not began and is_hf_folder(source):
+                return read_generation_config(source)
+            meta = read_metadata(source)
+        except (NanoflowError, OSError, ValueError) as e:
+            log.warning(f"the model this run began from ({source}) cannot be read ({e}); generation_config.json is "
+                        "derived from the run's tokenizer alone")
+            return None
+    return None
 
 
 def _write_tokenizer(store: Store, tokenizer: dict | str, max_length: int) -> tuple[int | None, int | None, list[str]]:

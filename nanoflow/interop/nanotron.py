@@ -1,14 +1,16 @@
 """nanotron YAML config → nanoflow TOML config.
 
 nanoflow's schema is nanotron's, key for key, except `[model]`, which is nanotron's
-`model.model_config` (HF LlamaConfig names) flattened, plus `model.dtype`. So the converter
+`model.model_config` (HF config.json names) flattened, plus `model.dtype`; the model family follows from
+nanotron's model config class and the keys that change its decoder (_family). So the converter
 walks the YAML beside nanoflow's own config classes (nanoflow.config): a key nanoflow has is
 carried over, a key it has not is named in the report with its value and, where known, why.
 Nothing is dropped silently; a null value means "not set" and needs no report. A dropped key
 whose value changes nothing in nanoflow (pp = 1, zero_stage = 0 …) is reported as "ignored".
 
     from nanoflow.interop.nanotron import convert
-    toml_text, report = convert(yaml.safe_load(open("config.yaml")))
+    from nanoflow.interop.nanotron_yaml import read_nanotron_yaml
+    toml_text, report = convert(read_nanotron_yaml("config.yaml"))   # yaml.safe_load, bounded
 
 Paths are carried over verbatim: nanotron reads them relative to the working directory, nanoflow
 relative to the TOML file, so place the TOML accordingly or make them absolute.
@@ -34,6 +36,7 @@ from nanoflow.interop.nanotron_keys import (
     NANOTRON_DATA_SEED,
     NANOTRON_DTYPE,
     NEUTRAL,
+    QWEN2_FIELDS,
     REASONS,
 )
 from nanoflow.interop.toml_writer import to_toml
@@ -86,6 +89,7 @@ class _Conversion:
     def __init__(self):
         self.dropped: list[tuple[str, object, str]] = []
         self.notes: list[str] = []
+        self.document_masking: bool | None = None   # the model's _use_doc_masking, which nanoflow's [tokens] holds
 
     def drop(self, key: str, value, why: str | None = None) -> None:
         if value is not None:
@@ -213,6 +217,10 @@ def convert(nanotron: dict) -> tuple[str, Report]:
     for key, value in nanotron.items():
         if key not in (*SECTIONS, "data_stages", "data"):
             record.drop(str(key), value)
+    if record.document_masking:   # nanotron's switch is the model's; nanoflow's is the data's, as it makes the positions
+        out.setdefault("tokens", {})["document_masking"] = True
+        record.notes.append("model.model_config._use_doc_masking = true → tokens.document_masking = true (every "
+                            "stage; a stage may set its own)")
     evaluation = _split_eval_sets(record, out.get("data_stages", []))
     if evaluation:
         out["evaluation"] = {"datasets": evaluation}
@@ -249,9 +257,15 @@ def _model(record: _Conversion, model) -> dict:
         del model_config["hidden_act"]
     if model_config.get("rope_interleaved") is False:
         del model_config["rope_interleaved"]
+    masking = model_config.pop("_use_doc_masking", None)
+    if isinstance(masking, bool):
+        record.document_masking = masking
+    else:
+        record.drop("model.model_config._use_doc_masking", masking, "expected true or false")
     rope = _rope_scaling(record, model_config.pop("rope_scaling", None),
                          model_config.pop("rope_seq_len_interpolation_factor", None))
-    out = record.table(model_config, schema.ModelArgs, "model.model_config")
+    family = _family(record, model_config)   # before the table: attention_bias means another thing per class
+    out = {**record.table(model_config, schema.ModelArgs, "model.model_config"), **family}
     for key, default in MODEL_DEFAULTS.items():
         if _unset(model_config, key):
             _fill(record, out, "model.model_config", key, default, "nanotron's LlamaConfig default")
@@ -285,25 +299,67 @@ def _model(record: _Conversion, model) -> dict:
     return out
 
 
+def _family(record: _Conversion, model_config: dict) -> dict:
+    """The [model] keys of the nanoflow family nanotron's model config builds, its keys that say so taken out of
+    `model_config`. nanotron's Llama builds every projection without a bias (its attention_bias is read by nothing);
+    its Qwen2 (models/qwen.py) biases q, k and v with attention_bias (nanoflow's qwen2), skips RoPE in every layer
+    i with i + 1 a multiple of no_rope_layer (SmolLM3's no_rope_layer_interval: nanoflow's smollm3) and attends
+    to the last sliding_window_size positions with sliding_window_size (nanoflow's mistral when there are neither
+    biases nor NoPE layers)."""
+    where = "model.model_config"
+    bias = model_config.pop("attention_bias", None)
+    qwen2 = model_config.get("is_llama_config") is not True and any(
+        model_config.get(key) is not None for key in QWEN2_FIELDS)
+    if not qwen2:
+        if bias:
+            record.notes.append(f"{where}.attention_bias = true: nanotron's Llama builds its projections without "
+                                "biases whatever it says, and so does nanoflow's llama")
+        return {}
+    nope, window = model_config.pop("no_rope_layer", None), model_config.pop("sliding_window_size", None)
+    if nope is not None and not _fits(nope, int):
+        record.drop(f"{where}.no_rope_layer", nope, "expected a number of layers")
+        nope = None
+    out = {}
+    if nope is not None:
+        out = {"model_type": "smollm3", "no_rope_layer_interval": nope}
+        record.notes.append(f"{where}.no_rope_layer = {nope} → model_type = \"smollm3\", no_rope_layer_interval = "
+                            f"{nope} (every layer i with i + 1 a multiple of {nope} takes no RoPE, as in nanotron)")
+        record.drop(f"{where}.attention_bias", bias or None)
+    elif bias:
+        out = {"model_type": "qwen2"}
+        record.notes.append(f'{where}.attention_bias = true → model_type = "qwen2" (biases on q, k and v)')
+    if window is not None and not out and _fits(window, int) and window > 0:
+        out = {"model_type": "mistral", "sliding_window": window}
+        record.notes.append(f'{where}.sliding_window_size = {window} → model_type = "mistral", sliding_window = '
+                            f"{window}: nanoflow attends to every earlier position, so every sequence_length must be at "
+                            "most the window (the config refuses to load otherwise)")
+    else:
+        record.drop(f"{where}.sliding_window_size", window)
+    return out
+
+
 def _refuse_other_models(model_config: dict) -> None:
     """A model config nanotron reads as another class than its Llama or Qwen2 (by its flag, or by fields only that
     class has), or with a flag the converter does not know, is refused by name: carried over key for key it would
     become a Llama of LlamaConfig's default shape."""
     flags = [key for key, value in model_config.items()
              if isinstance(key, str) and re.fullmatch(r"is_\w+_config", key) and value is True]
+    moe = model_config.get("moe_config")
+    if moe is not None and not (isinstance(moe, dict) and moe.get("layers") == []):   # MoEConfig.layers: [] is none
+        raise NanotronConfigError("model.model_config.moe_config: nanotron's Qwen2 with mixture-of-experts layers; "
+                                  "nanoflow trains dense models, so it cannot be converted")
     for flag in flags:
         if flag not in MODEL_CONFIG_FLAGS:
             known = ", ".join(name for name, _ in MODEL_CONFIG_FLAGS.values())
             raise NanotronConfigError(f"model.model_config.{flag} = true: a model config the converter does not know "
-                                      f"(nanotron's are {known}); nanoflow trains Llama models only (nanotron's "
-                                      "LlamaConfig or Qwen2Config)")
+                                      f"(nanotron's are {known}); nanoflow converts nanotron's LlamaConfig and "
+                                      "Qwen2Config only")
     for flag, (name, why) in MODEL_CONFIG_FLAGS.items():
         own = [key for key in MODEL_CONFIG_FIELDS.get(flag, ()) if key in model_config]
         if why is not None and (flag in flags or own):
             how = f"{flag} = true" if flag in flags else f"its key{'s' if len(own) > 1 else ''} {', '.join(own)}"
-            raise NanotronConfigError(f"model.model_config is nanotron's {name} ({how}): {why}; nanoflow trains "
-                                      "Llama models only (nanotron's LlamaConfig or Qwen2Config), so it cannot be "
-                                      "converted")
+            raise NanotronConfigError(f"model.model_config is nanotron's {name} ({how}): {why}; nanoflow converts "
+                                      "nanotron's LlamaConfig and Qwen2Config only, so it cannot be converted")
 
 
 def _in_order(table: dict, cls) -> dict:
@@ -344,6 +400,11 @@ def _rope_scaling(record: _Conversion, rope, interpolation) -> dict | None:
             continue
         if key not in ROPE_KEYS[kind]:
             record.drop(f"{where}.{key}", value, f'not a key rope_type = "{kind}" takes in nanoflow')
+        elif key == "truncate":
+            if _fits(value, bool):
+                out[key] = value
+            else:
+                record.drop(f"{where}.{key}", value, "expected true or false")
         elif key == "original_max_position_embeddings" and _fits(value, int):
             out[key] = value
         elif key != "original_max_position_embeddings" and _fits(value, float):
@@ -413,11 +474,10 @@ def _schedule_defaults(record: _Conversion, raw: dict, out: dict, train_steps) -
         _fill(record, out, where, "lr_decay_style", "linear", "nanotron's default; nanoflow's is cosine")
     if _unset(raw, "min_decay_lr") and "learning_rate" in out:
         _fill(record, out, where, "min_decay_lr", out["learning_rate"], "nanotron's default: = learning_rate, no decay")
-    if raw.get("lr_decay_steps") == 0 and "lr_decay_steps" in out:
-        del out["lr_decay_steps"]
-        record.drop(f"{where}.lr_decay_steps", 0, "nanoflow's lr_decay_steps is positive; nanotron jumps to "
-                    "min_decay_lr at lr_decay_starting_step (and with lr_warmup_steps = 0 trains at learning_rate²)")
     warmup = out.get("lr_warmup_steps")
+    length = out.get("lr_decay_steps")
+    if isinstance(length, int) and length <= 0:
+        _no_length_decay(record, out, length, train_steps)
     if _unset(raw, "lr_decay_steps") and isinstance(train_steps, int) and isinstance(warmup, int):
         length = train_steps - warmup   # nanotron's Config sets this whatever lr_decay_starting_step is
         if length > 0:
@@ -425,6 +485,35 @@ def _schedule_defaults(record: _Conversion, raw: dict, out: dict, train_steps) -
                 if raw.get("lr_decay_starting_step") is not None else ""
             _fill(record, out, where, "lr_decay_steps", length,
                   f"nanotron's default: train_steps - lr_warmup_steps{wsd}")
+
+
+def _no_length_decay(record: _Conversion, out: dict, length: int, train_steps) -> None:
+    """lr_decay_steps <= 0, as nanotron's dump of a run whose warmup outlasts it holds (Config derived train_steps -
+    lr_warmup_steps): lr_scheduler_builder's lr_lambda then has no decay phase, so the LR drops from learning_rate to
+    min_decay_lr at once, at index max(lr_warmup_steps + 1, lr_decay_starting_step). nanoflow's lr_decay_steps is
+    positive: the same drop is a decay of one step ending there, and a drop after the last step is no decay at all."""
+    where = "optimizer.learning_rate_scheduler"
+    warmup = out.get("lr_warmup_steps", 0)
+    if not isinstance(warmup, int) or (warmup == 0 and length == 0):   # nanotron then trains at learning_rate²
+        del out["lr_decay_steps"]
+        record.drop(f"{where}.lr_decay_steps", length, "nanoflow's lr_decay_steps is positive; nanotron jumps to "
+                    "min_decay_lr at lr_decay_starting_step (and with lr_warmup_steps = 0 trains at learning_rate²)")
+        return
+    start = out.get("lr_decay_starting_step")
+    drop = max(warmup + 1, start if isinstance(start, int) else 0)   # the first index at min_decay_lr
+    if isinstance(train_steps, int) and drop > train_steps:
+        del out["lr_decay_steps"]
+        record.notes.append(f"{where}.lr_decay_steps = {length}: nanotron drops the LR to min_decay_lr at step {drop}, "
+                            f"after train_steps = {train_steps}; left unset (nanoflow's derived decay is not reached "
+                            "either)")
+        return
+    out["lr_decay_steps"] = 1
+    if drop > warmup + 1:
+        out["lr_decay_starting_step"] = drop - 1
+    at = f" and lr_decay_starting_step = {drop - 1}" if drop > warmup + 1 else ""
+    record.notes.append(f"{where}.lr_decay_steps = {length}: nanotron has no decay then, and drops the LR from "
+                        f"learning_rate to min_decay_lr at once at step {drop}; written as lr_decay_steps = 1{at}, "
+                        "the same drop")
 
 
 def _stage(record: _Conversion, stage, index: int) -> dict:
@@ -435,6 +524,8 @@ def _stage(record: _Conversion, stage, index: int) -> dict:
         dataset = data.get("dataset")
         if isinstance(dataset, dict) and isinstance(dataset.get("dataset_folder"), dict):
             dataset = _folder_weights(record, dataset, f"{where}.data.dataset")
+        if isinstance(dataset, dict) and "sft_dataloader" in dataset:
+            dataset = _sft_columns(record, dataset, f"{label}.data.dataset")
         stage = {**stage, "data": {**data, "dataset": dataset}}
     out = record.table(stage, schema.DatasetStageArgs, where)
     if isinstance(data, dict):
@@ -446,6 +537,25 @@ def _stage(record: _Conversion, stage, index: int) -> dict:
             out_data["seed"] = NANOTRON_DATA_SEED
             out["data"] = _in_order(out_data, schema.DataArgs)
     return out
+
+
+def _sft_columns(record: _Conversion, dataset: dict, where: str) -> dict:
+    """A dataset with an sft_dataloader key is nanotron's SFTDatasetsArgs, whatever the key's value (dacite's strict
+    union: PretrainDatasetsArgs has no such key), and run_train.py tokenizes it with sft_processing.process_sft:
+    prompt + completion + eos from the columns "prompt" and "completion", the loss on the completion and eos only.
+    That is nanoflow's SFT stage on those two columns."""
+    dataset = dict(dataset)
+    flag = dataset.pop("sft_dataloader")
+    if dataset.get("text_column_name") is not None:
+        record.drop(f"{where}.text_column_name", dataset.pop("text_column_name"),
+                    'nanotron\'s SFT dataset has no text column: it reads "prompt" and "completion"')
+    dataset.setdefault("prompt_column_name", "prompt")
+    dataset.setdefault("completion_column_name", "completion")
+    record.notes.append(f"{where}.sft_dataloader = {_show(flag)}: nanotron's SFT data (prompt + completion + "
+                        "end-of-text, the loss on the completion), read from its columns \"prompt\" and "
+                        "\"completion\" → nanoflow's SFT stage: prompt_column_name = \"prompt\", "
+                        "completion_column_name = \"completion\"")
+    return dataset
 
 
 def _split_eval_sets(record: _Conversion, stages: list) -> list[dict]:

@@ -16,16 +16,16 @@ REASONS = {
     "model.make_vocab_size_divisible_by": "set model.vocab_size to the padded size",
     "model.ddp_bucket_cap_mb": "FSDP2 does its own bucketing",
     "model.model_config.hidden_act": "nanoflow's MLP is always silu",
-    "model.model_config.attention_bias": "nanoflow's projections have no bias",
+    "model.model_config.attention_bias": "nanotron's Qwen2 biases q, k and v; nanoflow's smollm3, the family with "
+                                         "layers without RoPE, biases all four projections or none",
     "model.model_config._attn_implementation": "nanoflow uses PyTorch's scaled_dot_product_attention",
     "model.model_config.z_loss_enabled": "no z-loss: the loss is plain cross-entropy",
     "model.model_config.z_loss_coefficient": "no z-loss: the loss is plain cross-entropy",
-    "model.model_config.is_qwen2_config": "nanoflow's model is nanotron's Llama/Qwen2 decoder without its extras",
-    "model.model_config.sliding_window_size": "no sliding-window attention",
+    "model.model_config.is_qwen2_config": "nanotron's Qwen2Config: nanoflow's llama, qwen2 (attention_bias), smollm3 "
+                                          "(no_rope_layer) or mistral (sliding_window_size)",
+    "model.model_config.sliding_window_size": "nanoflow reproduces a sliding window as mistral only: no biases, RoPE "
+                                              "in every layer",
     "model.model_config.flex_attention_mask": "causal attention over the whole sequence only",
-    "model.model_config.no_rope_layer": "RoPE in every layer",
-    "model.model_config.moe_config": "no mixture of experts",
-    "model.model_config._use_doc_masking": "no document masking: attention spans the whole packed sequence",
     "model.model_config._fused_rotary_emb": "a kernel choice", "model.model_config._fused_rms_norm": "a kernel choice",
     "model.model_config._use_qkv_packed": "a kernel choice", "model.model_config.log_attn_probs": "a logging switch",
     "model.model_config.ring_attn_heads_k_stride": "no context parallelism",
@@ -38,7 +38,7 @@ REASONS = {
     "model.model_config.pad_token_id": "special tokens come from the tokenizer",
     "model.model_config.pretraining_tp": "an HF inference setting",
     "model.model_config.use_cache": "an HF inference setting",
-    "model.model_config.is_llama_config": "every nanoflow model is a Llama",
+    "model.model_config.is_llama_config": "nanotron's LlamaConfig: nanoflow's llama",
     "tokenizer.tokenizer_revision": "tokenizers are local tokenizer.json files",
     "tokenizer.tokenizer_max_length": "sequence lengths come from [tokens] and the stages",
     "parallelism.pp": "nanoflow has no pipeline parallelism: dp and tp only",
@@ -69,8 +69,6 @@ REASONS = {
     "data_stages.data.dataset.skip_in_stream": "not supported",
     "data_stages.data.dataset.shuffle_files": "nanoflow's sample order is its own (a pure function of the seed)",
     "data_stages.data.dataset.use_old_brrr_dataloader": "not supported",
-    "data_stages.data.dataset.sft_dataloader": "nanotron's chat SFT loader: nanoflow's SFT stages name "
-                                              "prompt_column_name and completion_column_name",
     "data_stages.data.dataset.debug_max_samples": "not supported",
     "lighteval": "no evaluation hook; run lighteval on an exported model (bin/export)",
     "profiler": "no profiler hook",
@@ -97,7 +95,7 @@ NEUTRAL = {
     "tokenizer.tokenizer_revision": None, "tokenizer.tokenizer_max_length": None,
     "model.model_config.attention_bias": False, "model.model_config._attn_implementation": None,
     "model.model_config.z_loss_enabled": False, "model.model_config.z_loss_coefficient": None,
-    "model.model_config.is_qwen2_config": True, "model.model_config._use_doc_masking": False,
+    "model.model_config.is_qwen2_config": True,
     "model.model_config._fused_rotary_emb": None, "model.model_config._fused_rms_norm": None,
     "model.model_config._use_qkv_packed": None, "model.model_config.log_attn_probs": None,
     "model.model_config.ring_attn_heads_k_stride": None, "model.init_method.scaling_method": "NONE",
@@ -141,6 +139,12 @@ MODEL_CONFIG_FLAGS = {
     "is_mamba_config": ("MambaModelConfig", "a state-space model (Mamba), not a transformer"),
     "is_llamoe_config": ("LlaMoEConfig", "a mixture-of-experts Llama (its MLPs are routed experts)"),
 }
+
+# The fields Qwen2Config has and LlamaConfig has not: without the Llama flag, a model_config holding one of them is
+# a Qwen2Config (nanotron's union tries LlamaConfig first, strictly).
+QWEN2_FIELDS = ("is_qwen2_config", "rope_seq_len_interpolation_factor", "flex_attention_mask", "sliding_window_size",
+                "no_rope_layer", "_fused_rotary_emb", "_fused_rms_norm", "_use_qkv_packed", "_use_doc_masking",
+                "log_attn_probs", "ring_attn_heads_k_stride", "moe_config")
 
 # The fields only that class has (none of LlamaConfig's or Qwen2Config's): a model_config without a flag that
 # holds one of them is that class's, as nanotron's union of config classes would read it.

@@ -1,6 +1,7 @@
 """Checkpoint IO: the only package that reads or writes checkpoint bytes, on a local disk or on S3.
 
-`checkpoint` holds the layout, the commit protocol and how committed checkpoints are found;
+`checkpoint` holds the layout, the commit protocol and how committed checkpoints are found; `files`
+writes every local file whole and never through a link;
 `lock` keeps a run folder to one writer; `marker` seals and checks the commit marker; `reader` reads
 any box of a saved tensor by byte ranges, checking every shard it uses; `store` reaches a local
 folder or an s3:// prefix (with bounded retries); `tensorfile` writes and parses safetensors files

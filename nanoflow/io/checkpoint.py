@@ -33,6 +33,7 @@ import secrets
 import attrs
 import torch
 
+from nanoflow.io.files import refuse_link
 from nanoflow.io.marker import (
     CHECKSUM,
     FORMAT,
@@ -113,9 +114,12 @@ def _checkpoints_to_try(store: Store) -> list[str]:
         skipped.append(f"{store.url(LATEST)} names step {pointer}, but " + (
             f"step {order[0]} was committed after it (a save stopped between its commit and {LATEST})"
             if pointer in found else f"step {pointer} is no intact committed checkpoint"))
-    if damaged and not found:  # committed once, so never treated as "nothing here" (a fresh start over it)
-        raise DamagedCheckpointError(f"{store.root} holds committed checkpoints, but none is intact: "
-                                     + "; ".join(skipped))
+    # Committed once (a damaged marker, or latest.txt naming a step: a sync that dropped every *.json), so never
+    # treated as "nothing here": a fresh start over it would delete the old tensor files as an unfinished save's.
+    if (damaged or pointer is not None) and not found:
+        said = f" ({store.url(LATEST)} names step {pointer})" if pointer is not None else ""
+        raise DamagedCheckpointError(f"{store.root} holds committed checkpoints{said}, but none is intact: "
+                                     + ("; ".join(skipped) or "no step folder of theirs is left"))
     if skipped:
         heading = f"using {store.url(str(order[0]))}" if order else "no intact checkpoint"
         log.warning(f"{store.root}: {heading}; skipped: " + "; ".join(skipped))
@@ -216,7 +220,7 @@ def save_checkpoint(root: str, step: int, groups: dict[str, dict[str, Block | to
     ranks, nanoflow.checkpoint.checkpointer runs the three phases below with the collectives between them.
     """
     _check_info(step, info)
-    suffix = new_save(root, step)
+    suffix = new_save(root, step, groups)
     return commit(root, step, [write_files(root, step, groups, suffix, rank=0)], info, keep=keep)
 
 
@@ -225,14 +229,18 @@ def _check_info(step: int, info: dict) -> None:
         raise ValueError(f'info["training"]["completed"] must be the step saved ({step})')
 
 
-def new_save(root: str, step: int) -> str:
+def new_save(root: str, step: int, groups=()) -> str:
     """Phase 1, on one rank (0): mark step `step`'s folder as a save of nanoflow's; the suffix every rank's
     file names take (beside a committed step, fresh names, so that it stays loadable until the new
-    metadata lands)."""
+    metadata lands). A group folder (`groups`: model, optimizer …) that is a link is refused here, before any
+    rank writes (every rank's writer refuses it too: nanoflow.io.files)."""
     store, folder = Store(root), str(step)
     if store.is_link(folder):
         raise CheckpointError(f"{store.url(folder)} is a symlink nanoflow did not make: refusing to write step {step} "
                               "through it; move that step folder back (or away) and run again")
+    for group in groups:
+        if store.is_link(f"{folder}/{group}"):
+            refuse_link(store.url(f"{folder}/{group}"))
     suffix = f".{secrets.token_hex(4)}" if store.exists(f"{folder}/{METADATA}") else ""
     store.write(f"{folder}/{SAVE_MARKER}", f"a save of step {step} by nanoflow\n".encode())
     return suffix

@@ -1,16 +1,16 @@
-"""HF interop: export a checkpoint as a `transformers` Llama folder, and read such a folder back.
+"""HF interop: export a checkpoint as a `transformers` model folder, and read such a folder back.
 
-An HF Llama folder is what `LlamaForCausalLM.save_pretrained` writes and `from_pretrained` reads:
+An HF model folder is what `<Family>ForCausalLM.save_pretrained` writes and `from_pretrained` reads:
 
-    config.json                        LlamaConfig fields, architectures = ["LlamaForCausalLM"]
-    generation_config.json             the BOS/EOS ids generate() uses, as transformers writes them
+    config.json                        the family's config fields, architectures = ["<Family>ForCausalLM"]
+    generation_config.json             the ids and defaults generate() uses (a released base model's, kept)
     model.safetensors                  every weight by HF name (nanoflow's names are HF's), or, above
     model-00001-of-0000N.safetensors   max_shard_size, shards listed in
     model.safetensors.index.json       {"metadata": {"total_size": …}, "weight_map": {name: file}}
     tokenizer.json, tokenizer_config.json   so that AutoTokenizer loads the run's tokenizer
 
-Here is the folder's format: its config.json, its weight files, a byte-level tokenizer.json, and
-reading it back. nanoflow.interop.export.export_hf writes a checkpoint as such a folder (with the run's
+Here is the folder's format: its weight files, a byte-level tokenizer.json, and reading it back (what
+config.json says is each family's: nanoflow.config.families.hf_config writes it, model_checks reads it). nanoflow.interop.export.export_hf writes a checkpoint as such a folder (with the run's
 tokenizer, which io does not know); config.json is written last, so a folder that has it is
 complete. Import accepts sharded and unsharded folders, safetensors only (no pickle):
 `read_hf` reads every weight whole; `read_init_weights` (for `[model] init_from`) reads, on each
@@ -40,49 +40,35 @@ DTYPES = ("float32", "bfloat16", "float16")
 # ---------------------------------------------------------------------------------------------
 # Export (the folder's files; nanoflow.interop.export.export_hf writes them for a checkpoint)
 
-def hf_config(model: dict, *, dtype: str = "float32", bos_token_id: int | None = None,
-              eos_token_id: int | None = None) -> dict:
-    """config.json for the `[model]` section `model` (a dict of nanoflow's resolved config)."""
-    head_dim = model["hidden_size"] // model["num_attention_heads"]
-    rope_theta = float(model.get("rope_theta", 10000.0))
-    scaling = {k: v for k, v in (model.get("rope_scaling") or {"rope_type": "default"}).items() if v is not None}
-    return {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
-        "vocab_size": model["vocab_size"],
-        "hidden_size": model["hidden_size"],
-        "intermediate_size": model["intermediate_size"],
-        "num_hidden_layers": model["num_hidden_layers"],
-        "num_attention_heads": model["num_attention_heads"],
-        "num_key_value_heads": model.get("num_key_value_heads", model["num_attention_heads"]),
-        "head_dim": head_dim,
-        "hidden_act": "silu",
-        "max_position_embeddings": model.get("max_position_embeddings", 2048),
-        "rms_norm_eps": model.get("rms_norm_eps", 1e-5),
-        # transformers < 5 reads rope_theta and rope_scaling (null: plain RoPE); transformers 5 reads
-        # rope_parameters. Both say the same.
-        "rope_theta": rope_theta,
-        "rope_scaling": scaling if scaling["rope_type"] != "default" else None,
-        "rope_parameters": {**scaling, "rope_theta": rope_theta},
-        "pretraining_tp": 1,
-        "attention_bias": False,
-        "attention_dropout": 0.0,
-        "mlp_bias": False,
-        "tie_word_embeddings": bool(model.get("tie_word_embeddings", False)),
-        "initializer_range": model.get("initializer_range", 0.02),
-        "torch_dtype": dtype,
-        "bos_token_id": bos_token_id,
-        "eos_token_id": eos_token_id,
-        "pad_token_id": None,
-        "use_cache": True,
-    }
-
-
 def generation_config(bos_token_id: int | None, eos_token_id: int | None,
                       pad_token_id: int | None = None) -> dict:
     """generation_config.json as transformers derives it from config.json: the special-token ids it has."""
     ids = {"bos_token_id": bos_token_id, "eos_token_id": eos_token_id, "pad_token_id": pad_token_id}
     return {"_from_model_config": True, **{key: value for key, value in ids.items() if value is not None}}
+
+
+def generation_config_from_base(base: dict, bos_token_id: int | None, eos_token_id: int | None) -> dict:
+    """generation_config.json for a run trained from a released model whose own is `base`: the base's, kept whole
+    (stop ids, pad id, sampling defaults), as transformers saves a model it loaded, and changed only where the run's
+    tokenizer differs, as TRL's clone_chat_template does: a run's end-of-text the base does not stop at replaces its
+    stop ids, a BOS id other than the base's replaces it. An id the run's tokenizer has not leaves the base's."""
+    out = dict(base)
+    stops = base.get("eos_token_id")
+    if eos_token_id is not None and eos_token_id not in (stops if isinstance(stops, list) else [stops]):
+        out["eos_token_id"] = eos_token_id
+    if bos_token_id is not None and bos_token_id != base.get("bos_token_id"):
+        out["bos_token_id"] = bos_token_id
+    return out
+
+
+def read_generation_config(folder: str) -> dict | None:
+    """An HF model folder's generation_config.json (None when it has none); an HFFormatError when it is no JSON object."""
+    store = Store(folder)
+    try:
+        present = store.exists(GENERATION_CONFIG)
+    except StoreError as e:
+        raise HFFormatError(str(e)) from e
+    return _read_json(store, GENERATION_CONFIG) if present else None
 
 
 def write_weights(store: Store, tensors: dict[str, torch.Tensor], max_shard_size: int) -> list[str]:

@@ -98,8 +98,11 @@ class RunLock:
         _HELD.pop(self.store.root, None)
         with self._guard:
             if self.store.is_s3:
-                if not self._lost and not self.store.delete_conditional(LOCK, self._tag):
-                    self._lost = f"{self.path} was replaced by another run meanwhile: left as it is"
+                try:
+                    if not self._lost and not self.store.delete_conditional(LOCK, self._tag):
+                        self._lost = f"{self.path} was replaced by another run meanwhile: left as it is"
+                except StoreError as e:   # storage gone (the error that ended the run, likely): said, not raised over it
+                    return f"{e}; the lock is left as it is: another run may take it once its lease ({self.lease:g} s) lapses"
             elif not _release_local(self._tag, self.record["token"]):
                 self._lost = self._lost or f"{self.path} was replaced by another run meanwhile: left as it is"
         return self._lost

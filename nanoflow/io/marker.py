@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
 import re
 
 import torch
@@ -135,11 +136,32 @@ def _schema_problem(meta: dict) -> str | None:
     tensors = meta.get("tensors")
     if not isinstance(tensors, dict) or not tensors or not all(isinstance(e, dict) for e in tensors.values()):
         return '"tensors" lists no tensors'
+    claimed: dict = {}   # (file, key): the bytes its shard says it holds; file: their sum
     for group, entries in tensors.items():
         for key, entry in entries.items():
-            problem = _tensor_problem(entry, files)
+            problem = _tensor_problem(entry, files) or _size_problem(entry, files, claimed)
             if problem is not None:
                 return f'"tensors": {group} tensor {key}: {problem}'
+    return None
+
+
+def _size_problem(entry: dict, files: dict, claimed: dict) -> str | None:
+    """Declared shapes against the bytes, before any reader allocates a tensor of them: the shards must hold at
+    least as many elements as the tensor (its whole box is assembled from them), and each shard's bytes are
+    counted against its file's recorded size (which is checked against the file itself when it is listed)."""
+    itemsize = getattr(torch, entry["dtype"]).itemsize
+    held = 0
+    for shard in entry["shards"]:
+        count = math.prod(shard["shape"])
+        held += count
+        if (shard["file"], shard["key"]) not in claimed:   # (a shard listed twice holds its bytes once)
+            claimed[shard["file"], shard["key"]] = count * itemsize
+            claimed[shard["file"]] = claimed.get(shard["file"], 0) + count * itemsize
+        if claimed[shard["file"]] > files[shard["file"]]["bytes"]:
+            return (f"its shard {shard['key']} of shape {shard['shape']} does not fit in {shard['file']}, "
+                    f"{files[shard['file']]['bytes']} bytes with the shards before it")
+    if math.prod(entry["shape"]) > held:
+        return f"its shape {entry['shape']} holds more elements than its shards ({held})"
     return None
 
 

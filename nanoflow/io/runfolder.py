@@ -7,8 +7,29 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from pathlib import Path
 
 from nanoflow.errors import RunFolderError
+from nanoflow.io.store import is_remote
+
+S3_RECORDS = ("runs", "s3")   # an S3 run's local record folder: runs/s3/<bucket>/<prefix>, beside where it was run
+
+
+def record_folder(checkpoints_path: str) -> Path:
+    """The local folder of a run's records (metrics.jsonl, eval.jsonl, TensorBoard): checkpoints_path when it is
+    local, else runs/s3/<bucket>/<prefix> here — keyed by the checkpoints' own place, so that two runs on S3
+    never share a record, whatever their names (the prefix's parts are plain: config/checks.py refuses empty,
+    "." and ".." ones)."""
+    if not is_remote(checkpoints_path):
+        return Path(checkpoints_path)
+    return Path(*S3_RECORDS, *checkpoints_path.removeprefix("s3://").rstrip("/").split("/"))
+
+
+def checkpoints_of_record(folder: str) -> list[str]:
+    """The s3:// runs a local record folder (…/runs/s3/<bucket>/<prefix>) may keep the records of: one for each
+    runs/s3 in its path, the outermost first (a prefix may itself hold runs/s3); none for any other folder."""
+    parts = Path(os.path.abspath(folder)).parts
+    return ["s3://" + "/".join(parts[i + 2:]) for i in range(len(parts) - 2) if parts[i:i + 2] == S3_RECORDS]
 
 
 def _reason(e: OSError) -> str:
@@ -41,10 +62,3 @@ def check_room(path: str, needed: int = 0) -> None:
         raise RunFolderError(f"{path}: {free:,} bytes free, but the next checkpoint needs about {needed:,}; free "
                              "some space (or set checkpoints.keep) and run the same command again")
 
-
-def open_for_append(path: str):
-    """`path` opened to append text, or a RunFolderError naming it."""
-    try:
-        return open(path, "a")  # noqa: SIM115 - the caller closes it
-    except OSError as e:
-        raise RunFolderError(f"cannot write {path}: {_reason(e)}") from None

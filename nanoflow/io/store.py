@@ -1,7 +1,7 @@
 """Storage for checkpoints: a local folder or an s3:// prefix; on S3 the bytes go through smart_open.
 
-Every object is written whole: locally to a temporary name, flushed, fsynced and renamed (a failed
-write removes its temporary again); on S3 as one PUT, or one multipart upload for a big object,
+Every object is written whole: locally by nanoflow.io.files (a temporary name, flushed, fsynced and renamed;
+never through a link below the root); on S3 as one PUT, or one multipart upload for a big object,
 which lands entirely or not at all. Endpoint and credentials come from the standard AWS environment
 (AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID …), read into one boto3 client that smart_open is given too.
 
@@ -30,7 +30,8 @@ import time
 import attrs
 import numpy
 
-from nanoflow.errors import StoreError
+from nanoflow.errors import StoreError, without_credentials  # noqa: F401 - also this module's API
+from nanoflow.io.files import _as_chunks, _write_chunks, write_atomically
 
 
 @attrs.frozen
@@ -102,9 +103,8 @@ class Store:
         if self.is_s3:
             return self._write_s3(relative, chunks)
         path = self.url(relative)
-        try:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            return write_atomically(path, chunks, crash_point=True)
+        try:   # never through a link: not the root's own (the folder the user named), but any below it
+            return write_atomically(path, chunks, root=self.root, crash_point=True)
         except OSError as e:
             raise StoreError(f"cannot write {path}: {e}") from e
 
@@ -374,7 +374,8 @@ class Store:
             except Exception as e:  # noqa: PERF203 - botocore's and urllib3's errors, sorted by _transient
                 if not _transient(e) or attempt == attempts - 1:
                     tried = f" (tried {attempt + 1} times over {time.monotonic() - started:.1f} s)" if attempt else ""
-                    raise StoreError(f"cannot {what}: {_explain(e, self, client)}{tried}") from e
+                    # botocore names the endpoint URL, user:password included: never shown
+                    raise StoreError(without_credentials(f"cannot {what}: {_explain(e, self, client)}{tried}")) from e
             time.sleep(policy.wait(attempt) * random.uniform(0.5, 1.0))
         raise AssertionError("unreachable")
 
@@ -485,70 +486,5 @@ def _new_client(key):
     return _CLIENT["client"]
 
 
-_CHUNK = 64 << 20   # the most one GET asks for, and one local write writes
+_CHUNK = 64 << 20   # the most one GET asks for
 _PART = 64 << 20    # objects up to this size are one PUT; bigger ones go up in parts of this size
-
-
-def write_atomically(path: str, chunks, *, crash_point: bool = False) -> int:
-    """Write the local file `path` whole or not at all, from `chunks` (bytes, or buffers written one after the
-    other): under the temporary name PATH.tmp-<pid> in the same folder, flushed, fsynced, then renamed over
-    `path`. Any failure removes the temporary again (a full disk stays full with it left behind); only a
-    killed process leaves one, which checkpoint cleanup and bin/prepare recognise by that name. Returns the
-    bytes written. `crash_point`: these are checkpoint bytes, counted by NANOFLOW_KILL_AFTER_BYTES."""
-    chunks = _as_chunks(chunks)
-    temporary = f"{path}.tmp-{os.getpid()}"
-    try:
-        with open(temporary, "wb") as f:
-            size = _write_chunks(f, chunks, crash_point)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(temporary, path)
-        return size
-    except BaseException:
-        try:
-            os.remove(temporary)
-        except OSError:
-            pass
-        raise
-
-
-def _as_chunks(chunks):
-    """One buffer (bytes, a memoryview, a numpy array: anything with the buffer protocol) as a list of it; else
-    `chunks` itself, an iterable of buffers. A numpy array iterated would write its elements, a byte each."""
-    try:
-        memoryview(chunks)
-    except TypeError:
-        return chunks
-    return [chunks]
-
-
-def _write_chunks(f, chunks, crash_point: bool = True) -> int:
-    size = 0
-    for chunk in chunks:
-        view = memoryview(chunk).cast("B")
-        for start in range(0, len(view), _CHUNK):
-            piece = view[start:start + _CHUNK]
-            if crash_point:
-                _crash_point(f, piece)
-            f.write(piece)
-        size += len(view)
-    return size
-
-
-_bytes_written = 0
-
-
-def _crash_point(f, chunk: memoryview) -> None:
-    """Fault injection for the kill -9 tests: with NANOFLOW_KILL_AFTER_BYTES=N, the process writes
-    exactly N checkpoint bytes (counted across files) and then kills itself with SIGKILL."""
-    global _bytes_written
-    limit = os.environ.get("NANOFLOW_KILL_AFTER_BYTES")
-    if limit is None:
-        return
-    allowed = int(limit) - _bytes_written
-    if allowed < len(chunk):
-        import signal
-        f.write(chunk[:max(allowed, 0)])
-        f.flush()
-        os.kill(os.getpid(), signal.SIGKILL)
-    _bytes_written += len(chunk)

@@ -13,8 +13,8 @@ import math
 import os
 from pathlib import Path
 
-from nanoflow.errors import MetricsError, StorageLostError
-from nanoflow.io.runfolder import RunFolderError, open_for_append
+from nanoflow.errors import MetricsError, RunFolderError, StorageLostError
+from nanoflow.io.files import open_to_append, refuse_link
 
 FILE = "metrics.jsonl"
 # The keys of a record that measure the machine, not the training: two runs of the same steps differ in these alone
@@ -33,19 +33,19 @@ class MetricsLog:
         self.file = None
         if not enabled:
             return
-        if os.path.islink(path):  # its target lies outside the run folder, wherever the link points
-            raise RunFolderError(f"{path} is a symlink (to {os.readlink(path)}); nanoflow writes no file through a "
-                                 "link it did not make: move the link away and run again")
-        try:
-            with open(path, "a+b") as f:  # created when missing
-                f.truncate(_kept_length(f, start_step))
-        except OSError as e:
-            raise RunFolderError(f"cannot write {path}: {e.strerror or e}") from None
         self.path = path
+        with self._opened(binary=True) as f:  # created when missing; never through a link (its target lies anywhere)
+            f.truncate(_kept_length(f, start_step))
+
+    def _opened(self, binary: bool = False):
+        try:
+            return open_to_append(self.path, binary=binary)
+        except OSError as e:
+            raise RunFolderError(f"cannot write {self.path}: {e.strerror or e}") from None
 
     def __enter__(self) -> MetricsLog:
         if self.enabled:
-            self.file = open_for_append(self.path)
+            self.file = self._opened()
         return self
 
     def write(self, metrics: dict) -> None:
@@ -72,11 +72,12 @@ def set_aside(directory: Path) -> list[tuple[Path, Path]]:
     found = [Path(directory, name) for name in (FILE, EVAL_FILE)]
     found = [path for path in found if path.is_file() and not path.is_symlink() and path.stat().st_size]
     n = 1
-    while any(path.with_suffix(f".{n}.jsonl").exists() for path in found):
+    while any(os.path.lexists(path.with_suffix(f".{n}.jsonl")) for path in found):   # a dangling link is taken too
         n += 1
     moved = []
     for path in found:
         try:
+            refuse_link(path.with_suffix(f".{n}.jsonl"))   # (taken between the two looks: never renamed over)
             path.rename(path.with_suffix(f".{n}.jsonl"))
         except OSError as e:
             raise RunFolderError(f"cannot move {path} aside before a fresh start: {e.strerror or e}") from None
@@ -114,30 +115,73 @@ def _kept_length(f, step: int, block: int = 1 << 16) -> int:
         limit = start
 
 
-def _read_rows(path: Path, lines: list[str]) -> list[dict]:
-    """The JSON rows of a .jsonl file nanoflow appends to (a last line cut by a kill is skipped)."""
+# What a row of each record must hold, with its kind: the fields bin/report and bin/compare read.
+STEP, NAME, NUMBER = "a step number", "a name", "a number"
+METRICS_FIELDS = {"step": STEP, "stage": NAME, "loss": NUMBER, "lr": NUMBER, "tokens": STEP}
+EVAL_FIELDS = {"step": STEP, "dataset": NAME, "loss": NUMBER}
+EVAL_OPTIONAL = {"accuracy": NUMBER}
+
+
+def read_records(path: str | os.PathLike, fields: dict[str, str], optional: dict[str, str] | None = None
+                 ) -> list[dict] | None:
+    """The rows of a .jsonl record nanoflow appends to (metrics.jsonl, eval.jsonl), each checked to be a JSON
+    object holding `fields` (and, when present, `optional`) of their kinds; None when there is no such file. A
+    last line cut by a kill is skipped; anything else wrong — a file that cannot be read (a folder, no
+    permission), bytes that are not UTF-8, a line that is not a JSON object or lacks a field — is a
+    MetricsError naming the file and the line."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise MetricsError(f"{path}: cannot read it: {e.strerror or e}") from None
+    try:
+        lines = data.decode("utf-8").splitlines()
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise MetricsError(f"{path}:{line}: not UTF-8 text (byte {e.start} of the file); nanoflow writes JSON lines "
+                           "here") from None
     rows = []
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
-            rows.append(json.loads(line))
-        except ValueError:
+            row = json.loads(line)
+        except (ValueError, RecursionError):
             if number == len(lines):
                 continue
             raise MetricsError(f"{path}:{number}: not a JSON line") from None
+        problem = _row_problem(row, fields, optional or {})
+        if problem is not None:
+            raise MetricsError(f"{path}:{number}: {problem}")
+        rows.append(row)
     return rows
+
+
+def _row_problem(row, fields: dict[str, str], optional: dict[str, str]) -> str | None:
+    if not isinstance(row, dict):
+        return f"not a JSON object but {json.dumps(row)[:60]}"
+    for key, kind in {**fields, **{k: v for k, v in optional.items() if k in row}}.items():
+        if key not in row:
+            return f"no {key}"
+        value = row[key]
+        if value is None:
+            return f"{key} is null, not {kind}"
+        ok = (isinstance(value, str) if kind == NAME else isinstance(value, (int, float)) and not isinstance(value, bool)
+              and (kind == NUMBER or isinstance(value, int) and value >= 0))
+        if not ok:
+            return f"{key} is {json.dumps(value)[:60]}, not {kind}"
+    return None
 
 
 def read_metrics(run_dir: str | os.PathLike) -> list[dict]:
     """A run folder's metrics.jsonl, one dict per step, in step order (a last line cut by a kill is skipped)."""
     path = Path(run_dir) / FILE
-    try:
-        lines = path.read_text().splitlines()
-    except FileNotFoundError:
+    metrics = read_records(path, METRICS_FIELDS)
+    if metrics is None:
         raise MetricsError(f"{path}: no such file (bin/train writes it into the run folder, "
-                           "checkpoints.checkpoints_path; runs/s3/<bucket>/<prefix>/ when checkpoints go to S3)") from None
-    metrics = _read_rows(path, lines)
+                           "checkpoints.checkpoints_path; runs/s3/<bucket>/<prefix>/ when checkpoints go to S3)")
     if not metrics:
         raise MetricsError(f"{path} holds no steps yet")
     return sorted(metrics, key=lambda m: m["step"])
@@ -145,12 +189,7 @@ def read_metrics(run_dir: str | os.PathLike) -> list[dict]:
 
 def read_eval(run_dir: str | os.PathLike) -> list[dict]:
     """A run folder's eval.jsonl rows (step, stage, dataset, loss, tokens, accuracy), none without evaluation."""
-    path = Path(run_dir) / EVAL_FILE
-    try:
-        lines = path.read_text().splitlines()
-    except FileNotFoundError:
-        return []
-    return _read_rows(path, lines)
+    return read_records(Path(run_dir) / EVAL_FILE, EVAL_FIELDS, EVAL_OPTIONAL) or []
 
 
 def tokens_per_second(tokens: float, seconds: float) -> float:

@@ -147,10 +147,12 @@ class Progress:
     def elapsed(self) -> float:
         return time.perf_counter() - self.start_time
 
-    def stage_started(self, schedule, index: int) -> None:
+    def stage_started(self, schedule, index: int, rope: str | None = None) -> None:
+        """Say the stage that begins (or that a resume goes on with); `rope`, its RoPE in words, when stages differ
+        in it."""
         stage, steps = schedule.stages[index], stage_steps(schedule, index)
         log.info(f'stage "{stage.name}": steps {steps[0]}–{steps[-1]}, global batch {stage.global_batch_size}, '
-                 f"sequence length {stage.sequence_length}")
+                 f"sequence length {stage.sequence_length}" + (f", rope {rope}" if rope else ""))
 
     def eta(self, step: int) -> float:
         """Seconds until train_steps: each step left weighed by its stage's FLOPs, at the current stage's pace."""
@@ -194,14 +196,15 @@ def header(state, costs: FlopsAndPeak, attention: str | None = None) -> list[str
     per_token = ", ".join(f"{flops_per_token(model, s.sequence_length) / 1e6:,.3g} M at sequence length "
                           f"{s.sequence_length}" for s in _distinct_lengths(schedule))
     peak = "" if costs.peak is None else f"peak {_flop_rate(costs.peak)} ({costs.peak_source})"
+    family = "" if model.model_type == "llama" else f"{model.model_type}, "
     start = (f"fresh start at step 1 of {schedule.train_steps}" if state.step == 0 else
              f"resumed after step {state.step} of {schedule.train_steps}")
     if state.step == 0 and model.init_from is not None:
         start += f", weights from init_from = {model.init_from}"
     deterministic = "deterministic algorithms" if config.general.deterministic else "torch's fastest algorithms"
     return [
-        f"model: {parameters:,} parameters ({model.num_hidden_layers} layers × {model.hidden_size} hidden, vocabulary "
-        f"{model.vocab_size}), {_precision(model.dtype, costs.device)}; model FLOPs a token: {per_token}",
+        f"model: {parameters:,} parameters ({family}{model.num_hidden_layers} layers × {model.hidden_size} hidden, "
+        f"vocabulary {model.vocab_size}), {_precision(model.dtype, costs.device)}; model FLOPs a token: {per_token}",
         f"device: {costs.device}; " + (peak or f"no MFU ({costs.peak_source})") + f"; {deterministic}",
         f"layout: dp {parallelism.dp} × tp {parallelism.tp} (tp_mode {parallelism.tp_mode}), recompute_layer "
         f"{_on(parallelism.recompute_layer)}, compile {_on(model.compile)}",

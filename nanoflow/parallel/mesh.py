@@ -2,10 +2,11 @@
 and the one place where the model is sharded — with PyTorch's own FSDP2 and DTensor APIs.
 
 Tensor parallel (the "tp" mesh dimension): q/k/v/gate/up are split column-wise (by output
-features, so each rank holds whole heads), o/down row-wise (their all-reduce restores the full
-hidden state). Embeddings, norms and lm_head stay replicated across tp: with a small vocabulary
-that costs less than sharding and keeps tied embeddings simple; at a large one it does not
-(docs/parallelism.md, "The head under tensor parallelism"). With tp_mode = "REDUCE_SCATTER"
+features, so each rank holds whole heads; their biases with them), o/down row-wise (their all-reduce
+restores the full hidden state; o's bias is added once, after it). Qwen3's per-head q/k norms are
+replicated and act on the heads each rank holds. Embeddings, norms and lm_head stay replicated
+across tp: with a small vocabulary that costs less than sharding and keeps tied embeddings simple;
+at a large one it does not (docs/parallelism.md, "The head under tensor parallelism"). With tp_mode = "REDUCE_SCATTER"
 (sequence parallelism) the norms and the residual stream hold a slice of the positions instead.
 
 Data parallel (the "dp" mesh dimension): FSDP2 `fully_shard` per decoder layer and on the root,
@@ -18,7 +19,9 @@ are recomputed in backward instead of kept from the forward.
 
 from __future__ import annotations
 
+import logging
 import os
+import re
 import sys
 from datetime import timedelta
 from typing import NoReturn
@@ -29,6 +32,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from nanoflow.config import Config, check_world_size
+from nanoflow.errors import PeerLostError
 from nanoflow.parallel.runtime import compute_dtype
 
 TP_PLAN = {
@@ -36,6 +40,9 @@ TP_PLAN = {
     "self_attn.o_proj": "rowwise",
     "mlp.gate_proj": "colwise", "mlp.up_proj": "colwise", "mlp.down_proj": "rowwise",
 }
+# Qwen3's per-head q/k norms act inside each head, on the heads a rank holds: their weights are replicated over
+# tp (as DTensors, so that each rank's gradient, from its own heads, is summed over tp), their input split by head.
+QK_NORM_PLAN = {"self_attn.q_norm": "by_head", "self_attn.k_norm": "by_head"}
 
 
 @attrs.frozen
@@ -102,7 +109,26 @@ def init_topology(config: Config) -> Topology:
     global _joined_a_group
     _joined_a_group = True
     mesh = init_device_mesh(device().type, (dp, tp), mesh_dim_names=("dp", "tp"))
+    if dp > 1 and tp > 1:
+        _quiet_norm_redistribution()
     return Topology(dp, tp, dist.get_rank(), mesh)
+
+
+class _NotTheGradNorm(logging.Filter):
+    """Drops DTensor's warning that a value partial over both "dp" and "tp" is made whole by two all-reduces, one
+    per mesh dimension, instead of one over both. Here that value is the gradient norm (grad_norm: a scalar a
+    step), so the second all-reduce costs nothing measurable, and every rank reduces in the same order (dp, then
+    tp), so no two ranks can differ, which is the warning's other concern. Left in, it is one line per rank on
+    every dp × tp run, telling the user to change what nanoflow decides."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "sequential all_reduce operations will be performed" not in record.getMessage()
+
+
+def _quiet_norm_redistribution() -> None:
+    logger = logging.getLogger("torch.distributed.tensor._redistribute")
+    if not any(isinstance(f, _NotTheGradNorm) for f in logger.filters):
+        logger.addFilter(_NotTheGradNorm())
 
 
 def _restart_store(timeout: timedelta):
@@ -133,12 +159,13 @@ def parallelize(model: torch.nn.Module, topology: Topology, config: Config) -> t
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
     if topology.tp > 1:
-        styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
+        styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel, "by_head": _by_head}
+        plan = {**TP_PLAN, **(QK_NORM_PLAN if config.model.architecture.qk_norm == "head" else {})}
         if config.parallelism.tp_mode == "REDUCE_SCATTER":
-            _parallelize_sequence(model, topology.mesh["tp"])
+            _parallelize_sequence(model, topology.mesh["tp"], plan)
         else:
             for layer in model.model.layers:
-                parallelize_module(layer, topology.mesh["tp"], {path: styles[s]() for path, s in TP_PLAN.items()})
+                parallelize_module(layer, topology.mesh["tp"], {path: styles[s]() for path, s in plan.items()})
     if config.parallelism.recompute_layer:
         for layer in model.model.layers:
             _recompute(layer)
@@ -178,7 +205,14 @@ def _recompute(layer: torch.nn.Module) -> None:
     layer.forward = recomputed
 
 
-def _parallelize_sequence(model: torch.nn.Module, tp_mesh: DeviceMesh) -> None:
+def _by_head():
+    """A norm over head_dim applied to [batch, positions, heads, head_dim] activations split by head over tp."""
+    from torch.distributed.tensor.parallel import SequenceParallel
+
+    return SequenceParallel(sequence_dim=2, use_local_output=True)
+
+
+def _parallelize_sequence(model: torch.nn.Module, tp_mesh: DeviceMesh, plan: dict[str, str]) -> None:
     """TP_PLAN with sequence parallelism (nanotron's tp_mode = "REDUCE_SCATTER"): between the blocks
     the residual stream and the norms hold sequence_length / tp positions on each rank instead of all
     of them. Each attention or MLP block all-gathers its normed input by position, and its row-wise
@@ -194,16 +228,17 @@ def _parallelize_sequence(model: torch.nn.Module, tp_mesh: DeviceMesh) -> None:
         parallelize_module,
     )
 
-    def gather(args: int) -> PrepareModuleInput:  # the hidden state by position → whole; cos and sin pass as they are
+    def gather(args: int) -> PrepareModuleInput:  # the hidden state by position → whole; the rest pass as they are
         return PrepareModuleInput(input_layouts=(Shard(1),) + (None,) * (args - 1),
                                   desired_input_layouts=(Replicate(),) + (None,) * (args - 1), use_local_output=True)
 
-    styles = {"colwise": ColwiseParallel(), "rowwise": RowwiseParallel(output_layouts=Shard(1))}
+    styles = {"colwise": ColwiseParallel, "rowwise": lambda: RowwiseParallel(output_layouts=Shard(1)),
+              "by_head": _by_head}
     for layer in model.model.layers:
         parallelize_module(layer, tp_mesh, {
-            "input_layernorm": SequenceParallel(), "self_attn": gather(3),
+            "input_layernorm": SequenceParallel(), "self_attn": gather(4),   # x, cos, sin, documents
             "post_attention_layernorm": SequenceParallel(), "mlp": gather(1),
-            **{path: styles[style] for path, style in TP_PLAN.items()}})
+            **{path: styles[style]() for path, style in plan.items()}})
     parallelize_module(model, tp_mesh, {
         "model.embed_tokens": PrepareModuleOutput(output_layouts=Replicate(), desired_output_layouts=Shard(1)),
         "model.norm": SequenceParallel(), "lm_head": gather(1)})
@@ -270,6 +305,27 @@ def gather_objects(value, topology: Topology) -> list:
     out = [None] * topology.world_size
     dist.all_gather_object(out, value)
     return out
+
+
+# What gloo's TCP transport says when the connection to a peer breaks (its process or node gone) or times out
+_GLOO_LOST = re.compile(r"gloo/transport/.*?\]\s*(.*?)(?:\. This is typically caused.*)?$", re.DOTALL)
+
+
+def lost_peer(error: BaseException) -> PeerLostError | None:
+    """The PeerLostError of `error` (or of an error it was raised from) when it is a collective whose peer went away:
+    gloo's broken or timed-out connection, or torch.distributed's own network and backend errors; None otherwise."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        text = str(error)
+        found = _GLOO_LOST.search(text) if isinstance(error, RuntimeError) else None
+        if found is not None or isinstance(error, (dist.DistBackendError, dist.DistNetworkError, dist.DistStoreError)):
+            cause = (found.group(1) if found is not None else text).strip().splitlines()[0].rstrip(".")
+            return PeerLostError(f"lost the connection to another process of the run ({cause}): a node or worker is "
+                                 "gone; nothing was saved after the last committed checkpoint, which stands: run the "
+                                 "same command again (on every node) to resume from it")
+        error = error.__cause__ or error.__context__
+    return None
 
 
 def shutdown() -> None:

@@ -13,7 +13,7 @@ from typing import TextIO
 
 from nanoflow import console
 from nanoflow.checkpoint.checkpointer import Checkpointer
-from nanoflow.config import Config, unreached_stages, untrained_splits
+from nanoflow.config import Config, stage_rope, unreached_stages, untrained_splits
 from nanoflow.data import open_stage
 from nanoflow.data.loader import check_stages
 from nanoflow.evaluation import Evaluator
@@ -143,7 +143,8 @@ def _prepare_folder(run: Run, state: TrainState, fresh: bool) -> None:
 
 
 class _Stages:
-    """The loader of the stage being trained, switched at each stage's first step."""
+    """The loader of the stage being trained, switched at each stage's first step (train_step switches the model's
+    RoPE to the stage's)."""
 
     def __init__(self, run: Run, report: Progress):
         self.run, self.report = run, report
@@ -157,7 +158,9 @@ class _Stages:
                 self.run.fingerprints.of([self.run.schedule.stages[index].name])
             self.loader = open_stage(self.run.config, index, self.run.tokenizer, self.run.schedule)
             self.index = index
-            self.report.stage_started(self.run.schedule, index)
+            ropes = [stage_rope(self.run.config, i) for i in range(len(self.run.schedule.stages))]
+            self.report.stage_started(self.run.schedule, index,
+                                      ropes[index].describe() if len(set(ropes)) > 1 else None)
         return self.loader
 
     def close(self) -> None:

@@ -24,6 +24,7 @@ log = logging.getLogger(__name__)
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
 
 _finished = False  # the run's last checkpoint is committed: signals change nothing any more
+_inherited_ignored: set | None = None   # the stop signals this process was started with ignored (once installed)
 
 
 class StoppedAtStartUp(BaseException):
@@ -38,10 +39,14 @@ class StoppedAtStartUp(BaseException):
 def install_start_up_handlers() -> None:
     """For a process that runs one command (bin/*): Ctrl-C, SIGTERM and SIGUSR1 stop its start-up at once
     (KeyboardInterrupt, StoppedAtStartUp), and nothing once the run is finished; a signal inherited as
-    ignored is left ignored. Installed for the process's life: the loop's own handlers sit on top."""
-    global _finished
+    ignored is left ignored. Installed for the process's life: the loop's own handlers sit on top. Called again
+    (bin/sweep, before and after each of its runs: a finished run ignores every signal from then on), it installs
+    them anew, over a finished run's ignore, but never over a signal the process inherited as ignored."""
+    global _finished, _inherited_ignored
     _finished = False
     pid = os.getpid()
+    if _inherited_ignored is None:
+        _inherited_ignored = {s for s in STOP_SIGNALS if signal.getsignal(s) == signal.SIG_IGN}
 
     def at_start_up(signum, _frame):
         if os.getpid() != pid:  # a forked worker (datasets' map): the signal's usual end, not ours
@@ -55,8 +60,15 @@ def install_start_up_handlers() -> None:
         raise StoppedAtStartUp(signal.Signals(signum).name)
 
     for s in STOP_SIGNALS:
-        if signal.getsignal(s) != signal.SIG_IGN:
+        if s not in _inherited_ignored:
             signal.signal(s, at_start_up)
+
+
+def reinstall_start_up_handlers() -> None:
+    """install_start_up_handlers again, in a process that installed them (a command: bin/sweep between its runs);
+    nothing elsewhere (a library user's process, a test's)."""
+    if _inherited_ignored is not None:
+        install_start_up_handlers()
 
 
 def mark_finished() -> None:

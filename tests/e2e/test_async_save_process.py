@@ -26,7 +26,7 @@ def test_a_full_disk_during_the_background_write_stops_the_run_and_a_rerun_ends_
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here (needs root): {mounted.stderr.strip()}")
     try:
-        failed = run_command("train", *train_args(run, ASYNC), timeout=300)
+        failed = run_command("train", *train_args(run, ASYNC), timeout=600)
         assert failed.returncode == EXIT_STORAGE, failed.stdout + failed.stderr
         assert "Traceback" not in failed.stderr
         assert "the checkpoint of step 8 could not be written" in failed.stderr, failed.stderr
@@ -35,7 +35,7 @@ def test_a_full_disk_during_the_background_write_stops_the_run_and_a_rerun_ends_
         assert not list(run.rglob("*.tmp-*")), "a failed write leaves no temporary behind"
         # Room again, and the same command resumes from step 4 and ends as the straight run.
         subprocess.run(["mount", "-o", f"remount,size={size * 10}", str(run)], check=True)
-        rerun = run_command("train", *train_args(run, ASYNC), timeout=300)
+        rerun = run_command("train", *train_args(run, ASYNC), timeout=600)
         assert rerun.returncode == 0, rerun.stderr
         assert f"resuming from {run}/4: step 4 done" in rerun.stdout
         assert first_difference(io.read_checkpoint(str(reference_run)), io.read_checkpoint(str(run))) is None
@@ -51,12 +51,12 @@ def test_kill_9_mid_background_write_keeps_the_previous_commit_and_a_rerun_ends_
     # written by the background thread.
     overrides = (ASYNC, "checkpoints.checkpoint_interval=2")
     env = {**os.environ, "NANOFLOW_KILL_AFTER_BYTES": str(size + size // 2)}
-    killed = run_command("train", *train_args(tmp_path, *overrides), env=env, timeout=300)
+    killed = run_command("train", *train_args(tmp_path, *overrides), env=env, timeout=600)
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     assert "saved step 2:" in killed.stdout and "saved step 4" not in killed.stdout
     assert committed_steps(tmp_path) == [2] and io.latest(str(tmp_path)) == f"{tmp_path}/2"
     assert list((tmp_path / "4").rglob("*.tmp-*")), "the kill came inside a write of step 4's files"
-    rerun = run_command("train", *train_args(tmp_path, *overrides), timeout=300)
+    rerun = run_command("train", *train_args(tmp_path, *overrides), timeout=600)
     assert rerun.returncode == 0, rerun.stderr
     assert f"resuming from {tmp_path}/2: step 2 done" in rerun.stdout
     assert first_difference(io.read_checkpoint(str(reference_run)), io.read_checkpoint(str(tmp_path))) is None

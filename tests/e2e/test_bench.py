@@ -37,6 +37,11 @@ SMALLEST = {
     "loss.py": ([], [rf"\| 1 \| 2,048 \| {N} \| {N} \| {N} \| {N} \| {N} "]),
     "average.py": ([], [rf"peak {N} MB above it = {N} × one model"]),
     "cpu_peak.py": ([], [rf"wall / cpu time = {N}"]),
+    "document_masking.py": ([], [rf"\| 256 \| 64 \| 2 \| {N} \| {N} \| {N} \| {N} \|",
+                                 rf"the worst cell: time {N}×, peak memory {N}×"]),
+    "layouts.py": ([], [rf"resumed on dp1: weights {N}, moments {N}, loss {N} from one process's run; weights {N} "
+                        rf"from dp1's own", rf"resumed on dp2: .* weights {N} from dp2's own"]),
+    "threads.py": ([], [rf"busy \+0: .*; two / one = {N}, choice / one = {N}"]),
 }
 
 
@@ -65,7 +70,7 @@ def test_bench_script_runs_in_its_smallest_setting(script, tmp_path):
 @pytest.mark.slow
 def test_gpu_smoke_without_a_gpu_says_so_and_exits_2(tmp_path):
     done = subprocess.run([sys.executable, str(BENCH / "gpu_smoke.py")], cwd=tmp_path, capture_output=True, text=True,
-                          env={**os.environ, "CUDA_VISIBLE_DEVICES": ""}, timeout=300)
+                          env={**os.environ, "CUDA_VISIBLE_DEVICES": ""}, timeout=600)
     assert done.returncode == 2, done.stdout + done.stderr
     assert "no CUDA device here" in done.stderr and "--tiny" in done.stderr
     assert "Traceback" not in done.stderr and "smoke: " not in done.stdout

@@ -24,7 +24,7 @@ def test_several_cooldowns_from_one_stable_run_and_one_killed_mid_step(stable, t
     command = bin_command("train", COOLDOWNS, *sets(*overrides))
     code, stdout, stderr = signal_when_ready(
         command, lambda _: (killed / "7" / "checkpoint_metadata.json").exists(), signal.SIGKILL, cwd=REPO,
-        timeout=300)
+        timeout=600)
     assert code == -signal.SIGKILL, stdout + stderr
     assert io.latest(str(killed)) in (f"{killed}/7", f"{killed}/8")
     resumed = train(load_config(COOLDOWNS, overrides), out=quiet())
@@ -54,7 +54,7 @@ def test_end_to_end_a_stage_lr_until_step_and_a_branch_killed_and_resumed_equal_
     assert first.returncode == 0, first.stdout + first.stderr
     assert f"resuming from {source}/3" in first.stdout and io.latest(str(run)) == f"{run}/5"
     code, stdout, stderr = signal_when_ready(
-        command, lambda _: (run / "6" / "checkpoint_metadata.json").exists(), signal.SIGKILL, cwd=REPO, timeout=300)
+        command, lambda _: (run / "6" / "checkpoint_metadata.json").exists(), signal.SIGKILL, cwd=REPO, timeout=600)
     assert code == -signal.SIGKILL, stdout + stderr
     third = run_command("train", *arguments, "--stop-at", "8")
     assert third.returncode == 0, third.stdout + third.stderr

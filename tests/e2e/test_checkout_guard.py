@@ -40,7 +40,7 @@ def test_a_subprocess_that_touches_the_checkout_is_reported_with_each_path(tmp_p
     env = {**os.environ, guard.CHECKOUT_VARIABLE: str(checkout), guard.LOG_VARIABLE: str(log),
            "PYTEST_CURRENT_TEST": "tests/test_x.py::test_y (call)"}
     before = guard.walk(str(checkout))
-    subprocess.run([sys.executable, "-c", TOUCHES], env=env, check=True, timeout=60)
+    subprocess.run([sys.executable, "-c", TOUCHES], env=env, check=True, timeout=600)
     seen = {tuple(line.split("\t")[1:]) for line in log.read_text().splitlines()}
     assert seen == {("wrote", "runs/tiny"), ("wrote", "runs/tiny/nanoflow.lock"), ("read", "hf"),
                     ("wrote", "hf/tiny/model.bin")}, seen

@@ -17,7 +17,7 @@ def test_a_checkpoint_skipped_by_io_is_one_warning_line_on_bin_train_stdout(tmp_
     run = tmp_path / "run"
     train(tiny(run, "checkpoints.checkpoint_interval=2"), until_step=4, out=text_io.StringIO())
     (run / "4" / "checkpoint_metadata.json").unlink()   # step 4 incomplete: io skips it for step 2, and says so
-    result = run_command("train", *train_args(run, "tokens.train_steps=6"), timeout=180)
+    result = run_command("train", *train_args(run, "tokens.train_steps=6"), timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
     warnings = [line for line in result.stdout.splitlines() if "is incomplete" in line]
     assert len(warnings) == 1, result.stdout

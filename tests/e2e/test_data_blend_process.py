@@ -54,7 +54,7 @@ def test_memory_after_five_stage_switches_stays_where_it_was_after_the_first(tmp
     from data_helpers import write_config
     path = write_config(tmp_path, stages, sequence_length=1024, train_steps=60)
     out = subprocess.run([sys.executable, "-c", MEMORY_SCRIPT, str(path), str(tmp_path / "cache")],
-                         capture_output=True, text=True, cwd=REPO, timeout=300)
+                         capture_output=True, text=True, cwd=REPO, timeout=600)
     assert out.returncode == 0, out.stderr
     peak, first, *rest = map(int, out.stdout.split())
     mib = 1 << 20

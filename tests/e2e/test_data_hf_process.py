@@ -16,7 +16,7 @@ def test_a_hub_name_that_cannot_load_offline_names_the_stage(tmp_path):
             f"config = load_config({str(path)!r})\n"
             f"open_stage(config, 0, ByteTokenizer(), Schedule.from_config(config), cache_dir={str(tmp_path / 'c')!r})")
     env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=REPO, timeout=600)
     assert out.returncode != 0
     assert ('stage "web" (dataset someorg/no-such-dataset): cannot load \'someorg/no-such-dataset\'' in out.stderr
             and "HF_DATASETS_OFFLINE is set" in out.stderr), out.stderr[-2000:]

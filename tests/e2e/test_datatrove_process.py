@@ -18,7 +18,7 @@ def test_datatrove_reads_bin_prepare_output_token_for_token(tmp_path):
     docs = tmp_path / "docs.jsonl"
     docs.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
     result = run_command("prepare", docs, "--output", tmp_path / "out", "--tokenizer", tokenizer, "--eos-token", "<EOT>",
-                         "--docs-per-shard", "20", "--num-proc", "2", timeout=300)
+                         "--docs-per-shard", "20", "--num-proc", "2", timeout=600)
     assert result.returncode == 0, result.stderr
 
     seq = 8

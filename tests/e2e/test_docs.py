@@ -196,9 +196,9 @@ def run_page(page: str, folder: Path) -> str | None:
         else:
             command = ["bash", "-e", "-o", "pipefail", "-c", code]
         try:
-            result = subprocess.run(command, cwd=folder, env=env, capture_output=True, text=True, timeout=180)
+            result = subprocess.run(command, cwd=folder, env=env, capture_output=True, text=True, timeout=600)
         except subprocess.TimeoutExpired:
-            return f"{page}:{line}: the {language} block ran over 180 s"
+            return f"{page}:{line}: the {language} block ran over 600 s"
         if result.returncode != 0:
             return (f"{page}:{line}: the {language} block exits {result.returncode}\n"
                     f"--- stdout\n{result.stdout[-3000:]}\n--- stderr\n{result.stderr[-3000:]}")
@@ -315,3 +315,45 @@ def test_the_commands_table_has_every_command():
     table = readme_section("Commands")
     rows = re.findall(r"^\| `(bin/[\w-]+)", table, re.MULTILINE)
     assert sorted(rows) == sorted(f"bin/{p.name}" for p in (REPO / "bin").iterdir() if p.is_file())
+
+
+def run_folders(page: str) -> set[str]:
+    """The run folders (relative to the repository) that a page's runnable bash blocks train into: each bin/train
+    (not --plan) writes its --set checkpoints.checkpoints_path, else its config file's own, relative to the file."""
+    found = set()
+    for language, code, _, runs in blocks(page):
+        if language != "bash" or not runs:
+            continue
+        variables = {}
+        for command in code.replace("\\\n", " ").splitlines():
+            assigned = re.match(r"(\w+)='([^']*)'", command)   # run='checkpoints.checkpoints_path="../runs/x"'
+            if assigned:
+                variables[assigned.group(1)] = assigned.group(2)
+            for name, value in variables.items():
+                command = command.replace(f'"${name}"', value).replace(f"${name}", value)
+            match = re.search(r"bin/train\s+(\S+\.toml)(.*)", command)
+            if match is None or "--plan" in match.group(2) or command.lstrip().startswith("if "):   # if: it must fail
+                continue
+            config = Path(match.group(1))
+            where = re.search(r"checkpoints\.checkpoints_path=\\?[\"']*([^\"'\\\s]+)", match.group(2))
+            if where is not None:
+                folder = where.group(1)
+            else:
+                source = REPO / config if (REPO / config).exists() else None
+                if source is None:   # a config the page writes itself
+                    continue
+                folder = tomllib.loads(source.read_text())["checkpoints"]["checkpoints_path"]
+            if "$" not in folder:
+                found.add(os.path.normpath(config.parent / folder))
+    return found
+
+
+def test_no_two_pages_train_into_one_run_folder():
+    """Pages followed in order in one checkout must not resume each other's runs: each example trains into a
+    run folder of its own page (issue 30, item 25)."""
+    pages: dict[str, list[str]] = {}
+    for page in PAGES:
+        for folder in run_folders(page):
+            pages.setdefault(folder, []).append(page)
+    assert {folder: users for folder, users in pages.items() if len(users) > 1} == {}
+    assert run_folders("docs/resume.md") and run_folders("docs/stages.md")   # the parser finds them

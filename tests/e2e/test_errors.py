@@ -19,7 +19,7 @@ import pytest
 from data_helpers import EOS, stage, write_config, write_folder
 from helpers import REPO, quiet, tiny
 from helpers import TINY as TINY_FILE
-from process_helpers import bin_command, run_command, signal_when_ready, with_dispositions
+from process_helpers import bin_command, run_command, signal_when_ready, with_dispositions, without_reading_rights
 
 from nanoflow import errors, load_config
 from nanoflow.commands import cli
@@ -90,7 +90,7 @@ def test_guarded_prints_nanoflow_messages_as_plain_lines(capsys):
 
 
 @pytest.mark.parametrize("front_end", ["export", "report", "prepare", "verify-resume", "train",
-                                       "convert-nanotron-config"])
+                                       "convert-nanotron-config", "preview"])
 def test_every_front_end_exits_2_with_a_message_naming_the_culprit(tmp_path, front_end):
     missing = str(tmp_path / "no_such_thing")
     args = {"export": [missing, str(tmp_path / "out")],
@@ -98,8 +98,10 @@ def test_every_front_end_exits_2_with_a_message_naming_the_culprit(tmp_path, fro
             "prepare": [missing + ".txt", "--output", str(tmp_path / "tokens")],
             "verify-resume": [TINY, "--set", "tokens.trian_steps=3"],
             "train": [TINY, "--plan", "--set", "model.dtype=bf16"],
-            "convert-nanotron-config": [missing + ".yaml"]}[front_end]
-    culprit = {"verify-resume": "trian_steps", "train": "model.dtype"}.get(front_end, "no_such_thing")
+            "convert-nanotron-config": [missing + ".yaml"],
+            "preview": [TINY, "--set", "tokens.document_masking=yes"]}[front_end]
+    culprit = {"verify-resume": "trian_steps", "train": "model.dtype", "preview": "tokens.document_masking"}.get(
+        front_end, "no_such_thing")
     assert_clean_failure(run_command(front_end, *args), errors.EXIT_BAD_INPUT, culprit)
 
 
@@ -198,7 +200,7 @@ def test_a_token_file_cut_short_mid_run_exits_2_and_keeps_the_checkpoint(tmp_pat
         intact = checkpoint_bytes(folder, 2)
         for path in tokens.glob("*.ds"):
             os.truncate(path, path.stat().st_size // 3)
-        stdout, stderr = process.communicate(timeout=120)
+        stdout, stderr = process.communicate(timeout=600)
     finally:
         if process.poll() is None:
             process.kill()
@@ -212,6 +214,72 @@ def test_a_token_file_cut_short_mid_run_exits_2_and_keeps_the_checkpoint(tmp_pat
 
 # ---------------------------------------------------------------------------------------------
 # Enum typos: the allowed values and the nearest one
+
+
+# ---------------------------------------------------------------------------------------------
+# Files the user cannot read (as root, the launcher drops the capabilities that let root read anything)
+
+def _token_run(tmp_path: Path, train_steps: int = 4) -> tuple[Path, Path]:
+    from data_helpers import documents
+
+    tokens = tmp_path / "tokens"
+    write_folder(tokens, documents(np.random.default_rng(0), 300, 0, 200), files=2)
+    config = write_config(tmp_path, [stage("pretrain", 1, {"dataset_folder": str(tokens)})], train_steps=train_steps)
+    return config, tokens
+
+
+@pytest.mark.parametrize("suffix", [".ds", ".ds.index", ".ds.metadata"])
+def test_a_token_file_the_user_cannot_read_is_one_line_naming_it(tmp_path, suffix):
+    config, tokens = _token_run(tmp_path)
+    unreadable = tokens / f"00001_unshuffled{suffix}"
+    unreadable.chmod(0)
+    for extra in ([], ["--plan"]):   # --plan opens the folder as the run's start-up does
+        result = run_command("train", config, *extra, cwd=tmp_path, launcher=without_reading_rights())
+        assert_clean_failure(result, errors.EXIT_BAD_INPUT, f"{unreadable}: cannot be read: Permission denied")
+        assert result.stderr.strip().splitlines()[-1].startswith("error:"), result.stderr
+        assert "error:" not in "".join(result.stderr.strip().splitlines()[:-1]), result.stderr
+    assert not (tmp_path / "checkpoints" / "latest.txt").exists()
+
+
+def test_plan_finds_a_hub_name_that_is_no_cached_set_and_tokenizes_nothing(tmp_path):
+    # Offline, as on a cluster node: a name that is no builder, folder or hub set in the cache stops the run at
+    # start-up, so --plan says so; a good plan reads the first rows only (no token cache is written).
+    offline = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_CACHE": str(tmp_path / "cache"),
+               "HF_HOME": str(tmp_path / "hf")}
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps({"text": f"row {i} " * 20}) + "\n" for i in range(200)))
+    rows = stage("pretrain", 1, {"hf_dataset_or_datasets": "json", "hf_data_files": str(tmp_path / "rows.jsonl")})
+    typo = stage("web", 3, {"hf_dataset_or_datasets": "jsno", "hf_data_files": str(tmp_path / "rows.jsonl")})
+    config = write_config(tmp_path, [rows, typo], train_steps=6)
+    result = run_command("train", config, "--plan", cwd=tmp_path, env=offline)
+    assert_clean_failure(result, errors.EXIT_BAD_INPUT, 'stage "web" (dataset jsno): cannot load \'jsno\'',
+                         "HF_DATASETS_OFFLINE is set")
+    assert result.stdout == ""
+    good = run_command("train", write_config(tmp_path, [rows], train_steps=6, name="good.toml"), "--plan",
+                       cwd=tmp_path, env=offline)
+    assert good.returncode == 0 and "opening stage \"pretrain\" (json files" in good.stderr, good.stderr
+    assert not list(tmp_path.rglob("nanoflow-tokens"))   # nothing tokenized
+
+
+def test_a_token_file_unreadable_at_a_resume_is_one_line_naming_it(tmp_path):
+    config, tokens = _token_run(tmp_path)
+    first = run_command("train", config, "--until-step", "2", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    unreadable = tokens / "00000_unshuffled.ds"
+    unreadable.chmod(0)   # the resume hashes it (the data fingerprint) before the stage opens
+    result = run_command("train", config, cwd=tmp_path, launcher=without_reading_rights())
+    assert_clean_failure(result, errors.EXIT_BAD_INPUT, f"{unreadable}: cannot be read: Permission denied")
+    assert committed_step(tmp_path / "checkpoints") == 2
+
+
+@pytest.mark.parametrize("name", ["notes.txt", "docs.jsonl"])
+def test_a_prepare_input_the_user_cannot_read_is_one_line_naming_it(tmp_path, name):
+    path = tmp_path / name
+    path.write_text('{"text": "hello"}\n' if name.endswith(".jsonl") else "hello\n")
+    path.chmod(0)
+    result = run_command("prepare", path, "--output", tmp_path / "out", cwd=tmp_path, launcher=without_reading_rights())
+    assert_clean_failure(result, errors.EXIT_BAD_INPUT, f"{path}: cannot be read: Permission denied")
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
 
 @pytest.mark.parametrize("override, key, nearest", [
     ("optimizer.learning_rate_scheduler.lr_decay_style=cosin", "lr_decay_style", "cosine"),
@@ -337,7 +405,7 @@ def test_a_ctrl_c_inherited_as_ignored_is_ignored_for_the_whole_run(tmp_path):
             lines.append(line)
         process.send_signal(signal.SIGINT)   # in the loop, twice
         process.send_signal(signal.SIGINT)
-        stdout, stderr = process.communicate(timeout=120)
+        stdout, stderr = process.communicate(timeout=600)
     finally:
         if process.poll() is None:
             process.kill()
@@ -373,7 +441,7 @@ def test_a_signal_just_after_done_leaves_a_finished_run_at_exit_0(tmp_path, sign
                 break
         process.send_signal(signum)   # twice: a second Ctrl-C would be an interrupt, were the run not finished
         process.send_signal(signum)
-        stdout, stderr = process.communicate(timeout=60)
+        stdout, stderr = process.communicate(timeout=600)
     finally:
         if process.poll() is None:
             process.kill()

@@ -19,11 +19,11 @@ def env() -> dict:
             "OMP_NUM_THREADS": "1"}
 
 
-def train_process(config: Path, *extra: str, timeout: float = 180) -> subprocess.CompletedProcess:
+def train_process(config: Path, *extra: str, timeout: float = 600) -> subprocess.CompletedProcess:
     return run_command("train", str(config), *extra, env=env(), timeout=timeout)
 
 
-def eval_process(*args: str, launcher=(PYTHON,), timeout: float = 180) -> subprocess.CompletedProcess:
+def eval_process(*args: str, launcher=(PYTHON,), timeout: float = 600) -> subprocess.CompletedProcess:
     return run_command("eval", *args, launcher=launcher, env=env(), timeout=timeout)
 
 
@@ -84,7 +84,7 @@ def test_eval_rows_are_identical_across_a_kill_9_and_a_resume(reference, tmp_pat
         return latest.exists() and max(rows_done()) > int(latest.read_text())
 
     code, _, _ = signal_when_ready(bin_command("train", str(config)), past_step_4, signal.SIGKILL, cwd=REPO,
-                                   env=env(), timeout=120, confirm=rows_past_the_commit)
+                                   env=env(), timeout=600, confirm=rows_past_the_commit)
     assert code == -signal.SIGKILL
     committed = int((tmp_path / "run" / "latest.txt").read_text())
     assert max(json.loads(line)["step"] for line in log.read_text().splitlines()[:-1]) > committed  # rows to drop
@@ -123,7 +123,7 @@ def test_bin_eval_under_torchrun_gives_the_single_process_rows(reference, layout
     dp, tp = layout
     single = [r for r in rows_of(folder / "run" / "eval.jsonl") if r["step"] == 8]
     result = eval_process(str(folder / "run"), "--set", f"parallelism.dp={dp}", "--set", f"parallelism.tp={tp}",
-                          launcher=(*TORCHRUN, "--nproc_per_node", "2"), timeout=240)
+                          launcher=(*TORCHRUN, "--nproc_per_node", "2"), timeout=600)
     assert result.returncode == 0, result.stderr
     rows = list(map(json.loads, result.stdout.splitlines()))
     assert [(r["dataset"], r["tokens"], r.get("correct")) for r in rows] == \
@@ -140,7 +140,7 @@ def test_evaluation_over_two_data_parallel_ranks_weighs_every_token_once(tmp_pat
 
     def scored(dp: int, launcher) -> dict:
         result = subprocess.run([*launcher, str(script), str(TINY), str(dp)], cwd=tmp_path, env=env(),
-                                capture_output=True, text=True, timeout=240)
+                                capture_output=True, text=True, timeout=600)
         assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
         return json.loads(result.stdout.split("RESULT ", 1)[1].splitlines()[0])
 

@@ -24,7 +24,7 @@ def test_gradients_under_torchrun_layouts_equal_the_single_process_plain_path(tm
     result = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(dp * tp),
          str(REPO / "tests" / "memory_worker.py"), str(out), str(dp), str(tp), mode, variant, tied],
-        cwd=REPO, capture_output=True, text=True, timeout=240, env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
+        cwd=REPO, capture_output=True, text=True, timeout=600, env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
     assert result.returncode == 0, result.stdout + result.stderr
     got = load_file(out)
     config = config_for(tied=tied == "tied")

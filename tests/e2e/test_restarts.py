@@ -189,6 +189,18 @@ def test_a_signal_to_torchrun_saves_and_the_same_command_resumes_exactly(referen
     assert problem is None, problem
 
 
+def wait_listening(port: int, process, log, timeout: float = 600) -> None:
+    """Until something accepts connections on 127.0.0.1:`port` (the store `process` hosts), however busy the machine."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with socket.socket() as probe:
+            if probe.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        assert process.poll() is None, f"the first launcher exited: {log.read_text()[-3000:]}"
+        assert time.monotonic() < deadline, f"nothing listens on port {port}: {log.read_text()[-3000:]}"
+        time.sleep(0.05)
+
+
 def test_two_launchers_on_loopback_train_dp2_together(reference, tmp_path):
     run_dir = tmp_path / "run"
     port, rdzv_id = free_port(), uuid.uuid4().hex[:8]
@@ -197,7 +209,7 @@ def test_two_launchers_on_loopback_train_dp2_together(reference, tmp_path):
     logs = [tmp_path / "node0.log", tmp_path / "node1.log"]
     nodes = [torchrun(run_dir, logs[0], *launcher)]
     try:
-        time.sleep(1)  # the first launcher hosts the rendezvous store; the second joins it as a client
+        wait_listening(port, nodes[0], logs[0])  # the first launcher hosts the rendezvous store; the second joins it
         nodes.append(torchrun(run_dir, logs[1], *launcher))
         outputs = [finish(node, log) for node, log in zip(nodes, logs, strict=True)]
     finally:
@@ -209,3 +221,52 @@ def test_two_launchers_on_loopback_train_dp2_together(reference, tmp_path):
     assert problem is None, problem
     meta = io.read_metadata(str(run_dir))
     assert meta["topology"] == {"dp": 2, "tp": 1, "world_size": 2}
+
+
+def two_nodes(run_dir: Path, tmp_path: Path, name: str) -> tuple[list[subprocess.Popen], list[Path]]:
+    """Two launchers on loopback (c10d rendezvous, one worker each) training dp=2 into run_dir."""
+    port, rdzv_id = free_port(), uuid.uuid4().hex[:8]
+    launcher = ["--nnodes=2", "--nproc_per_node=1", "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{port}",
+                f"--rdzv_id={rdzv_id}", "--local-addr=127.0.0.1"]
+    logs = [tmp_path / f"{name}-node0.log", tmp_path / f"{name}-node1.log"]
+    nodes = [torchrun(run_dir, logs[0], *launcher)]
+    time.sleep(1)  # the first launcher hosts the rendezvous store; the second joins it as a client
+    nodes.append(torchrun(run_dir, logs[1], *launcher))
+    return nodes, logs
+
+
+@pytest.mark.parametrize("lost", [1, 0])   # node 0 hosts the rendezvous store and rank 0 (the lock, the commits)
+def test_losing_a_node_ends_the_survivor_with_one_line_and_a_requeue_status_and_the_rerun_resumes(
+        reference, tmp_path, lost):
+    from nanoflow.errors import EXIT_STOPPED
+
+    run_dir = tmp_path / "run"
+    nodes, logs = two_nodes(run_dir, tmp_path, "first")
+    try:
+        wait_for_kill_point(nodes[0], run_dir, logs[0])
+        stop(nodes[lost])                                       # its agent and its worker, SIGKILL: the node is gone
+        survivor, log = nodes[1 - lost], logs[1 - lost]
+        try:
+            survivor.wait(TIMEOUT)                              # it ends on its own, never hangs
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the survivor did not end within {TIMEOUT} s:\n{log.read_text()}")
+    finally:
+        stop(*nodes)
+    output = log.read_text()
+    # No traceback of the worker's (torch prints an uncaught one with "[rank0]:" before each line), no gloo message;
+    # torchrun's own report of a failed worker (its ChildFailedError) is the launcher's, and says the exit code.
+    assert not [line for line in output.splitlines() if line.startswith("[rank")], output
+    assert "pair.cc" not in output and "gloo" not in output.lower(), output
+    said = [line for line in output.splitlines() if line.startswith("error:")]
+    assert len(said) == 1 and "lost" in said[0] and "run the same command again" in said[0], output
+    assert f"exitcode  : {EXIT_STOPPED}" in output, output   # torchrun's report: the worker's status, requeue-able
+    committed = int((run_dir / "latest.txt").read_text())
+    assert committed >= 4
+    nodes, logs = two_nodes(run_dir, tmp_path, "rerun")
+    try:
+        outputs = [finish(node, log) for node, log in zip(nodes, logs, strict=True)]
+    finally:
+        stop(*nodes)
+    assert any(f"resuming from {run_dir}/{committed}: step {committed} done" in o for o in outputs), outputs
+    problem = first_difference(io.read_checkpoint(str(run_dir)), reference)
+    assert problem is None, problem

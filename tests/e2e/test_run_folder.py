@@ -25,7 +25,7 @@ def train_command(run: Path, *overrides: str) -> list[str]:
 
 
 def run_train(run: Path, *overrides: str) -> subprocess.CompletedProcess:
-    return run_command("train", *train_args(run, *overrides), timeout=180)
+    return run_command("train", *train_args(run, *overrides), timeout=600)
 
 
 def mount(*args: str) -> None:

@@ -194,7 +194,7 @@ def test_retention_on_s3_keeps_the_newest_committed_steps(s3_endpoint, s3_bucket
 # bin/train as a subprocess, against an endpoint that goes away / a trainer that is killed
 
 def bin_train(tiny_toml: Path, url: str, cwd: Path, *, fail_fast: bool = False, env: dict | None = None,
-              timeout: float = 90) -> subprocess.CompletedProcess:
+              timeout: float = 600) -> subprocess.CompletedProcess:
     # The AWS_* variables the s3_endpoint fixture set are inherited; fail_fast: one try per S3 request.
     fast = {"NANOFLOW_S3_ATTEMPTS": "1"} if fail_fast else {}
     return run_command("train", *train_args(url, "checkpoints.checkpoint_interval=2", config=tiny_toml), cwd=cwd,
@@ -245,8 +245,9 @@ def test_endpoint_stopped_mid_save_then_resume(s3_endpoint, s3_bucket, tiny_toml
 
 
 @pytest.mark.slow
-def test_trainer_killed_mid_upload_then_resume(s3_endpoint, s3_bucket, tiny_toml, reference, monkeypatch, tmp_path):
-    url = s3_bucket
+def test_trainer_killed_mid_upload_then_resume(s3_server, s3_server_bucket, tiny_toml, reference, monkeypatch,
+                                               tmp_path):
+    url, s3_endpoint = s3_server_bucket, s3_server
     monkeypatch.chdir(tmp_path)
     run(tiny(tiny_toml, url, "checkpoints.checkpoint_interval=2"), until_step=2)  # step 2 committed
     assert get(s3_endpoint, url, "latest.txt").decode().strip() == "2"
@@ -382,6 +383,29 @@ def test_missing_bucket_and_dead_endpoint_are_clear_errors(s3_endpoint, monkeypa
         latest("s3://any-bucket/run")
 
 
+PASSWORD = "s3cr3t-pa55"
+
+
+def test_a_password_in_the_endpoint_url_is_in_no_message_log_or_record(s3_endpoint, s3_bucket, tiny_toml, tmp_path):
+    # AWS_ENDPOINT_URL=http://user:pass@host works (botocore sends to the host); the password must never be shown.
+    endpoint = {"AWS_ENDPOINT_URL": f"http://nanoflow:{PASSWORD}@127.0.0.1:{s3_endpoint.port}"}
+    s3_endpoint.stop_when(lambda method, path: method == "PUT" and path.endswith("/4/optimizer/rank00000.safetensors"))
+    stopped_mid_run = bin_train(tiny_toml, s3_bucket, tmp_path, fail_fast=True, env=endpoint)
+    assert "saved step 2:" in stopped_mid_run.stdout and stopped_mid_run.returncode == 4, stopped_mid_run.stderr
+    at_start_up = bin_train(tiny_toml, s3_bucket, tmp_path, fail_fast=True, env=endpoint)   # still down
+    assert at_start_up.returncode == 2 and "cannot be reached" in at_start_up.stderr, at_start_up.stderr
+    assert "Traceback" not in stopped_mid_run.stderr + at_start_up.stderr
+    for result in (stopped_mid_run, at_start_up):
+        assert "127.0.0.1" in result.stderr and PASSWORD not in result.stdout + result.stderr, result.stderr
+    s3_endpoint.start()
+    records = [p for p in tmp_path.rglob("*") if p.is_file()]   # metrics.jsonl and the rest, runs/s3/<bucket>/…
+    assert any(p.name == "metrics.jsonl" for p in records), records
+    assert not [p for p in records if PASSWORD.encode() in p.read_bytes()]
+    objects = keys(s3_endpoint, s3_bucket)   # the markers, latest.txt, the lock
+    assert "2/checkpoint_metadata.json" in objects and "nanoflow.lock" in objects, objects
+    assert not [name for name in objects if PASSWORD.encode() in get(s3_endpoint, s3_bucket, name)]
+
+
 @pytest.mark.parametrize("url", ["s3:/bucket/run", "S3://bucket/run", "s3://", "gs://bucket/run", "hdfs:/run"])
 def test_an_unsupported_url_is_an_error_never_a_local_folder(url, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
@@ -403,7 +427,7 @@ def test_bin_train_storage_errors_at_start_up_exit_2_without_a_traceback(s3_endp
     own_folder = f"checkpoints.checkpoints_path={json.dumps(str(tmp_path / 'run'))}"   # not the checkout's runs/tiny
     for override, env, message in cases:
         result = run_command("train", tiny_toml, *sets(own_folder, override), cwd=tmp_path,
-                             env={**env, "NANOFLOW_S3_ATTEMPTS": "1"}, timeout=120)
+                             env={**env, "NANOFLOW_S3_ATTEMPTS": "1"}, timeout=600)
         assert result.returncode == 2, (override, result.stdout + result.stderr)
         assert message in result.stderr and "Traceback" not in result.stderr, result.stderr
         assert not (tmp_path / "s3:").exists()

@@ -42,7 +42,7 @@ except signals.StoppedAtStartUp as e:
 
 def _child(*args, ignored=()):
     result = subprocess.run([sys.executable, "-c", _CHILD, *map(str, args)], cwd=REPO, capture_output=True,
-                            text=True, timeout=30, preexec_fn=with_dispositions(ignored))
+                            text=True, timeout=600, preexec_fn=with_dispositions(ignored))
     assert result.returncode == 0 and not result.stderr, result
     return result.stdout.strip().splitlines()
 
@@ -101,7 +101,7 @@ print(*statuses)
 def test_a_second_ctrl_c_during_a_background_write_exits_130_every_time(tmp_path):
     tries = 60   # a 1-in-20 failure escapes 60 tries with probability 0.95**60 < 5 %; here each try is exposed
     result = subprocess.run([sys.executable, "-c", _TRIES, str(tries), str(tmp_path / "run")], cwd=REPO,
-                            capture_output=True, text=True, timeout=300)
+                            capture_output=True, text=True, timeout=600)
     assert result.stdout.split() == ["130"] * tries, (result.stdout, result.stderr[-2000:])
     assert "terminate called" not in result.stderr
     assert not (tmp_path / "run" / "latest.txt").exists()   # nothing committed

@@ -22,7 +22,7 @@ def test_a_bad_config_is_reported_before_torch_is_imported(tmp_path, extra):
     config = tmp_path / "bad.toml"
     config.write_text("[tokens]\ntrian_steps = 10\n")
     result = subprocess.run([sys.executable, "-c", _REPORT_TORCH, str(config), *extra], cwd=REPO,
-                            capture_output=True, text=True, timeout=60)
+                            capture_output=True, text=True, timeout=600)
     assert "unknown key 'trian_steps'" in result.stderr, result.stderr
     assert result.stdout.split() == ["torch", "not", "imported", "2"], result.stdout + result.stderr
 
@@ -31,7 +31,7 @@ def test_the_remote_question_and_the_converter_load_without_torch():
     # "Is this a URL?" is asked by the nanotron converter and the study runner before any training:
     # answering it must not cost torch's start-up.
     probe = "import sys, nanoflow.io.store, nanoflow.interop.nanotron; print('torch' in sys.modules)"
-    result = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=60)
+    result = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=600)
     assert result.stdout.strip() == "False", result.stdout + result.stderr
 
 
@@ -89,10 +89,23 @@ runpy.run_path("bin/train", run_name="__main__")
 """
 
 @pytest.mark.parametrize("command", ["train", "eval", "export", "prepare", "report", "verify-resume",
-                                     "convert-nanotron-config"])
+                                     "convert-nanotron-config", "preview"])
 def test_ctrl_c_while_bin_imports_is_one_line_and_130(command):
     script = _CTRL_C_WHILE_IMPORTING.replace("bin/train", f"bin/{command}")
-    result = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=30)
+    result = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=600)
     assert result.returncode == 130, result.stderr
     assert result.stderr.strip().splitlines() == ["interrupted: stopped at once, without saving; the last committed "
                                                   "checkpoint (if any) is untouched"], result.stderr
+
+
+def test_plan_says_it_opens_the_data_before_the_silence_on_stderr_alone(capsys):
+    """--plan opens every source as training would, which takes a while on large data: one line on stderr says so
+    first; stdout holds the plan alone (issue 30, item 25)."""
+    from helpers import TINY
+    from process_helpers import run_in_process
+
+    result = run_in_process("train", TINY, "--plan", capsys=capsys)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.splitlines()[0] == ("--plan: opening the tokenizer and the data of 2 stages, as "
+                                             "training would (a large source takes a while)"), result.stderr
+    assert "--plan: opening" not in result.stdout and result.stdout.startswith("nanoflow/tiny:"), result.stdout

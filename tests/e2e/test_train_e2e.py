@@ -29,7 +29,7 @@ def run_arg(tmp_path: Path) -> list[str]:
     return ["--set", f"checkpoints.checkpoints_path={json.dumps(str(tmp_path / 'run'))}"]
 
 
-def train(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+def train(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
     return run_command("train", *args, timeout=timeout)
 
 

@@ -22,6 +22,9 @@ def test_verify_resume_performs_exactly_the_kills_asked(verified):
     lines = verified.stdout.splitlines()   # verify_resume's log, one plain line each (cli.guarded)
     assert sum(": exit -9;" in line for line in lines) == 3
     assert lines[-1].startswith("PASS: after 3 kills")
+    # The straight run's silence is bracketed: what comes, then how long it took (issue 30, item 25).
+    assert lines[0].endswith("(its 12 steps, then 3 kills and a resume after each; each attempt is said when it ends)")
+    assert lines[1].startswith("straight run: 12 steps done in "), lines[:3]
     assert sum("in the save of step" in line for line in lines) == 2 and sum("in step" in line for line in lines) == 1
 
 

@@ -14,8 +14,9 @@ def committed_steps(run: Path) -> list[int]:
 
 def comparable_metadata(step_folder: Path) -> dict:
     """A step's metadata without what differs between two runs of the same training: when it was committed (and
-    so its seal) and where the run folder is, and whether it was saved asynchronously."""
+    so its seal), the token of its history (drawn when each run started), where the run folder is, and whether it
+    was saved asynchronously."""
     meta = json.loads((step_folder / METADATA).read_text())
-    del meta["created"], meta[SEAL]
+    del meta["created"], meta[SEAL], meta["lineage"]["history"]
     del meta["config"]["checkpoints"]["checkpoints_path"], meta["config"]["checkpoints"]["async_save"]
     return meta

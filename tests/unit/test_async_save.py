@@ -5,7 +5,6 @@ write, and a stop or the run's end waits for the save in flight."""
 import os
 import signal
 import threading
-import time
 
 import pytest
 import torch
@@ -76,22 +75,35 @@ def test_save_copies_the_state_and_returns_while_the_files_are_written(tmp_path,
 
 
 def test_at_most_one_save_is_in_flight(tmp_path, monkeypatch):
+    """Each step's write is held until the next save has been asked for (not for a fixed time, which a slow machine
+    outlasts, so that the saves never meet and the test would assert nothing): the next one must wait for it."""
     import nanoflow.checkpoint.checkpointer as checkpointer_module
 
-    real_write_files, writing, most = checkpointer_module.write_files, [], [0]
+    real_write_files, real_save = checkpointer_module.write_files, checkpointer_module.Checkpointer.save
+    asked = {step: threading.Event() for step in range(1, 14)}
+    writing, most, overlapped = [], [0], []
 
-    def slow_write_files(*args, **kwargs):
-        writing.append(args[1])
+    def save(self, state, **kwargs):
+        asked[state.step].set()
+        if writing:
+            overlapped.append(state.step)   # asked while another save's files are still being written
+        return real_save(self, state, **kwargs)
+
+    def held_write_files(*args, **kwargs):
+        step = args[1]
+        writing.append(step)
         most[0] = max(most[0], len(writing))
-        time.sleep(0.05)   # longer than a step of tiny: the next save comes while this one is written
+        if step < 12:
+            assert asked[step + 1].wait(300), f"the save of step {step + 1} was never asked for"
         try:
             return real_write_files(*args, **kwargs)
         finally:
-            writing.remove(args[1])
+            writing.remove(step)
 
-    monkeypatch.setattr(checkpointer_module, "write_files", slow_write_files)
+    monkeypatch.setattr(checkpointer_module, "write_files", held_write_files)
+    monkeypatch.setattr(checkpointer_module.Checkpointer, "save", save)
     state = train(tiny(tmp_path, ASYNC, "checkpoints.checkpoint_interval=1"), out=quiet(), progress=False)
-    assert state.step == 12 and most[0] == 1
+    assert state.step == 12 and most[0] == 1 and overlapped == list(range(2, 13))
     assert committed_steps(tmp_path) == list(range(1, 13))
 
 
@@ -118,19 +130,39 @@ def test_a_stop_signal_waits_for_the_save_in_flight(straight, tmp_path, monkeypa
     """SIGTERM arrives while step 4's files are still being written: the run finishes the step, waits for
     step 4's commit, saves the step it stops after, and says so; both are committed, in that order."""
     import nanoflow.checkpoint.checkpointer as checkpointer_module
+    import nanoflow.training.loop as loop_module
 
     reference, _ = straight
-    real_write_files, finished = checkpointer_module.write_files, []
+    real_write_files, real_save, real_train_step = \
+        checkpointer_module.write_files, checkpointer_module.Checkpointer.save, loop_module.train_step
+    finished, signalled, stop_save_asked = [], threading.Event(), threading.Event()
+
+    def train_step(state, batch):
+        # step 5 starts only once step 4's write has begun and sent the signal: a busy machine may start the
+        # writer late, and the loop must not run on past step 5 (to step 8's save) before the signal lands
+        if state.step == 4:
+            assert signalled.wait(300), "step 4's write never began"
+        return real_train_step(state, batch)
+
+    def save(self, state, **kwargs):
+        if state.step == 5:
+            stop_save_asked.set()
+        return real_save(self, state, **kwargs)
 
     def signalled_write_files(root, step, *args, **kwargs):
         if step == 4:
-            os.kill(os.getpid(), signal.SIGTERM)   # to the main thread, which is training step 5 by now
-            time.sleep(1.0)                        # a slow write: the stop has to wait for it
+            os.kill(os.getpid(), signal.SIGTERM)   # handled by the main thread, which is held before step 5
+            signalled.set()
+            # held until the stop's own save has been asked for: however fast or slow the machine, the stop comes
+            # while this write is still in flight, and has to wait for it
+            assert stop_save_asked.wait(300), "the stop never asked for its save"
         written = real_write_files(root, step, *args, **kwargs)
         finished.append(step)
         return written
 
+    monkeypatch.setattr(loop_module, "train_step", train_step)
     monkeypatch.setattr(checkpointer_module, "write_files", signalled_write_files)
+    monkeypatch.setattr(checkpointer_module.Checkpointer, "save", save)
     out = quiet()
     state = train(tiny(tmp_path, ASYNC), out=out, progress=False)
     assert state.step == 5 and finished == [4, 5]

@@ -84,7 +84,7 @@ def test_checkpoints_of_different_models_are_refused_naming_them(run_dir, tmp_pa
     other = tmp_path / "other"
     train(tiny(other, *STAGES, "model.intermediate_size=48", "tokens.train_steps=2"), out=quiet(), fresh=True)
     mixed = mixed_run(tmp_path / "mixed", run_dir / "8", other / "2")    # a step of each model
-    assert average_main([str(mixed), str(tmp_path / "avg"), "--last", "2"]) == 2
+    assert average_main([str(mixed), str(tmp_path / "avg"), "--steps", "2,8"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "intermediate_size is 48" in err and "64" in err
     assert str(mixed / "2") in err and str(mixed / "8") in err
@@ -98,7 +98,7 @@ def test_checkpoints_of_different_tokenizers_are_refused_naming_them(run_dir, tm
     train(tiny(other, *STAGES, f"tokenizer.tokenizer_name_or_path={json.dumps(str(bpe))}", 'tokenizer.eos_token="<EOT>"',
                "tokens.train_steps=2"), out=quiet(), fresh=True)
     mixed = mixed_run(tmp_path / "mixed", run_dir / "8", other / "2")
-    assert average_main([str(mixed), str(tmp_path / "avg"), "--last", "2"]) == 2
+    assert average_main([str(mixed), str(tmp_path / "avg"), "--steps", "2,8"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith("error: ") and "the tokenizer is" in err, err
     assert str(bpe) in err and "'bytes'" in err and "model." not in err
@@ -112,6 +112,10 @@ def test_checkpoints_of_different_tokenizers_are_refused_naming_them(run_dir, tm
     (["--steps", "3,4"], "no committed checkpoint of step 3"),
     (["--steps", "4,6", "--weights", "1"], "1 weights for 2 checkpoints"),
     ([], "one of --last K or --steps"),
+    # Issue 30, item 1: weights that normalise to (nan, 0) or (0, 0) were averaged into a NaN or all-zero model.
+    (["--last", "2", "--weights", "inf,1"], "finite"),
+    (["--last", "2", "--weights", "1e308,1e308"], "finite"),
+    (["--last", "2", "--weights", "nan,1"], "finite"),
 ])
 def test_bad_selections_exit_2_with_one_line(run_dir, tmp_path, capsys, args, words):
     assert average_main([str(run_dir), str(tmp_path / "avg"), *args]) == 2
@@ -129,3 +133,29 @@ def test_an_existing_average_is_not_overwritten(run_dir, tmp_path, capsys):
     assert before == {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
 
 
+
+
+# Issue 30, item 5: "the last K" are the run's own last K, in commit order, of one history.
+
+def test_last_k_after_a_fresh_start_takes_only_the_new_history(tmp_path, capsys):
+    run = tmp_path / "run"
+    train(tiny(run, *STAGES, "tokens.train_steps=6"), out=quiet(), fresh=True)    # steps 2, 4, 6
+    train(tiny(run, *STAGES, "tokens.train_steps=2"), out=quiet(), fresh=True)    # a new history: its own step 2
+    assert average_main([str(run), str(tmp_path / "avg"), "--last", "3"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--last 3" in err and "history" in err and "4, 6" in err, err
+    assert not (tmp_path / "avg").exists()
+    assert average_main([str(run), str(tmp_path / "avg"), "--last", "1"]) == 0
+    assert [a["step"] for a in io.read_metadata(str(tmp_path / "avg"))["averaged_from"]] == [2]
+
+
+def test_last_k_after_a_start_from_an_older_step_takes_its_ancestors_not_the_abandoned_steps(tmp_path):
+    run = tmp_path / "run"
+    train(tiny(run, *STAGES), out=quiet(), fresh=True)                             # steps 2, 4, 6, 8
+    expected = mean_from_files([run / "2", run / "4"])
+    train(tiny(run, *STAGES, f'checkpoints.resume_checkpoint_path="{run / "4"}"'), until_step=6,
+          out=quiet())                                                             # 6 again, from 4; the old 8 stays
+    six = mean_from_files([run / "6"])
+    assert average_main([str(run), str(tmp_path / "avg"), "--last", "3"]) == 0
+    assert [a["step"] for a in io.read_metadata(str(tmp_path / "avg"))["averaged_from"]] == [2, 4, 6]
+    assert_mean(tmp_path / "avg", {name: (2 * expected[name] + six[name]) / 3 for name in expected})

@@ -13,6 +13,7 @@ from run_helpers import assert_same_training_state
 
 import nanoflow
 from nanoflow import Checkpointer, init_state, io, stage_data, train_step
+from nanoflow.errors import ScheduleDriftError
 from nanoflow.io.checkpoint import save_checkpoint
 from nanoflow.parallel.shards import state_blocks
 
@@ -117,16 +118,38 @@ def test_a_model_setting_the_weights_were_trained_under_is_refused_by_name(saved
     assert f"init_from = {saved_at_step_2}/2" in message   # what to do for a deliberate change
 
 
-@pytest.mark.parametrize("override, line", [
-    ("model.rope_theta=500000.0", "model.rope_theta = 500000.0 (was 10000.0): the positions are encoded otherwise"),
-    ('model.rope_scaling={rope_type = "linear", factor = 2.0}',
-     "model.rope_scaling = {'rope_type': 'linear', 'factor': 2.0} (was None): the positions are encoded otherwise"),
-    ('model.dtype="bfloat16"', "model.dtype = 'bfloat16' (was 'float32'): the steps from here compute in it"),
-])
-def test_a_deliberate_change_of_the_numbers_resumes_with_a_warning(saved_at_step_2, override, line):
+def test_a_deliberate_change_of_the_numbers_resumes_with_a_warning(saved_at_step_2):
     out = text_io.StringIO()
-    assert Checkpointer(tiny(saved_at_step_2, override), out=out).restore().step == 2
-    assert f"warning: resuming with {line}" in out.getvalue(), out.getvalue()
+    assert Checkpointer(tiny(saved_at_step_2, 'model.dtype="bfloat16"'), out=out).restore().step == 2
+    assert "warning: resuming with model.dtype = 'bfloat16' (was 'float32'): the steps from here compute in it" \
+        in out.getvalue(), out.getvalue()
+
+
+@pytest.mark.parametrize("overrides, lines", [
+    (["model.rope_theta=500000.0"], ['stage "pretrain": rope_theta was 10000.0, the config now says 500000.0']),
+    (['data_stages.pretrain.rope_scaling={rope_type = "linear", factor = 2.0}'],
+     ["stage \"pretrain\": rope_scaling was None, the config now says {'rope_type': 'linear', 'factor': 2.0}"]),
+    (["data_stages.pretrain.rope_theta=10000.0"], []),   # the same RoPE, now stated by the stage
+    (["data_stages.sft.rope_theta=500000.0", 'data_stages.sft.rope_scaling={rope_type = "linear", factor = 2.0}'],
+     []),                                              # a stage not begun: the future
+    (["model.rope_theta=500000.0", "data_stages.pretrain.rope_theta=10000.0"], []),   # only the future inherits it
+])
+def test_a_begun_stages_rope_is_history(saved_at_step_2, overrides, lines):
+    """A stage's RoPE is part of the stage: the checkpoint's begun stage "pretrain" keeps its own, whether [model]
+    or the stage set it; "sft" has not begun and may be anything."""
+    config = tiny(saved_at_step_2, *overrides)
+    if not lines:
+        out = text_io.StringIO()
+        assert Checkpointer(config, out=out).restore().step == 2
+        if "model.rope_theta=500000.0" in overrides:   # said, as what the stages after inherit
+            assert "resuming with model.rope_theta = 500000.0 (was 10000.0): the RoPE of the stages" in out.getvalue()
+        return
+    with pytest.raises(ScheduleDriftError) as error:
+        Checkpointer(config, out=text_io.StringIO()).restore()
+    message = str(error.value)
+    assert f"{saved_at_step_2}/2: the RoPE of stages this checkpoint has trained differs" in message
+    assert all(line in message for line in lines), message
+    assert "start a new stage there with its own rope_theta" in message and "from step 3" in message
 
 
 def test_a_shape_change_is_refused_without_the_init_from_advice(saved_at_step_2):

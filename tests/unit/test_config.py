@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -439,3 +440,62 @@ def test_an_unknown_eval_set_in_set_is_called_an_eval_set(tmp_path):
     assert "has no eval set 'sums' (eval sets: prose, glossary, reverse)" in str(info.value)
     with pytest.raises(ConfigError, match="has no stage 'nope' \\(stages: pretrain, anneal, sft\\)"):
         load_config(path, overrides=["data_stages.nope.sequence_length=16"])
+
+
+# ---------------------------------------------------------------------------------------------
+# Inputs at the edges: one ConfigError line each, never a traceback (issue 30, item 14)
+
+LONG = "a" * 300   # a path component longer than any file system's file names (255 bytes)
+
+
+@pytest.mark.parametrize("key, value", [
+    ("data_stages.pretrain.data.dataset.hf_dataset_or_datasets", f"corpus/{LONG}"),
+    ("data_stages.pretrain.data.dataset.hf_dataset_or_datasets", f"{LONG}.txt"),
+    ("data_stages.pretrain.data.dataset.hf_dataset_or_datasets", LONG),
+    ("data_stages.pretrain.data.dataset.hf_data_files", f"corpus/{LONG}/*.txt"),
+    ("data_stages.sft.data.dataset.hf_data_files", f"{LONG}.jsonl"),
+])
+def test_a_dataset_path_component_too_long_for_a_file_name_is_a_config_error_naming_the_key(tmp_path, key, value):
+    path = write_config(tmp_path)
+    with pytest.raises(ConfigError) as info:
+        load_config(path, overrides=[f'{key}="{value}"'])
+    message = str(info.value)
+    assert str(path) in message and key.rpartition(".")[2] in message, message
+    assert re.search(r"a path component of 30\d bytes, longer than a file name can be \(255 bytes at most\)",
+                     message), message
+
+
+def test_a_token_folder_path_component_too_long_is_a_config_error(tmp_path):
+    path = write_config(tmp_path, replace(VALID, 'hf_dataset_or_datasets = "text"\nhf_data_files = ["corpus/*.txt"]',
+                                          f'dataset_folder = "tokens/{LONG}"'))
+    with pytest.raises(ConfigError, match=r"dataset_folder: .*a path component of 300 bytes"):
+        load_config(path)
+
+
+def test_set_addressing_a_stage_by_name_in_an_array_that_is_not_of_tables_is_a_config_error(tmp_path):
+    path = write_config(tmp_path)
+    with pytest.raises(ConfigError) as info:
+        load_config(path, overrides=['data_stages=["a"]', "data_stages.sft.sequence_length=16"])
+    message = str(info.value)
+    assert "data_stages.sft.sequence_length=16" in message and "not an array of tables" in message, message
+    with pytest.raises(ConfigError, match="not an array of tables"):
+        load_config(path, overrides=["tokens=[1, 2]", "tokens.0.train_steps=3"])
+
+
+@pytest.mark.parametrize("override, expected", [
+    ("general.seed=" + "9" * 5001, "5,001 digits"),
+    ("general.seed=" + "[" * 5000 + "]" * 5000, "nested too deeply"),
+])
+def test_a_set_value_python_cannot_read_is_a_config_error(tmp_path, override, expected):
+    path = write_config(tmp_path)
+    with pytest.raises(ConfigError) as info:
+        load_config(path, overrides=[override])
+    message = str(info.value)
+    assert expected in message and len(message) < 400, message
+
+
+def test_an_integer_too_long_for_python_in_the_file_is_a_config_error(tmp_path):
+    path = write_config(tmp_path, replace(VALID, "seed = 7", "seed = " + "9" * 5001))
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert str(path) in str(info.value) and "5,001 digits" in str(info.value) and "line 3" in str(info.value)

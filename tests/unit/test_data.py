@@ -233,7 +233,7 @@ def test_packed_text_windows(curriculum, hf_cache):
     assert source.tokens.tolist() == expected_stream
     assert len(source) == (len(expected_stream) - 1) // seq
     for i in range(len(source)):
-        inputs, labels = source.sample(i)
+        inputs, labels, _ = source.sample(i)
         assert inputs.dtype == labels.dtype == np.int64 and inputs.shape == labels.shape == (seq,)
         assert inputs.tolist() == expected_stream[i * seq: (i + 1) * seq]
         assert labels.tolist() == expected_stream[i * seq + 1: (i + 1) * seq + 1]   # the next token
@@ -259,10 +259,10 @@ def test_sft_labels_by_hand(curriculum, hf_cache):
     assert isinstance(source, SFTExamples) and len(source) == len(SFT_ROWS)
     eos, x = BYTES.eos_id, IGNORE_INDEX
     a, b, c, d = (ord(ch) for ch in "abcd")
-    inputs, labels = source.sample(0)                 # "ab" + "cd" + eos, padded to 9 tokens
+    inputs, labels, _ = source.sample(0)                 # "ab" + "cd" + eos, padded to 9 tokens
     assert inputs.tolist() == [a, b, c, d, eos, eos, eos, eos]
     assert labels.tolist() == [x, c, d, eos, x, x, x, x]
-    inputs, labels = source.sample(1)                 # "abc" + "defghijk" + eos, truncated to 9 tokens
+    inputs, labels, _ = source.sample(1)                 # "abc" + "defghijk" + eos, truncated to 9 tokens
     assert inputs.tolist() == BYTES.encode("abcdefgh")
     assert labels.tolist() == [x, x] + BYTES.encode("defghi")
 
@@ -273,7 +273,7 @@ def test_sft_targets_are_exactly_completion_and_one_eos(curriculum, hf_cache):
     for i, row in enumerate(SFT_ROWS):
         prompt, completion = BYTES.encode(row["question"]), BYTES.encode(row["answer"])
         full = (prompt + completion + [BYTES.eos_id])[: seq + 1]
-        inputs, labels = source.sample(i)
+        inputs, labels, _ = source.sample(i)
         assert inputs.tolist() == (full + [BYTES.eos_id] * seq)[:seq]
         targets = labels[labels != IGNORE_INDEX].tolist()
         # Token 0 has no predecessor, so with an empty prompt the first completion token is no target.

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from data_helpers import BYTES, load, stage
+from data_helpers import BYTES, load, stage, zstd_frame
 
 import nanoflow.data.hf_datasets as hf_datasets
 from nanoflow.config import ConfigError, untrained_splits
@@ -147,3 +147,74 @@ def test_tokenizing_in_several_processes_gives_the_same_tokens(corpus):
             open_stage(two, 0, BYTES, Schedule.from_config(two), cache_dir=str(corpus / "c2")) as b:
         for pa, pb in zip(a.parts, b.parts, strict=True):
             assert np.array_equal(np.asarray(pa.source.tokens), np.asarray(pb.source.tokens))
+
+
+# ---------------------------------------------------------------------------------------------
+# Compressed files: read row by row as `datasets` reads them, never as one raw document
+
+
+def write_gz(path: Path, data: bytes) -> Path:
+    import gzip
+
+    path.write_bytes(gzip.compress(data))
+    return path
+
+
+def test_the_builder_of_a_compressed_file_is_its_inner_extension_s():
+    from nanoflow.config.locations import builder_for
+
+    assert [builder_for(f"/d/x.{ext}") for ext in ("jsonl.gz", "json.bz2", "csv.xz", "jsonl.zst", "txt.gz", "gz")] \
+        == ["json", "json", "csv", "json", "text", "text"]
+
+
+def test_a_compressed_jsonl_blend_key_is_read_row_by_row(corpus):
+    rows = (corpus / "rows.jsonl").read_bytes()
+    write_gz(corpus / "docs.jsonl.gz", rows)
+    stages = [stage("pretrain", 1, {"hf_dataset_or_datasets": {"docs.jsonl.gz": 1.0}})]
+    config = load(corpus, stages)
+    assert [s.builder for s in hf_specs(config.data_stages[0].data.dataset)] == ["json"]
+    with open_stage(config, 0, BYTES, Schedule.from_config(config), cache_dir=str(corpus / "cache")) as loader:
+        text = "".join(BYTES.decode(row.tolist()) for row in loader.samples(0, 40)["input_ids"])
+    assert "ROW" in text and '"text"' not in text and "{" not in text     # the rows' text, not JSON syntax
+
+
+def test_a_bad_row_inside_a_gz_file_is_named_by_line_not_as_a_binary_file(corpus):
+    rows = (corpus / "rows.jsonl").read_bytes().replace(b'"ROW 7 ', b'"ROW 7 \\x', 1)
+    write_gz(corpus / "docs.jsonl.gz", rows)
+    config = load(corpus, [stage("pretrain", 1, {"hf_dataset_or_datasets": {"docs.jsonl.gz": 1.0}})])
+    with pytest.raises(ConfigError) as caught:
+        open_stage(config, 0, BYTES, Schedule.from_config(config), cache_dir=str(corpus / "cache"))
+    message = str(caught.value)
+    assert f"{corpus / 'docs.jsonl.gz'}, line 8" in message and "not valid JSON" in message, message
+    assert "binary" not in message and "UTF-8" not in message
+
+
+def test_a_damaged_gz_file_names_the_compression(corpus):
+    (corpus / "docs.jsonl.gz").write_bytes(write_gz(corpus / "x.gz", b'{"text": "a"}\n').read_bytes()[:15])
+    config = load(corpus, [stage("pretrain", 1, {"hf_dataset_or_datasets": {"docs.jsonl.gz": 1.0}})])
+    with pytest.raises(ConfigError, match=r"docs\.jsonl\.gz: .*gzip") as caught:
+        open_stage(config, 0, BYTES, Schedule.from_config(config), cache_dir=str(corpus / "cache"))
+    assert "binary" not in str(caught.value)
+
+
+def test_a_zst_file_without_zstandard_names_the_package(corpus):
+    (corpus / "docs.jsonl.zst").write_bytes(zstd_frame((corpus / "rows.jsonl").read_bytes()[:300].rpartition(b"\n")[0]
+                                                       + b"\n"))
+    config = load(corpus, [stage("pretrain", 1, {"hf_dataset_or_datasets": {"docs.jsonl.zst": 1.0}})], micro_batch_size=1,
+                  accumulation=1)
+    try:
+        import zstandard  # noqa: F401
+    except ImportError:
+        with pytest.raises(ConfigError, match=r"docs\.jsonl\.zst: .*zstandard.* pip install zstandard") as caught:
+            open_stage(config, 0, BYTES, Schedule.from_config(config), cache_dir=str(corpus / "cache"))
+        assert "binary" not in str(caught.value)
+    else:   # with the package, the frame reads as the rows it holds
+        with open_stage(config, 0, BYTES, Schedule.from_config(config), cache_dir=str(corpus / "cache")) as loader:
+            assert "ROW 0" in BYTES.decode(loader.samples(0, 1)["input_ids"][0].tolist())
+
+
+@pytest.mark.parametrize("name", ["docs.zip", "docs.tar.gz", "docs.tgz"])
+def test_an_archive_is_refused_by_name(corpus, name):
+    (corpus / name).write_bytes(b"PK\x03\x04 not read")
+    with pytest.raises(ConfigError, match=rf"{name}.*an archive"):
+        load(corpus, [stage("pretrain", 1, {"hf_dataset_or_datasets": {name: 1.0}})])

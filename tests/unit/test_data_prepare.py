@@ -180,3 +180,21 @@ def test_the_help_of_bin_prepare_gives_the_default_shard_size_the_code_uses(caps
         cli.prepare_main(["--help"])
     assert f"(default {prepare_module.DOCS_PER_SHARD})" in " ".join(capsys.readouterr().out.split())
 
+
+
+def test_a_compressed_jsonl_input_is_prepared_row_by_row(tmp_path, inputs):
+    import gzip
+
+    _, jsonl = inputs
+    (tmp_path / "rows.jsonl.gz").write_bytes(gzip.compress(Path(jsonl).read_bytes()))
+    summary = prepare([str(tmp_path / "rows.jsonl.gz")], str(tmp_path / "tokens"), text_column="content", num_proc=1,
+                      cache_dir=str(tmp_path / "cache"))
+    plain = prepare([jsonl], str(tmp_path / "plain"), text_column="content", num_proc=1, cache_dir=str(tmp_path / "cache"))
+    assert summary["documents"] == plain["documents"] == 9                  # its rows, not one raw document
+    assert (tmp_path / "tokens" / "00000.ds").read_bytes() == (tmp_path / "plain" / "00000.ds").read_bytes()
+
+
+def test_an_archive_input_is_refused_by_name(tmp_path):
+    (tmp_path / "docs.tar.gz").write_bytes(b"not read")
+    with pytest.raises(PrepareError, match=r"docs\.tar\.gz is an archive \(\.tar\.gz\): extract it"):
+        prepare([str(tmp_path / "docs.tar.gz")], str(tmp_path / "tokens"), cache_dir=str(tmp_path / "cache"))

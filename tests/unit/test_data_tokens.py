@@ -212,7 +212,7 @@ def test_batched_gathers_equal_one_sample_at_a_time(tmp_path):
         table[row, 9:] = rng.integers(0, len(text)), len(text)
     for source in (PackedText(stream, 7), PackedText(stream[0:len(stream)], 7), SFTExamples.from_table(table)):
         indices = rng.integers(0, len(source), 50)
-        inputs, labels = source.samples(indices)
+        inputs, labels, _ = source.samples(indices)
         for row, i in enumerate(indices):
             one = source.sample(int(i))
             assert inputs[row].tolist() == one[0].tolist() and labels[row].tolist() == one[1].tolist()

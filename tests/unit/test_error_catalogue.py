@@ -158,3 +158,37 @@ def test_an_unreadable_nanotron_config_is_one_line_naming_the_file_and_exit_2(tm
     assert cli.convert_nanotron_config_main([str(path)]) == errors.EXIT_BAD_INPUT
     out, err = capsys.readouterr()
     assert out == "" and err.startswith(f"error: {path}: ") and named in err and "Traceback" not in err
+
+
+def test_a_url_s_credentials_are_masked_in_any_text():
+    from nanoflow.errors import without_credentials
+
+    assert without_credentials("see http://nanoflow:s3cr3t@127.0.0.1:9000/b and https://tok@host/x") == \
+        "see http://***@127.0.0.1:9000/b and https://***@host/x"
+    assert without_credentials('"http://a:b@c@host/x".') == '"http://***@host/x".'   # the last @ ends the user part
+    unchanged = "s3://bucket/run/4 at http://127.0.0.1:9000/a@b, mail me@host.org"
+    assert without_credentials(unchanged) == unchanged
+
+
+def test_a_broken_collective_is_a_lost_peer_with_the_requeue_status():
+    import torch.distributed as dist
+
+    from nanoflow.parallel.mesh import lost_peer
+
+    gloo = RuntimeError("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error "
+                        "[127.0.0.1]:4515: Connection reset by peer. This is typically caused by a remote worker "
+                        "hanging or bugs in the application. Check the logs of the remote worker before reporting an "
+                        "error. GLHF!")
+    found = lost_peer(gloo)
+    assert found is not None and found.exit_status == errors.EXIT_STOPPED == 75
+    assert "(Read error [127.0.0.1]:4515: Connection reset by peer)" in str(found) and "GLHF" not in str(found)
+    try:
+        try:
+            raise gloo
+        except RuntimeError as e:
+            raise ValueError("raised while handling it") from e
+    except ValueError as wrapped:
+        assert lost_peer(wrapped) is not None
+    assert lost_peer(dist.DistNetworkError("Connection was likely closed")) is not None
+    assert lost_peer(RuntimeError("mat1 and mat2 shapes cannot be multiplied")) is None   # a bug stays a bug
+    assert lost_peer(ValueError("gloo/transport/x] looks like it, but is no RuntimeError")) is None

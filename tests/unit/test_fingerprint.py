@@ -58,6 +58,9 @@ def test_the_checkpoint_records_the_begun_stages_only(run):
     (["data_stages.pretrain.data.seed=99"], 'stage "pretrain": data.seed: was 5, now 99'),
     (["general.seed=6"], 'stage "pretrain": general.seed: was 5, now 6'),
     (['data_stages.pretrain.data.dataset.text_column_name="body"'], "columns: was ['text'], now ['body']"),
+    (["tokens.document_masking=true"], 'stage "pretrain": document_masking: was False, now True'),
+    (["data_stages.pretrain.document_masking=true"], 'stage "pretrain": document_masking: was False, now True'),
+    (['data_stages.pretrain.data.dataset.sample_by="line"'], "source text sample_by: new (now line)"),
 ])
 def test_another_seed_or_column_of_a_begun_stage_is_refused(run, change, expected):
     with pytest.raises(DataChangedError, match="ignore_fingerprint_mismatch") as error:
@@ -97,6 +100,14 @@ def test_bin_train_exits_2_naming_the_change_without_a_traceback(run, capsys):
     assert result.returncode == 2, result.stderr
     assert "b.txt: was 2200 bytes" in result.stderr and "Traceback" not in result.stderr
     assert io.read_metadata(str(run.parent / "checkpoints"))["step"] == 4   # nothing trained, nothing saved
+
+
+def test_masking_a_begun_stage_is_refused_both_ways_and_a_later_stage_may_take_it(run, tmp_path):
+    assert resume(run, "data_stages.sft.document_masking=true").step == 4     # not begun: free
+    fingerprints = {"pretrain": {"tokenizer": "bytes", "sources": {}}}
+    masked = {"pretrain": {"tokenizer": "bytes", "sources": {}, "document_masking": True}}
+    assert fingerprint_changes(fingerprints, fingerprints) == []
+    assert fingerprint_changes(masked, fingerprints) == ['stage "pretrain": document_masking: was True, now False']
 
 
 def test_a_stage_not_begun_may_change_freely(run):

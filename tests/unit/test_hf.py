@@ -177,8 +177,8 @@ def test_unsupported_hf_architecture_is_named(tmp_path):
     hf_folder(tmp_path / "hf", tied=True)
     path = tmp_path / "hf" / "config.json"
     config = json.loads(path.read_text())
-    path.write_text(json.dumps({**config, "hidden_act": "gelu", "attention_bias": True}))
-    with pytest.raises(ConfigError, match=r"hidden_act = 'gelu'.*\n.*attention_bias"):
+    path.write_text(json.dumps({**config, "hidden_act": "gelu", "mlp_bias": True}))
+    with pytest.raises(ConfigError, match=r"hidden_act = 'gelu'.*\(model_type = 'llama'\)\n.*mlp_bias"):
         checked(tmp_path, f"model.init_from={json.dumps(str(tmp_path / 'hf'))}")
 
 
@@ -255,11 +255,14 @@ def scaled_hf_folder(path: Path, rope_scaling: dict) -> transformers.LlamaForCau
 def test_rope_scaled_hf_folder_trains_and_exports_with_its_scaling(tmp_path, rope_scaling):
     source = scaled_hf_folder(tmp_path / "hf_in", rope_scaling)
     init = f"model.init_from={json.dumps(str(tmp_path / 'hf_in'))}"
-    with pytest.raises(ConfigError, match=r"model.rope_scaling.rope_type = 'default' \(unset: plain RoPE\), but "
+    other = {"rope_type": "linear", "factor": 3.0} if rope_scaling["rope_type"] == "llama3" else {**LLAMA3}
+    with pytest.raises(ConfigError, match=rf"model.rope_scaling.rope_type = '{other['rope_type']}', but "
                                           rf".*config.json has rope_parameters.rope_type = '{rope_scaling['rope_type']}'"):
-        checked(tmp_path, init, *SCALED_MODEL)
-    config = checked(tmp_path, init, *SCALED_MODEL, "tokens.train_steps=3",
-                  f"model.rope_scaling={toml_table(rope_scaling)}")
+        checked(tmp_path, init, *SCALED_MODEL, f"model.rope_scaling={toml_table(other)}")
+    # Unset, [model.rope_scaling] is config.json's; stated, it must be the same.
+    assert checked(tmp_path, init, *SCALED_MODEL).model.rope_scaling == \
+        checked(tmp_path, init, *SCALED_MODEL, f"model.rope_scaling={toml_table(rope_scaling)}").model.rope_scaling
+    config = checked(tmp_path, init, *SCALED_MODEL, "tokens.train_steps=3")
     ids = torch.randint(0, 288, (2, 100), generator=torch.Generator().manual_seed(0))   # past L = 32
     with torch.no_grad():
         assert (nanoflow.init_state(config).model(ids) - source(ids).logits).abs().max().item() <= 1e-5
@@ -325,9 +328,17 @@ def test_legacy_type_key_and_default_rope_type(tmp_path):
     ('{rope_type = "linear", factor = -2.0}', "factor"),
     ('{rope_type = "llama3", factor = 8.0, low_freq_factor = 4.0, high_freq_factor = 1.0, '
      'original_max_position_embeddings = 32}', "low_freq_factor = 4.0 must be below high_freq_factor = 1.0"),
-    ('{rope_type = "yarn", factor = 4.0}', "model.rope_scaling.rope_type = 'yarn': nanoflow implements"),
+    ('{rope_type = "dynamic", factor = 4.0}', "model.rope_scaling.rope_type = 'dynamic': nanoflow implements"),
+    ('{rope_type = "longrope", factor = 4.0}', "model.rope_scaling.rope_type = 'longrope': nanoflow implements"),
     ('{rope_type = "lama3"}', 'did you mean "llama3"'),
-    ('{rope_type = "linear", factor = 2.0, beta_fast = 32}', "unknown key 'beta_fast'"),
+    ('{rope_type = "yran", factor = 4.0}', 'did you mean "yarn"'),
+    ('{rope_type = "linear", factor = 2.0, beta_fast = 32}',
+     'model.rope_scaling.beta_fast: not used by rope_type = "linear"'),
+    ('{rope_type = "yarn", factor = 4.0, low_freq_factor = 1.0}',
+     'model.rope_scaling.low_freq_factor: not used by rope_type = "yarn"'),
+    ('{rope_type = "yarn", factor = 4.0, truncate = 0}', "truncate"),
+    ('{rope_type = "yarn", factor = 4.0, beta_fast = 0}', "beta_fast"),
+    ('{rope_type = "yarn", factor = 4.0, rope_bad = 1}', "unknown key 'rope_bad'"),
     ('{type = "linear", rope_type = "llama3", factor = 2.0}', "disagree"),
 ])
 def test_bad_rope_scaling_is_named_at_load(tmp_path, table, message):
@@ -338,13 +349,9 @@ def test_bad_rope_scaling_is_named_at_load(tmp_path, table, message):
 
 REFUSED = [   # config.json key, value, what the message says
     ("attention_dropout", 0.1, "attention_dropout = 0.1"),
-    ("attention_bias", True, "attention_bias = true"),
     ("mlp_bias", True, "mlp_bias = true"),
-    ("head_dim", 16, "head_dim = 16 != hidden_size / num_attention_heads"),
     ("hidden_act", "gelu", "hidden_act = 'gelu'"),
     ("pretraining_tp", 2, "pretraining_tp = 2"),
-    ("rope_scaling", {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32},
-     "rope_scaling.rope_type = 'yarn'"),
     ("rope_scaling", {"type": "dynamic", "factor": 2.0}, "rope_scaling.rope_type = 'dynamic'"),
     ("rope_scaling", {"rope_type": "longrope", "short_factor": [1.0] * 4, "long_factor": [2.0] * 4},
      "rope_scaling.rope_type = 'longrope'"),
@@ -352,8 +359,10 @@ REFUSED = [   # config.json key, value, what the message says
     ("sliding_window", 16, "sliding_window = 16"),
     ("layer_types", ["sliding_attention", "full_attention"], "layer_types = ['full_attention', 'sliding_attention']"),
     ("quantization_config", {"quant_method": "bitsandbytes", "load_in_4bit": True}, "quantization_config"),
-    ("model_type", "mistral", "model_type = 'mistral'"),
+    ("model_type", "qwen3_moe", "model_type = 'qwen3_moe' (a mixture of experts)"),
+    ("model_type", "gemma2", "model_type = 'gemma2' (logit soft-capping)"),
     ("architectures", ["LlamaForSequenceClassification"], "architectures = ['LlamaForSequenceClassification']"),
+    ("rope_parameters", {"full_attention": {"rope_type": "default", "rope_theta": 1e4}}, "rope_parameters by layer type"),
 ]
 
 
@@ -407,7 +416,8 @@ DAMAGE = [
      ["missing lm_head.weight", "tie_word_embeddings = false, so the output head lm_head.weight must be stored"]),
     ("q/k/v biases", True, llamafied_biases,
      ["unexpected model.layers.0.self_attn.k_proj.bias, model.layers.0.self_attn.q_proj.bias",
-      "model.layers.1.self_attn.v_proj.bias", "nanoflow's Llama has no biases"]),
+      "model.layers.1.self_attn.v_proj.bias", 'describes a llama without these biases (a Qwen2 "llamafied" with its '
+      'q/k/v biases is a qwen2: model_type = "qwen2" in its config.json)']),
     ("a shape", True, lambda t: t.update({"model.norm.weight": torch.ones(16)}),
      ["model.norm.weight has shape [16], the model expects [32]"]),
     ("a dtype", True, lambda t: t.update({"model.norm.weight": torch.ones(32, dtype=torch.int8)}),
@@ -470,3 +480,58 @@ def test_cli_export_and_mismatch_exit_status(trained, tmp_path, capsys):
 
     result = run_in_process("export", str(tmp_path / "nothing"), str(tmp_path / "x"), capsys=capsys)
     assert result.returncode == 2 and "holds no" in result.stderr, result.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# generation_config.json of a run started from a released model (issue 30, item 22)
+
+def released_folder(path: Path, **generation) -> transformers.GenerationConfig:
+    """tiny's model as a released folder: saved by transformers with its own generation_config.json."""
+    config = transformers.LlamaConfig(vocab_size=288, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                      rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=True)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).float()
+    model.generation_config = transformers.GenerationConfig(**generation)
+    model.save_pretrained(path)
+    return transformers.GenerationConfig.from_pretrained(path)
+
+
+SAMPLING = {"do_sample": True, "temperature": 0.6, "top_p": 0.9, "top_k": 20, "repetition_penalty": 1.1,
+            "max_new_tokens": 40}
+
+
+@pytest.mark.parametrize("eos, expected_eos", [
+    ([256, 270, 271], [256, 270, 271]),   # the run's end-of-text is one of the base's stop ids: all kept
+    (256, 256),
+    ([270, 271], 256),                    # it is not: the run's replaces them, as TRL's clone_chat_template does
+])
+def test_export_of_a_run_started_from_a_released_model_keeps_its_generation_config(tmp_path, eos, expected_eos):
+    base = released_folder(tmp_path / "released", bos_token_id=1, eos_token_id=eos, pad_token_id=272, **SAMPLING)
+    init = f"model.init_from={json.dumps(str(tmp_path / 'released'))}"
+    train(tiny(tmp_path, "tokens.train_steps=2", init), out=io.StringIO())
+    export_hf(str(tmp_path / "run"), str(tmp_path / "hf"))
+    exported = transformers.GenerationConfig.from_pretrained(tmp_path / "hf")
+    assert exported.eos_token_id == expected_eos
+    assert (exported.bos_token_id, exported.pad_token_id) == (1, 272)   # the byte tokenizer has neither to differ
+    for key, value in SAMPLING.items():
+        assert getattr(exported, key) == getattr(base, key) == value, key
+    kept = {k: v for k, v in base.to_diff_dict().items() if k not in ("eos_token_id", "transformers_version")}
+    assert {k: v for k, v in exported.to_diff_dict().items() if k in kept} == kept
+
+    # A branch of that run (resume_checkpoint_path, no init_from of its own) exports the base's too.
+    branch = tiny(tmp_path, "tokens.train_steps=3", f"checkpoints.resume_checkpoint_path={json.dumps(str(tmp_path / 'run'))}",
+                  run="branch")
+    train(branch, out=io.StringIO())
+    export_hf(str(tmp_path / "branch"), str(tmp_path / "hf_branch"))
+    assert transformers.GenerationConfig.from_pretrained(tmp_path / "hf_branch").to_diff_dict() == exported.to_diff_dict()
+
+
+def test_export_of_a_run_whose_base_has_no_generation_config_derives_it_from_the_tokenizer(tmp_path):
+    hf_folder(tmp_path / "hf_in", tied=True)
+    (tmp_path / "hf_in" / "generation_config.json").unlink()
+    train(tiny(tmp_path, "tokens.train_steps=1", f"model.init_from={json.dumps(str(tmp_path / 'hf_in'))}"),
+          out=io.StringIO())
+    export_hf(str(tmp_path / "run"), str(tmp_path / "hf"))
+    assert json.loads((tmp_path / "hf" / "generation_config.json").read_text()) == {"_from_model_config": True,
+                                                                                   "eos_token_id": 256}

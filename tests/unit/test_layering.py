@@ -57,9 +57,11 @@ def violations() -> dict[str, set[tuple[str, str]]]:
             found["io"] |= {(name, m) for m in imported if _above_io(m)}
         if name in ("nanoflow.schedule", "nanoflow.lr", "nanoflow.errors", "nanoflow.version") or name == "nanoflow.config" or name.startswith("nanoflow.config."):
             found["torch"] |= {(name, m) for m in imported if m == "torch"}
-        if name == "nanoflow.model":   # the decoder: torch, and of nanoflow only its loss (a torch function, like a layer)
-            found["model"] |= {(name, m) for m in imported if m.startswith("nanoflow") and m != "nanoflow.loss"}
-        if name == "nanoflow.loss":    # ... which itself imports nothing of nanoflow
+        if name == "nanoflow.model":   # the decoder: torch, and of nanoflow only its loss and attention (torch
+            # functions, like layers)
+            found["model"] |= {(name, m) for m in imported if m.startswith("nanoflow")
+                               and m not in ("nanoflow.loss", "nanoflow.attention")}
+        if name in ("nanoflow.loss", "nanoflow.attention"):    # ... which themselves import nothing of nanoflow
             found["model"] |= {(name, m) for m in imported if m.startswith("nanoflow")}
     return found
 
@@ -132,7 +134,7 @@ def unit(module: str) -> str:
 
 
 PURE = {"errors", "version", "schedule", "lr", "config"}   # no torch, no IO: the stage math and the config's rules
-KERNEL = {"loss", "model", "flops", "console", "state", "step", "build", "run", "preflight", "evaluation"}
+KERNEL = {"loss", "attention", "model", "flops", "console", "state", "step", "build", "run", "preflight", "evaluation"}
 # What each unit may import of nanoflow (besides itself). Read top to bottom: a layer sees only those above it.
 MAY_IMPORT = {
     "nanoflow": {"version"},                  # the package root: its public names are imported on first use
@@ -143,7 +145,8 @@ MAY_IMPORT = {
     "io": {"errors", "version"},              # bytes only: it knows no model, no config, no run
     "data": {"errors", "config", "io", "schedule", "lr"},   # knows nothing of a run: never the loop or the checkpointer
     "loss": set(),                            # a torch function, like a layer
-    "model": {"loss"},                        # the decoder knows nothing of training
+    "attention": set(),                       # likewise
+    "model": {"loss", "attention"},           # the decoder knows nothing of training
     "flops": {"config"},
     "console": {"errors"},
     "parallel": PURE | {"io", "model", "loss"},

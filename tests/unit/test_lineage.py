@@ -51,8 +51,12 @@ def test_the_load_flags_act_once_at_the_branch_point_not_at_each_resume_of_the_b
     want = {s: m["lr"] for s, m in metrics(tmp_path / "straight").items()}
     assert {s: m["lr"] for s, m in metrics(tmp_path / "run").items()} == want
     lineage = io.read_metadata(str(tmp_path / "run"))["lineage"]
+    history = lineage.pop("history")
     assert lineage == {"optimizer_origin": 4 if flag == "load_optimizer" else 0,
                        "began_from": f"{source}/4", "began_at": 4}
+    # One history, drawn at the branch point and kept by each resume: every checkpoint of the run records it.
+    steps = [p for p in (tmp_path / "run").iterdir() if p.name.isdigit()]
+    assert len(steps) > 1 and {io.read_metadata(str(p))["lineage"]["history"] for p in steps} == {history}
 
 
 def test_without_a_resume_path_the_flags_do_not_reset_a_runs_own_resume_and_say_so(tmp_path):

@@ -657,12 +657,19 @@ def test_rope_scaling_goes_to_an_hf_table(tmp_path):
     raw["model"]["model_config"]["rope_seq_len_interpolation_factor"] = 4
     assert tomllib.loads(convert(raw)[0])["model"]["rope_scaling"] == {"rope_type": "linear", "factor": 4.0}
 
-    raw["model"]["model_config"]["rope_scaling"] = {"rope_type": "yarn", "factor": 4.0}
+    raw["model"]["model_config"]["rope_scaling"] = {"rope_type": "yarn", "factor": 4, "truncate": False,
+                                                    "beta_fast": 16, "mscale": "1"}
+    text, report = convert(raw)
+    assert tomllib.loads(text)["model"]["rope_scaling"] == {"rope_type": "yarn", "factor": 4.0, "beta_fast": 16.0,
+                                                            "truncate": False}
+    lines = "\n".join(report.lines())
+    assert 'not carried over: model.model_config.rope_scaling.mscale = "1" (expected a number)' in lines
+    assert "not carried over: model.model_config.rope_seq_len_interpolation_factor = 4" in lines
+
+    raw["model"]["model_config"]["rope_scaling"] = {"rope_type": "dynamic", "factor": 4.0}
     text, report = convert(raw)
     assert "rope_scaling" not in tomllib.loads(text)["model"]
-    lines = "\n".join(report.lines())
-    assert 'not carried over: model.model_config.rope_scaling = {"rope_type": "yarn"' in lines
-    assert "not carried over: model.model_config.rope_seq_len_interpolation_factor = 4" in lines
+    assert 'not carried over: model.model_config.rope_scaling = {"rope_type": "dynamic"' in "\n".join(report.lines())
 
 
 def test_keys_of_current_nanotron_that_change_the_run_are_named():
@@ -672,7 +679,8 @@ def test_keys_of_current_nanotron_that_change_the_run_are_named():
     raw["optimizer"]["weight_decay_exclude_named_params"] = [".*norm.*"]
     lines = convert(raw)[1].lines()
     for line in ("not carried over: model.model_config.z_loss_enabled = true (no z-loss",
-                 "not carried over: model.model_config.attention_bias = true (nanoflow's projections have no bias)",
+                 "note: model.model_config.attention_bias = true: nanotron's Llama builds its projections without "
+                 "biases whatever it says",
                  "not carried over: model.model_config.sliding_window_size = 64",
                  "ignored: model.model_config._attn_implementation",
                  'not carried over: optimizer.weight_decay_exclude_named_params = [".*norm.*"]',
@@ -741,6 +749,50 @@ def test_a_model_config_that_is_not_a_llama_is_refused_by_name(tmp_path, model_c
     assert convert_nanotron_config_main([str(tmp_path / "model.yaml")]) == 2
 
 
+# nanotron's Qwen2Config (models/qwen.py): attention_bias biases q, k and v; no_rope_layer = N skips RoPE where
+# (layer + 1) % N == 0; sliding_window_size W attends to W positions (window_size = (W - 1, 0)).
+@pytest.mark.parametrize("keys, family, model, line", [
+    ({"attention_bias": True}, "qwen2", {}, 'model.model_config.attention_bias = true → model_type = "qwen2"'),
+    ({"no_rope_layer": 2}, "smollm3", {"no_rope_layer_interval": 2},
+     'model.model_config.no_rope_layer = 2 → model_type = "smollm3", no_rope_layer_interval = 2'),
+    ({"no_rope_layer": 2, "attention_bias": True}, "smollm3", {"no_rope_layer_interval": 2},
+     "not carried over: model.model_config.attention_bias = true (nanotron's Qwen2 biases q, k and v; nanoflow's "
+     "smollm3"),
+    ({"sliding_window_size": 256}, "mistral", {"sliding_window": 256},
+     'model.model_config.sliding_window_size = 256 → model_type = "mistral", sliding_window = 256'),
+    ({"sliding_window_size": 256, "attention_bias": True}, "qwen2", {},
+     "not carried over: model.model_config.sliding_window_size = 256 (nanoflow reproduces a sliding window as "
+     "mistral only"),
+    ({"attention_bias": False, "_fused_rms_norm": True}, "llama", {}, "ignored: model.model_config._fused_rms_norm"),
+])
+def test_nanotron_s_qwen2_converts_to_the_family_its_decoder_is(tmp_path, monkeypatch, keys, family, model, line):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    write_data(tmp_path)
+    raw = yaml.safe_load(NANOTRON_YAML)
+    config = {k: v for k, v in raw["model"]["model_config"].items() if k != "is_llama_config"}
+    raw["model"]["model_config"] = {**config, "is_qwen2_config": True, "max_position_embeddings": 64, **keys}
+    raw["data_stages"][1]["sequence_length"] = 64
+    text, report = convert(raw)
+    assert any(l.startswith(line) or l.startswith(f"note: {line}") for l in report.lines()), report.lines()
+    (tmp_path / "schedule.toml").write_text(text)
+    loaded = load_config(tmp_path / "schedule.toml").model
+    assert loaded.model_type == family and all(getattr(loaded, k) == v for k, v in model.items())
+    arch = loaded.architecture
+    assert (arch.qkv_bias, arch.o_bias) == (family == "qwen2", False)
+    # nanotron's rule for the layers without RoPE: (layer_idx + 1) % no_rope_layer == 0
+    nope = keys.get("no_rope_layer")
+    assert arch.nope_layers == tuple(i for i in range(2) if nope and (i + 1) % nope == 0)
+
+
+def test_a_mixture_of_experts_qwen2_is_refused_by_name():
+    raw = yaml.safe_load(NANOTRON_YAML)
+    raw["model"]["model_config"] = {**raw["model"]["model_config"], "is_llama_config": None, "is_qwen2_config": True,
+                                    "moe_config": {"num_experts": 8, "top_k": 2}}
+    with pytest.raises(ValueError, match=r"model.model_config.moe_config: nanotron's Qwen2 with mixture-of-experts "
+                                         r"layers; nanoflow trains dense models"):
+        convert(raw)
+
+
 def test_llama_and_qwen2_model_configs_still_convert():
     for flag in ("is_llama_config", "is_qwen2_config", None):
         raw = yaml.safe_load(NANOTRON_YAML)
@@ -781,3 +833,160 @@ def test_a_list_of_splits_trains_on_train_and_the_other_splits_become_eval_sets_
     evaluated = "".join(tokenizer.decode(row.tolist()) for row in load_eval_set(config, entry, tokenizer).input_ids)
     assert "train row" in trained and "valid" not in trained
     assert "valid row" in evaluated and "train" not in evaluated
+
+
+def test_use_doc_masking_becomes_document_masking_of_every_stage(tmp_path, monkeypatch):
+    # nanotron keeps the switch in model.model_config (models_config.py; examples/config_qwen.yaml sets it true)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    write_data(tmp_path)
+    raw = yaml.safe_load(NANOTRON_YAML)
+    raw["model"]["model_config"]["_use_doc_masking"] = True
+    text, report = convert(raw)
+    assert tomllib.loads(text)["tokens"]["document_masking"] is True
+    assert not any("_use_doc_masking" in line for line in report.lines() if not line.startswith("note:"))
+    assert any(n.startswith("model.model_config._use_doc_masking = true → tokens.document_masking") for n in report.notes)
+    (tmp_path / "converted.toml").write_text(text)
+    config = load_config(tmp_path / "converted.toml")
+    assert all(config.stage_tokens(i).document_masking for i in range(len(config.data_stages)))
+    raw["model"]["model_config"]["_use_doc_masking"] = False
+    text, report = convert(raw)
+    assert "document_masking" not in tomllib.loads(text)["tokens"] and "_use_doc_masking" not in "\n".join(report.lines())
+
+
+# ---------------------------------------------------------------------------------------------
+# YAML that is no config: one line and exit status 2, at once (issue 30, item 14)
+
+def _alias_bomb(levels: int = 10) -> str:
+    """A "billion laughs": each anchor a list of nine aliases of the one before, 9**levels strings in about 500 bytes."""
+    lines = ['a0: &a0 ["x", "x", "x", "x", "x", "x", "x", "x", "x"]']
+    lines += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, levels)]
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize("case, expected", [
+    ("not UTF-8", "not UTF-8 (byte 0xe9 on line 1)"),
+    ("nested 5,000 deep", "line 1: nested more than 64 levels deep"),
+    ("a 5,001-digit integer", "line 1: an integer of 5,001 digits"),
+    ("an alias inside its anchor", "line 1: alias *g inside the node it names"),
+    ("a list that holds itself", "line 1: alias *a inside the node it names"),
+    ("a date that is none", "not a config: "),
+    ("a folder", "is a folder, not a config file"),
+    ("NUL bytes", "not a text file"),
+])
+def test_a_yaml_that_is_no_config_is_one_line_and_exit_2(tmp_path, capsys, case, expected):
+    path = tmp_path / "config.yaml"
+    content = {"not UTF-8": "general: {project: caf\xe9}\n".encode("latin-1"),
+               "nested 5,000 deep": b"a: " + b"[" * 5000 + b"]" * 5000 + b"\n",
+               "a 5,001-digit integer": b"tokens: {train_steps: " + b"9" * 5001 + b"}\n",
+               "an alias inside its anchor": b"general: &g {project: demo, again: *g}\n",
+               "a list that holds itself": b"a: &a [*a]\n",
+               "a date that is none": b"general: {project: 2024-02-30}\n",
+               "NUL bytes": b"general: {project: \x00}\n"}.get(case)
+    if content is None:
+        path.mkdir()
+    else:
+        path.write_bytes(content)
+    result = run_in_process("convert-nanotron-config", path, capsys=capsys)
+    assert result.returncode == 2 and not result.stdout, result
+    assert result.stderr.startswith(f"error: {path}: ") and expected in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and len(result.stderr) < 400, result.stderr
+
+
+def test_a_yaml_alias_bomb_is_refused_at_once(tmp_path):
+    from process_helpers import run_command
+
+    path = tmp_path / "bomb.yaml"
+    path.write_text(_alias_bomb())
+    assert len(path.read_bytes()) < 600
+    # A generous limit: the refusal takes a second; without it the converter walked 9**10 strings for hours.
+    result = run_command("convert-nanotron-config", path, timeout=600)
+    assert result.returncode == 2 and not result.stdout, result
+    assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert "aliases expand to more than 100,000 values" in result.stderr, result.stderr
+
+
+def test_aliases_that_expand_to_a_config_still_convert(tmp_path, capsys):
+    """nanotron's loader (yaml SafeLoader) takes anchors and aliases; a config that shares a table through one
+    converts as if it were written out twice."""
+    raw = yaml.safe_load(NANOTRON_YAML)
+    text = yaml.safe_dump(raw, sort_keys=False)
+    shared = "    dataset: &corpus\n      hf_dataset_or_datasets: text\n      hf_data_files: corpus/*.txt\n"
+    path = tmp_path / "config.yaml"
+    stages = (f"data_stages:\n- name: stable\n  start_training_step: 1\n  data:\n{shared}"
+              "- name: again\n  start_training_step: 10\n  data:\n    dataset: *corpus\n")
+    path.write_text(text[:text.index("data_stages:")] + stages + text[text.index("general:"):])
+    result = run_in_process("convert-nanotron-config", path, capsys=capsys)
+    assert result.returncode == 0, result.stderr
+    stages = tomllib.loads(result.stdout)["data_stages"]
+    assert stages[0]["data"]["dataset"] == stages[1]["data"]["dataset"] == TEXT_DATA
+
+
+# ---------------------------------------------------------------------------------------------
+# lr_decay_steps as nanotron computes it (issue 30, item 19)
+
+@pytest.mark.parametrize("train_steps, scheduler", [
+    # nanotron's dump of a run whose warmup is longer than the run: Config.__post_init__ derived
+    # lr_decay_steps = train_steps - lr_warmup_steps = -90, and its saved config.yaml holds that.
+    (10, {"lr_warmup_steps": 100, "lr_decay_steps": -90}),
+    (10, {"lr_warmup_steps": 100}),
+    # A decay of length <= 0 after the warmup: nanotron's lr_lambda goes to min_decay_lr at once.
+    (20, {"lr_warmup_steps": 4, "lr_decay_steps": -3}),
+    (20, {"lr_warmup_steps": 4, "lr_decay_steps": 0}),
+    (20, {"lr_warmup_steps": 4, "lr_decay_starting_step": 9, "lr_decay_steps": -2}),
+    (20, {"lr_warmup_steps": 0, "lr_decay_starting_step": 9, "lr_decay_steps": -2}),
+    (20, {"lr_warmup_steps": 4, "lr_decay_starting_step": 30, "lr_decay_steps": -2}),
+    (20, {"lr_warmup_steps": 4, "lr_decay_starting_step": 9}),   # lr_decay_steps = 16 derived: runs past the end
+])
+def test_a_decay_of_no_length_converts_to_nanotrons_lr_at_every_step(tmp_path, monkeypatch, train_steps, scheduler):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    write_data(tmp_path)
+    raw = yaml.safe_load(GOLDEN["unset_lr_clip_eps"])
+    raw["tokens"]["train_steps"] = train_steps
+    raw["optimizer"]["learning_rate_scheduler"] = {"learning_rate": 0.001, "lr_warmup_style": "linear",
+                                                   "lr_decay_style": "cosine", "min_decay_lr": 1e-4, **scheduler}
+    text, report = convert(raw)
+    converted = tomllib.loads(text)["optimizer"]["learning_rate_scheduler"]
+    assert converted.get("lr_decay_steps", 1) > 0, converted
+    (tmp_path / "converted.toml").write_text(text)
+    config = load_config(tmp_path / "converted.toml")
+    for s in range(1, train_steps + 1):
+        ours = lr_at(s, config.optimizer.learning_rate_scheduler, train_steps)
+        assert ours == pytest.approx(nanotron_lr(s, raw["optimizer"]["learning_rate_scheduler"], train_steps),
+                                     rel=1e-12, abs=1e-15), f"step {s}"
+    if scheduler.get("lr_decay_steps", 1) <= 0:
+        assert any("lr_decay_steps" in line for line in report.lines()), report.lines()
+
+
+# ---------------------------------------------------------------------------------------------
+# nanotron's SFT datasets (issue 30, item 20)
+
+@pytest.mark.parametrize("flag", [True, False])
+def test_an_sft_dataloader_stage_converts_to_a_prompt_completion_stage(tmp_path, monkeypatch, flag):
+    """nanotron reads a dataset with an sft_dataloader key as SFTDatasetsArgs (dacite's strict union: it is no
+    PretrainDatasetsArgs key), whatever its value, and run_train.py then tokenizes it with
+    sft_processing.process_sft: prompt + completion + eos from the columns "prompt" and "completion", the loss on
+    the completion and eos only."""
+    from nanoflow.data import ByteTokenizer, open_stage
+
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    write_data(tmp_path)
+    (tmp_path / "sft.jsonl").write_text('{"prompt": "1+1=", "completion": "2"}\n' * 4)
+    raw = yaml.safe_load(NANOTRON_YAML)
+    raw["data_stages"][1]["data"]["dataset"] = {"hf_dataset_or_datasets": "json", "hf_data_files": "sft.jsonl",
+                                                "hf_dataset_splits": "train", "sft_dataloader": flag,
+                                                "dataset_processing_num_proc_per_process": 1}
+    raw["parallelism"].update(dp=1, tp=1, pp=1)
+    text, report = convert(raw)
+    dataset = tomllib.loads(text)["data_stages"][1]["data"]["dataset"]
+    assert (dataset["prompt_column_name"], dataset["completion_column_name"]) == ("prompt", "completion")
+    assert not any(key.endswith("sft_dataloader") for key, _, _ in report.dropped), report.dropped
+    assert any("sft_dataloader" in note for note in report.notes), report.notes
+    (tmp_path / "converted.toml").write_text(text)
+    config = load_config(tmp_path / "converted.toml")
+    tokenizer = ByteTokenizer()
+    with open_stage(config, 1, tokenizer, Schedule.from_config(config), cache_dir=str(tmp_path / "cache")) as loader:
+        batch = loader.samples(0, 1)
+    ids, labels = batch["input_ids"][0].tolist(), batch["labels"][0].tolist()
+    prompt = tokenizer.encode("1+1=")
+    assert ids[:len(prompt) + 2] == prompt + tokenizer.encode("2") + [tokenizer.eos_id]
+    assert [t for t in labels if t >= 0] == tokenizer.encode("2") + [tokenizer.eos_id]

@@ -78,7 +78,8 @@ def test_plot_without_plan_and_an_unwritable_path_are_exit_2(tmp_path, capsys):
         cli.train_main([str(COOLDOWNS), "--plot", str(tmp_path / "x.png")])
     assert stop.value.code == 2 and "--plot draws the plan: give --plan too" in capsys.readouterr().err
     assert cli.train_main([str(COOLDOWNS), "--plan", "--plot", str(tmp_path / "no" / "x.png")]) == 2
-    assert "cannot write it" in capsys.readouterr().err
+    captured = capsys.readouterr()   # said before the plan's checks: no plan printed
+    assert f"no folder {tmp_path / 'no'}" in captured.err and captured.out == "", captured
 
 
 def test_the_plan_counts_its_stages_in_words_that_agree(tmp_path):
@@ -101,3 +102,31 @@ def test_the_plan_counts_its_stages_in_words_that_agree(tmp_path):
     one.write_text(to_toml(raw))
     assert ", 1 stage, dp=" in render_plan(open_run(load_config(one), join=False)).splitlines()[0]
     assert ", 2 stages, dp=" in render_plan(open_run(load_config(TINY), join=False)).splitlines()[0]
+
+
+def test_the_length_panel_writes_each_reached_stages_rope_at_its_start():
+    config = load_config(COOLDOWNS, [*BRANCH, "data_stages.cooldown.rope_theta=500000.0"])
+    length_panel = plan_figure(open_run(config, join=False)).axes[2]
+    assert [(t.get_text(), t.xy) for t in length_panel.texts] == [("θ 10,000", (0.5, 32)), ("θ 500,000", (8.5, 24))]
+    unreached = load_config(COOLDOWNS, ["data_stages.cooldown.rope_theta=500000.0"])   # cooldown after train_steps
+    assert [t.get_text() for t in plan_figure(open_run(unreached, join=False)).axes[2].texts] == ["θ 10,000"]
+
+
+def test_the_plan_says_the_rope_of_every_stage():
+    from helpers import TINY
+
+    from nanoflow.commands.plan import render_plan
+
+    same = render_plan(open_run(load_config(TINY), join=False)).splitlines()
+    assert "rope: θ 10,000, in every stage" in same and not any("rope" in line for line in same[5:])
+    extended = render_plan(open_run(load_config(TINY, [
+        "data_stages.sft.rope_theta=500000.0",
+        'data_stages.sft.rope_scaling={rope_type = "yarn", factor = 2.0, original_max_position_embeddings = 32}']),
+        join=False)).splitlines()
+    assert not any(line.startswith("rope:") for line in extended)
+    header = next(line for line in extended if line.startswith("stage"))
+    assert header.split() == ["stage", "steps", "n", "steps", "global", "batch", "seq", "len", "rope", "samples",
+                              "tokens", "lr", "first", "→", "last"]
+    column = header.index("rope")
+    rows = {line.split()[0]: line[column:].split("  ")[0] for line in extended if line.startswith(("pretrain", "sft"))}
+    assert rows == {"pretrain": "θ 10,000", "sft": "θ 500,000, yarn ×2 of 32"}

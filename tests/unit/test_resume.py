@@ -355,9 +355,26 @@ def test_after_latest_the_most_recently_committed_is_tried_first(tmp_path):
     assert io.checkpoints_to_try(str(tmp_path))[0] == f"{tmp_path}/2"
 
 
-def test_nothing_intact_means_no_checkpoint(two_checkpoints):
-    damage_metadata_missing(two_checkpoints)
-    (two_checkpoints / "4" / "checkpoint_metadata.json").unlink()
+def test_every_marker_lost_under_latest_txt_stops_the_run_naming_its_step(two_checkpoints):
+    # A sync that dropped *.json: latest.txt says step 8 was committed, but no step folder holds a marker. That is
+    # a run's history lost, never "nothing here": a start from scratch would delete the old tensor files.
+    for step in ("4", "8"):
+        (two_checkpoints / step / "checkpoint_metadata.json").unlink()
+    tensors = {p: p.read_bytes() for p in two_checkpoints.rglob("*.safetensors")}
+    with pytest.raises(io.DamagedCheckpointError, match=r"(?s)latest\.txt names step 8.*8 is incomplete.*pass --fresh"):
+        restore(tiny(two_checkpoints), out=quiet())
+    with pytest.raises(io.DamagedCheckpointError, match=r"latest\.txt names step 8"):
+        io.latest(str(two_checkpoints))
+    with pytest.raises(io.CheckpointError):
+        train(tiny(two_checkpoints), out=quiet())
+    assert {p: p.read_bytes() for p in two_checkpoints.rglob("*.safetensors")} == tensors
+
+
+def test_incomplete_folders_without_latest_txt_are_no_checkpoint(two_checkpoints):
+    # No latest.txt: nothing says a step was ever committed (the first saves of a run killed mid-write).
+    for step in ("4", "8"):
+        (two_checkpoints / step / "checkpoint_metadata.json").unlink()
+    (two_checkpoints / "latest.txt").unlink()
     assert io.latest(str(two_checkpoints)) is None
     with pytest.raises(io.CheckpointError):
         io.read_checkpoint(str(two_checkpoints))

@@ -139,3 +139,52 @@ def test_the_loop_runs_with_the_garbage_collector_off_and_collects_between_steps
     train(tiny(tmp_path / "run"), until_step=5, out=quiet(), progress=False)
     assert calls == ["disable", "collect 1", "step 1", "step 2", "collect 1", "step 3", "step 4", "collect 1",
                      "step 5", *(["enable"] if gc.isenabled() else [])]
+
+
+# ---------------------------------------------------------------------------------------------
+# The intra-op thread count nanoflow chooses (nanoflow.parallel.threads; issue 30, item 23)
+
+@pytest.mark.parametrize("available, cpus, load, expected", [
+    (2, 2, 0.1, 2),     # two idle cores: both
+    (2, 2, 1.0, 1),     # the other core busy
+    (2, 2, 4.3, 1),     # both busy (the case the issue measured): one, never none
+    (16, 16, 0.0, 16),
+    (4, 64, 32.0, 2),   # four CPUs of a half-busy 64-CPU host
+    (1, 8, 0.0, 1),
+])
+def test_the_count_is_the_available_cpus_the_load_leaves_idle(available, cpus, load, expected):
+    from nanoflow.parallel.threads import count_for
+    assert count_for(available, cpus, load) == expected
+
+
+def test_available_cpus_are_the_affinity_within_a_cgroup_quota(monkeypatch):
+    from nanoflow.parallel import threads
+    monkeypatch.setattr(threads.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 4, 5}, raising=False)
+    files = {}
+
+    def read(path):
+        if path not in files:
+            raise FileNotFoundError(path)
+        return files[path]
+
+    monkeypatch.setattr(threads, "_read", read)
+    assert threads._cgroup_quota() is None and threads.available_cpus() == 6
+    for cpu_max, quota, available in [("max 100000", None, 6), ("250000 100000", 2.5, 3), ("150000 100000", 1.5, 2)]:
+        files["/sys/fs/cgroup/cpu.max"] = cpu_max   # cgroup v2; docker run --cpus 2.5 writes "250000 100000"
+        assert threads._cgroup_quota() == quota
+        assert threads.available_cpus() == available
+    del files["/sys/fs/cgroup/cpu.max"]
+    files.update({"/sys/fs/cgroup/cpu/cpu.cfs_quota_us": "100000", "/sys/fs/cgroup/cpu/cpu.cfs_period_us": "100000"})
+    assert threads._cgroup_quota() == 1.0 and threads.available_cpus() == 1   # cgroup v1
+
+
+def test_nanoflow_chooses_only_for_a_front_end_and_never_over_omp_num_threads(monkeypatch):
+    from nanoflow.parallel import threads
+    monkeypatch.setattr(threads, "_choosing", False)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert not threads.chosen()                 # a library user's count is theirs
+    threads.choose_by_default()
+    assert threads.chosen()
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert not threads.chosen()                 # the user's
+    assert threads.choose(5)[0] == 5            # a resumed run's count, when nanoflow chooses

@@ -9,19 +9,14 @@ import shutil
 from pathlib import Path
 
 import pytest
-from helpers import REPO
 from run_helpers import assert_same_checkpoint, folder_digest
+from support.study import BASE, SMALL
 
-from nanoflow.commands.cli import compare_main, train_main
+from nanoflow.commands.cli import compare_main, sweep_main, train_main
 from nanoflow.commands.compare import format_table, read_runs
 from nanoflow.commands.sweep import run_study
 from nanoflow.errors import EXIT_DONE
 
-BASE = REPO / "schedules" / "wsd_vs_cosine" / "base.toml"
-SMALL = ["model.hidden_size=32", "model.intermediate_size=64", "model.num_hidden_layers=2",
-         "model.num_attention_heads=2", "model.num_key_value_heads=1", "tokens.micro_batch_size=2",
-         "tokens.sequence_length=32", "checkpoints.checkpoint_interval=2",
-         "optimizer.learning_rate_scheduler.lr_warmup_steps=2", "evaluation.interval=4"]
 STEPS, EVERY, AT = 8, 4, 4   # budget, eval interval, branch point
 
 
@@ -112,3 +107,58 @@ def test_the_reduced_study_end_to_end(tmp_path, monkeypatch, capsys):
     capsys.readouterr()
     assert compare_main([*names, "--output", "c.png"]) == EXIT_DONE
     assert expected in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------------------------------------
+# Issue 30, items 12 and 8: a study file of the wrong shape is one line naming the key, before anything runs;
+# average names obey the rules run names obey.
+
+RUN = '[[runs]]\nname = "trunk"\nset = ["tokens.train_steps=4"]\n'
+TOP = f'base = {json.dumps(str(BASE))}\nruns_dir = "runs"\n'
+
+
+@pytest.mark.parametrize("text, words", [
+    (TOP + 'runs = "x"\n', "runs: [[runs]] tables"),
+    (TOP + '[runs]\nname = "trunk"\n', "runs: [[runs]] tables"),
+    (TOP, "no [[runs]]"),
+    (TOP + RUN + '[[runs]]\nname = "b"\nbranch = "trunk"\n', "runs[1].branch"),
+    (TOP + RUN + '[[runs]]\nname = "b"\nbranch = {from = "trunk", at = true}\n', "runs[1].branch.at"),
+    (TOP + '[[runs]]\nname = "trunk"\nset = [1]\n', "runs[0].set"),
+    (TOP + '[[runs]]\nname = "../x"\n', "runs[0].name"),
+    (TOP + '[[runs]]\nnmae = "trunk"\n', "runs[0].nmae: unknown key (did you mean 'name'?)"),
+    (TOP + RUN + '[[avrages]]\nname = "avg"\nrun = "trunk"\nlast = 2\n', "did you mean 'averages'?"),
+    (TOP + RUN + '[[averages]]\nname = "trunk"\nrun = "trunk"\nlast = 2\n', "averages[0].name = 'trunk'"),
+    (TOP + RUN + '[[averages]]\nname = "a"\nrun = "trunk"\nlast = 2\n[[averages]]\nname = "a"\nrun = "trunk"\nlast = 1\n',
+     "averages[1].name = 'a'"),
+    (TOP + RUN + '[[averages]]\nname = "../outside"\nrun = "trunk"\nlast = 2\n', "averages[0].name = '../outside'"),
+    (TOP + RUN + '[[averages]]\nname = ""\nrun = "trunk"\nlast = 2\n', "averages[0].name = ''"),
+    (TOP + RUN + '[[averages]]\nname = "a"\nrun = "trunk"\n', "averages[0]: one of last"),
+    (TOP + RUN + '[[averages]]\nname = "a"\nrun = "trunk"\nsteps = [2, 4]\nweights = [1]\n', "averages[0].weights"),
+    (TOP + RUN + 'figure = 3\n', "figure"),
+])
+def test_a_study_of_the_wrong_shape_is_one_line_naming_the_key(tmp_path, capsys, text, words):
+    study = tmp_path / "study.toml"
+    study.write_text(text)
+    assert sweep_main([str(study)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith(f"error: {study}: ") and words in err, err
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "outside").exists()
+
+
+@pytest.mark.parametrize("make, words", [
+    (lambda p: p.write_bytes(b'base = "\xff"\n'), "not UTF-8"),
+    (lambda p: p.mkdir(), "is a folder"),
+])
+def test_a_study_file_that_cannot_be_read_as_text_is_one_line(tmp_path, capsys, make, words):
+    make(tmp_path / "study.toml")
+    assert sweep_main([str(tmp_path / "study.toml")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and words in err, err
+
+
+def test_only_naming_no_run_of_the_study_is_refused(tmp_path, capsys):
+    study = tmp_path / "study.toml"
+    study.write_text(TOP + RUN)
+    assert sweep_main([str(study), "--only", "trnk"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--only trnk" in err and "'trunk'" in err, err

@@ -1,0 +1,85 @@
+"""Causal self-attention that stays within documents: PyTorch's own causal SDPA, run per document.
+
+A packed row holds several documents. `position_ids` [rows, seq] say where each begins: at every
+position 0, and at each row's first token (the convention of transformers' DataCollatorWithFlattening
+and of flash-attention's varlen kernels, whose cu_seqlens are read from position_ids the same way).
+A token attends to the earlier tokens of its own document only.
+
+No mask is built. Each document is a slice of its row (a view, no copy), attended to with causal SDPA
+(is_causal=True: the fused kernel); the outputs are joined with one concatenation per row. The work is
+the sum of the documents' squared lengths instead of a row's squared length, and no [seq, seq] mask is
+held. Consecutive rows that hold one document each take one causal SDPA call together, and a batch of
+such rows only is plain causal SDPA, unchanged. (Batching documents of equal length into one call, through
+a gather and a scatter of q, k, v and the output, was measured too: BENCHMARKS.md, "Document masking".)
+"""
+
+from __future__ import annotations
+
+import attrs
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+
+@attrs.frozen
+class Documents:
+    """The lengths of each row's documents, in order, worked out once per forward and used by every layer."""
+
+    lengths: tuple[tuple[int, ...], ...]
+
+    @property
+    def whole_rows(self) -> bool:
+        """Whether every row is one document (then attention is plain causal attention)."""
+        return all(len(row) == 1 for row in self.lengths)
+
+    @property
+    def count(self) -> int:
+        return sum(len(row) for row in self.lengths)
+
+    @classmethod
+    def from_position_ids(cls, position_ids: torch.Tensor) -> Documents:
+        """The documents position_ids [rows, seq] describe: one starts at each 0 and at each row's start.
+        Reads position_ids on the host (free when they are on the CPU, as the loaders give them)."""
+        if position_ids.dim() != 2:
+            raise ValueError(f"position_ids must be [rows, seq], got shape {list(position_ids.shape)}")
+        starts = position_ids.detach().cpu().numpy() == 0
+        starts[:, 0] = True
+        seq = starts.shape[1]
+        return cls(tuple(tuple(np.diff(np.append(np.flatnonzero(row), seq)).tolist()) for row in starts))
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     documents: Documents | None = None) -> torch.Tensor:
+    """q [rows, heads, seq, head_dim], k and v [rows, kv_heads, seq, head_dim] -> [rows, heads, seq, head_dim]:
+    causal attention, within each document when `documents` says where they lie. Query head h reads kv head
+    h // (heads // kv_heads) (enable_gqa, the same as transformers' repeat_kv)."""
+    if documents is None or documents.whole_rows:
+        return _sdpa(q, k, v)
+    return _per_document(q, k, v, documents)
+
+
+def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+
+
+@torch.compiler.disable   # its calls follow each batch's documents: a compiled layer calls it as it is
+def _per_document(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, documents: Documents) -> torch.Tensor:
+    if q.shape[0] != len(documents.lengths) or any(sum(row) != q.shape[2] for row in documents.lengths):
+        raise ValueError(f"documents of {len(documents.lengths)} rows given to attention over "
+                         f"{q.shape[0]} rows of {q.shape[2]} positions")
+    # Blocks of rows: a run of rows that are one document each (one call), or one row of several documents.
+    blocks: list[tuple[int, tuple[int, ...] | None]] = []   # (rows, the row's documents' lengths; None: a run)
+    for row in documents.lengths:
+        if len(row) == 1 and blocks and blocks[-1][1] is None:
+            blocks[-1] = (blocks[-1][0] + 1, None)
+        else:
+            blocks.append((1, None if len(row) == 1 else row))
+    sizes = [rows for rows, _ in blocks]
+    outputs = []
+    for (_, block), qs, ks, vs in zip(blocks, q.split(sizes), k.split(sizes), v.split(sizes), strict=True):
+        if block is None:
+            outputs.append(_sdpa(qs, ks, vs))
+        else:   # each document a slice of the row's positions (views: split's backward is one concatenation)
+            parts = zip(qs.split(block, 2), ks.split(block, 2), vs.split(block, 2), strict=True)
+            outputs.append(torch.cat([_sdpa(a, b, c) for a, b, c in parts], dim=2))
+    return torch.cat(outputs)

@@ -1,0 +1,407 @@
+"""The model families against transformers' own models, both ways: a random tiny model of each family built with
+transformers' config class is read by `[model] init_from` with its logits at every position (float32, 1e-5), a
+nanoflow model of each family exports to a folder AutoModelForCausalLM loads with nanoflow's logits and whose
+config.json is what the family's config class writes; config.json keys left out are read as transformers reads
+them; what nanoflow does not reproduce is refused by name, with the family and the key."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+from helpers import tiny
+
+import nanoflow
+import nanoflow.loss
+from nanoflow import ConfigError
+from nanoflow.config import FAMILIES, config_from_dict, model_changes, recorded_model
+from nanoflow.config.families import HEADS, WHOLE_WIDTH
+from nanoflow.interop.export import export_hf
+from nanoflow.model import Llama
+from nanoflow.run import open_run
+from nanoflow.training.loop import train
+
+CLASSES = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config, "qwen3": transformers.Qwen3Config,
+           "mistral": transformers.MistralConfig, "smollm3": transformers.SmolLM3Config,
+           "olmo2": transformers.Olmo2Config}
+# tiny.toml's vocabulary (the byte tokenizer's 257 ids fit), GQA, 4 layers; no special ids (SmolLM3's defaults are
+# beyond this vocabulary)
+SIZES = dict(vocab_size=288, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=8,
+             num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-6, initializer_range=0.1,
+             bos_token_id=None, eos_token_id=None, pad_token_id=None)
+# Each family with the shapes its released configs have that set it apart.
+SHAPES = {
+    "llama-biases": ("llama", dict(attention_bias=True, head_dim=16)),
+    "qwen2.5": ("qwen2", dict(sliding_window=131072, use_sliding_window=False, max_window_layers=21,
+                              tie_word_embeddings=True, rope_theta=1000000.0)),     # Qwen2.5-0.5B's layout
+    "qwen3": ("qwen3", dict(head_dim=16, tie_word_embeddings=True)),               # Qwen3-0.6B: head_dim ≠ hidden/heads
+    "qwen3-biases-untied": ("qwen3", dict(head_dim=4, attention_bias=True)),
+    "mistral": ("mistral", dict(head_dim=12, sliding_window=None)),                # Mistral-Nemo: head_dim stated
+    "mistral-window": ("mistral", dict(sliding_window=4096)),
+    "smollm3-list": ("smollm3", dict(no_rope_layers=[1, 0, 1, 0], no_rope_layer_interval=3)),   # the list wins
+    "smollm3-interval": ("smollm3", dict(no_rope_layer_interval=2, tie_word_embeddings=False)),
+    "olmo2": ("olmo2", dict(rope_theta=500000.0)),                                  # OLMo-2-1B's layout
+    "olmo2-biases-head_dim": ("olmo2", dict(attention_bias=True, head_dim=4, tie_word_embeddings=True)),
+}
+
+
+def hf_model(family: str, seed: int = 0, **keys) -> transformers.PreTrainedModel:
+    """A random transformers model of `family`, float32, its norms and biases drawn too (transformers starts them at
+    1 and 0, where a wrong placement would go unseen)."""
+    config = CLASSES[family](**{**SIZES, **keys})
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(config).float().eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.uniform_(0.5, 1.5)
+            elif name.endswith(".bias"):
+                p.normal_()
+    return model
+
+
+def init_from_config(tmp_path: Path, folder: Path, *overrides: str, model: dict | None = None):
+    """tiny.toml whose [model] is only `init_from = folder` (and `model`), completed as bin/train completes it."""
+    raw = tiny(tmp_path / "run").to_dict()
+    raw["model"] = {**(model or {}), "init_from": str(folder)}
+    return open_run(config_from_dict(raw, "test.toml", list(overrides)), join=False).config
+
+
+def logits(model, ids: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        out = model(ids)
+    return out.logits if hasattr(out, "logits") else out
+
+
+IDS = torch.randint(0, 288, (2, 64), generator=torch.Generator().manual_seed(1))   # every position up to 64
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_an_hf_folder_of_each_family_starts_a_run_with_transformers_logits(tmp_path, shape):
+    family, keys = SHAPES[shape]
+    source = hf_model(family, **keys)
+    source.save_pretrained(tmp_path / "hf")
+    config = init_from_config(tmp_path, tmp_path / "hf")
+    assert config.model.model_type == family
+    assert config.model.head_dim == (getattr(source.config, "head_dim", None) or 64 // 8)
+    state = nanoflow.init_state(config)
+    theirs, ours = logits(source, IDS), logits(state.model, IDS)
+    assert theirs.abs().max() > 1.0
+    assert (ours - theirs).abs().max().item() <= 1e-5
+    assert set(dict(state.model.named_parameters())) <= set(source.state_dict())
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_a_run_of_each_family_exports_what_transformers_loads_with_its_logits(tmp_path, shape):
+    family, keys = SHAPES[shape]
+    own = {k: v for k, v in keys.items() if k in ("head_dim", "tie_word_embeddings", "rope_theta")
+           or k in FAMILIES[family].own_keys}   # a fresh [model] of that shape
+    sets = [f"model.model_type={json.dumps(family)}", "model.num_hidden_layers=4", "model.hidden_size=64",
+            "model.num_attention_heads=8", "model.num_key_value_heads=2", "tokens.train_steps=2",
+            *(f"model.{k}={_toml(False if v is None else v)}" for k, v in own.items())]
+    state = train(tiny(tmp_path / "run", *sets), out=_quiet())
+    export_hf(str(tmp_path / "run"), str(tmp_path / "hf"))
+    reloaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32).eval()
+    assert type(reloaded).__name__ == FAMILIES[family].causal_lm
+    ours, theirs = logits(state.model, IDS), logits(reloaded, IDS)
+    assert (ours - theirs).abs().max().item() <= 1e-5 and ours.abs().max() > 0.1
+
+    # config.json: what the family's own config class writes for the model's values, and what transformers 4 reads
+    exported = json.loads((tmp_path / "hf" / "config.json").read_text())
+    m = state.config.model
+    values = {key: getattr(m, key) for key in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                                               "num_attention_heads", "num_key_value_heads", "max_position_embeddings",
+                                               "rms_norm_eps", "tie_word_embeddings", "initializer_range")}
+    values.update(rope_parameters={"rope_type": "default", "rope_theta": m.rope_theta},
+                  architectures=[FAMILIES[family].causal_lm], dtype="float32", pad_token_id=None,
+                  bos_token_id=exported["bos_token_id"], eos_token_id=exported["eos_token_id"])
+    if hasattr(CLASSES[family](), "head_dim") or m.head_dim != 8:
+        values["head_dim"] = m.head_dim
+    values.update({key: getattr(m, key) for key in FAMILIES[family].own_keys})
+    if family == "mistral" and m.sliding_window is False:
+        values["sliding_window"] = None   # no window: config.json's null
+    expected = CLASSES[family](**values).to_diff_dict()
+    extra = {"rope_theta", "rope_scaling", "torch_dtype", "nanoflow"}   # transformers 4's keys, where it came from
+    assert {k: v for k, v in exported.items() if k not in extra} == \
+        {k: v for k, v in expected.items() if k != "transformers_version"}
+    assert exported["rope_theta"] == m.rope_theta and exported["rope_scaling"] is None
+
+
+def _toml(value) -> str:
+    return json.dumps(value) if not isinstance(value, bool) else str(value).lower()
+
+
+def _quiet():
+    import io
+
+    return io.StringIO()
+
+
+# What an absent config.json key means, per family: the model built with the config class's defaults for these
+# keys, then the keys deleted from config.json (as older or hand-written folders have it).
+ABSENT = {
+    "llama": ("num_key_value_heads", "head_dim", "attention_bias", "rms_norm_eps", "rope_parameters"),
+    "qwen2": ("sliding_window", "use_sliding_window", "max_window_layers", "layer_types", "rms_norm_eps",
+              "num_key_value_heads", "max_position_embeddings"),
+    "qwen3": ("head_dim", "attention_bias", "rms_norm_eps", "tie_word_embeddings"),
+    "mistral": ("num_key_value_heads", "head_dim", "sliding_window", "rms_norm_eps"),
+    "smollm3": ("no_rope_layers", "no_rope_layer_interval", "rope_parameters", "tie_word_embeddings",
+                "attention_bias", "num_key_value_heads"),
+    "olmo2": ("num_key_value_heads", "rms_norm_eps", "attention_bias", "max_position_embeddings"),
+}
+
+
+@pytest.mark.parametrize("family", ABSENT)
+def test_absent_config_json_keys_are_read_as_transformers_reads_them(tmp_path, family):
+    sizes = {"num_attention_heads": 32} if family in ("qwen2", "smollm3") else {}   # kv heads' defaults: 32, 4
+    built = {k: v for k, v in {**SIZES, **sizes}.items() if k not in ABSENT[family]}
+    config = CLASSES[family](**built)
+    torch.manual_seed(0)
+    transformers.AutoModelForCausalLM.from_config(config).float().save_pretrained(tmp_path / "hf")
+    path = tmp_path / "hf" / "config.json"
+    written = json.loads(path.read_text())
+    path.write_text(json.dumps({k: v for k, v in written.items() if k not in ABSENT[family]}))
+    source = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32).eval()
+    model = init_from_config(tmp_path, tmp_path / "hf").model
+    theirs = source.config
+    assert model.num_key_value_heads == theirs.num_key_value_heads
+    assert model.head_dim == (getattr(theirs, "head_dim", None) or theirs.hidden_size // theirs.num_attention_heads)
+    assert model.rms_norm_eps == theirs.rms_norm_eps and model.tie_word_embeddings == theirs.tie_word_embeddings
+    assert model.rope_theta == theirs.rope_parameters["rope_theta"]
+    assert model.max_position_embeddings == theirs.max_position_embeddings
+    if family == "mistral":
+        assert model.sliding_window == theirs.sliding_window == 4096
+    if family == "smollm3":
+        assert model.no_rope_layers == theirs.no_rope_layers == [1, 1, 1, 0]
+    assert (logits(nanoflow.init_state(model_config(tmp_path, model)).model, IDS) - logits(source, IDS)).abs().max() \
+        <= 1e-5
+
+
+def model_config(tmp_path: Path, model):
+    """tiny.toml with the complete [model] `model` (its init_from kept: the weights)."""
+    import attrs
+
+    raw = tiny(tmp_path / "run").to_dict()
+    raw["model"] = {k: v for k, v in attrs.asdict(model).items() if v is not None}
+    return config_from_dict(raw, "test.toml")
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_defaults_table_is_transformers_own(family):
+    config = CLASSES[family]()
+    for key, default in FAMILIES[family].hf_defaults.items():
+        if default == HEADS:
+            default = config.num_attention_heads
+        elif default == WHOLE_WIDTH:
+            assert getattr(config, "head_dim", None) in (None, config.hidden_size // config.num_attention_heads)
+            continue
+        theirs = config.rope_parameters["rope_theta"] if key == "rope_theta" else getattr(config, key)
+        assert theirs == default, key
+
+
+# ---------------------------------------------------------------------------------------------
+# Refused by name, with the family and the key
+
+def test_a_sliding_window_shorter_than_a_sequence_is_refused_naming_the_stage(tmp_path):
+    hf_model("mistral", sliding_window=16).save_pretrained(tmp_path / "hf")
+    with pytest.raises(ConfigError) as error:
+        init_from_config(tmp_path, tmp_path / "hf")
+    assert 'data_stages[1] (stage "sft"): sequence_length = 24 is longer than model.sliding_window = 16 (mistral)' \
+        in str(error.value) and "tokens: sequence_length = 32 is longer" in str(error.value)
+    assert init_from_config(tmp_path, tmp_path / "hf", "tokens.sequence_length=16",
+                            "data_stages.sft.sequence_length=16").model.sliding_window == 16
+
+
+@pytest.mark.parametrize("family, change, message", [
+    ("qwen2", {"use_sliding_window": True, "sliding_window": 4096},
+     "use_sliding_window = true (sliding_window = 4096: nanoflow attends to every earlier position): not supported "
+     "(model_type = 'qwen2')"),
+    ("smollm3", {"use_sliding_window": True, "sliding_window": 4096}, "(model_type = 'smollm3')"),
+    ("smollm3", {"mlp_bias": True}, "mlp_bias = true (nanoflow's MLP has no bias): not supported (model_type = "
+                                    "'smollm3')"),
+    ("qwen3", {"hidden_act": "gelu"}, "hidden_act = 'gelu' (nanoflow's MLP uses silu): not supported (model_type = "
+                                      "'qwen3')"),
+    ("mistral", {"layer_types": ["sliding_attention"] * 4}, "layer_types = ['sliding_attention']"),
+    ("qwen3", {"head_dim": None}, "head_dim = null (transformers' qwen3 model reads a number)"),
+    ("qwen2", {"architectures": ["Qwen2ForSequenceClassification"]}, "(nanoflow reads Qwen2ForCausalLM weights)"),
+    ("qwen2", {"model_type": "qwen2_moe"}, "model_type = 'qwen2_moe' (a mixture of experts): not supported"),
+])
+def test_what_a_family_cannot_be_reproduced_in_is_refused_by_name(tmp_path, family, change, message):
+    hf_model(family).save_pretrained(tmp_path / "hf")
+    path = tmp_path / "hf" / "config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **change}))
+    with pytest.raises(ConfigError, match="model.init_from: .*config.json: ") as error:
+        init_from_config(tmp_path, tmp_path / "hf")
+    assert message in str(error.value)
+
+
+def test_a_key_given_in_model_must_agree_with_config_json(tmp_path):
+    hf_model("qwen3", head_dim=16).save_pretrained(tmp_path / "hf")
+    with pytest.raises(ConfigError) as error:
+        init_from_config(tmp_path, tmp_path / "hf", model={"head_dim": 8, "model_type": "qwen2", "vocab_size": 288})
+    message = str(error.value)
+    assert "model.init_from: model.model_type = 'qwen2', but" in message and "has model_type = 'qwen3'" in message
+    assert "model.head_dim = 8, but" in message and "config.json has head_dim = 16" in message
+    assert "vocab_size" not in message
+    config = init_from_config(tmp_path, tmp_path / "hf", model={"head_dim": 16, "dtype": "bfloat16"})
+    assert config.model.head_dim == 16 and config.model.dtype == "bfloat16"
+
+
+@pytest.mark.parametrize("sets, message", [
+    (['model.model_type="qwen2"', "model.attention_bias=true"],
+     'model.attention_bias = true: model_type = "qwen2" has no attention_bias (only llama, qwen3, smollm3, olmo2 have it)'),
+    (["model.no_rope_layers=[1, 0]"], 'model.no_rope_layers = [1, 0]: model_type = "llama" has no no_rope_layers '
+                                      "(only smollm3 has it)"),
+    (['model.model_type="smollm3"', "model.no_rope_layers=[1, 0, 1]"], "model.no_rope_layers has 3 entries, one per "
+                                                                      "layer is needed (num_hidden_layers = 4)"),
+    (['model.model_type="smollm3"', "model.no_rope_layers=[1, 2, 1, 1]"], "each entry is 1"),
+    (['model.model_type="mistral"', "model.sliding_window=16"], "sequence_length = 32 is longer than "
+                                                               "model.sliding_window = 16 (mistral)"),
+    (['model.model_type="qwen3"', "model.hidden_size=30"], "model.hidden_size = 30 is not divisible by "
+                                                          "model.num_attention_heads = 4 (or state model.head_dim)"),
+    (['model.model_type="gemma2"'], "model.model_type"),
+    (['model.model_type="olmo2"', "parallelism.tp=2"], "parallelism.tp = 2: olmo2's q/k norms span the whole "
+                                                        "projection, which tensor parallelism splits over ranks"),
+])
+def test_a_fresh_model_of_a_family_is_checked_when_loaded(tmp_path, sets, message):
+    with pytest.raises(ConfigError) as error:
+        tiny(tmp_path / "run", "model.num_hidden_layers=4", *sets)
+    assert message in str(error.value), str(error.value)
+
+
+def test_a_fresh_model_needs_its_sizes_unless_an_hf_folder_gives_them(tmp_path):
+    raw = tiny(tmp_path / "run").to_dict()
+    raw["model"] = {"model_type": "qwen3", "hidden_size": 64}
+    with pytest.raises(ConfigError) as error:
+        config_from_dict(raw, "test.toml")
+    assert "model.vocab_size: required key missing: add vocab_size = 1 under [model] (or name an HF model folder " \
+        "in model.init_from: its config.json gives it)" in str(error.value)
+    assert "hidden_size:" not in str(error.value)
+    qwen3 = config_from_dict(raw, "test.toml", ["model.vocab_size=288", "model.intermediate_size=64",
+                                                "model.num_hidden_layers=2", "model.num_attention_heads=4"]).model
+    assert (qwen3.head_dim, qwen3.num_key_value_heads, qwen3.attention_bias, qwen3.rms_norm_eps) == (16, 4, False, 1e-5)
+    assert (qwen3.architecture.qk_norm, qwen3.architecture.qkv_bias, qwen3.sliding_window) == ("head", False, None)
+
+
+def test_smollm3_s_no_rope_layers_come_from_the_interval_and_the_list_wins(tmp_path):
+    base = ['model.model_type="smollm3"', "model.num_hidden_layers=8"]
+    assert tiny(tmp_path, *base).model.no_rope_layers == [1, 1, 1, 0, 1, 1, 1, 0]
+    assert tiny(tmp_path, *base, "model.no_rope_layer_interval=2").model.architecture.nope_layers == (1, 3, 5, 7)
+    listed = tiny(tmp_path, *base, "model.no_rope_layer_interval=2", "model.no_rope_layers=[0, 1, 1, 1, 1, 1, 1, 1]")
+    assert listed.model.architecture.nope_layers == (0,)
+
+
+def test_a_record_from_before_the_families_reads_as_the_llama_it_trained(tmp_path):
+    current = tiny(tmp_path / "run").to_dict()["model"]
+    older = {k: v for k, v in current.items() if k not in ("model_type", "head_dim", "attention_bias")}
+    assert recorded_model(older) == current
+    assert model_changes(older, current) == {"shape": [], "numbers": [], "changes": [], "free": []}
+    assert model_changes(older, {**current, "head_dim": 16})["shape"] == [
+        "model.head_dim was 8, the config now says 16"]
+
+
+def test_qwen_s_vocabulary_through_the_fused_loss(monkeypatch):
+    """Qwen's 151,936 rows: the fused loss (several chunks of positions, the last one short) equals the plain one."""
+    config = tiny("unused", 'model.model_type="qwen3"', "model.vocab_size=151936", "model.hidden_size=16",
+                  "model.intermediate_size=32", "model.num_hidden_layers=1", "model.head_dim=8").model
+    model = Llama(config)
+    model.reset_parameters(torch.Generator().manual_seed(0))
+    ids = torch.randint(0, 151936, (3, 40), generator=torch.Generator().manual_seed(2))
+    labels = ids.roll(-1, dims=1)
+    labels[0, :7] = -100
+    monkeypatch.setattr(nanoflow.loss, "CPU_CHUNK_BYTES", 4 * 151936 * 50)   # 50 positions a chunk: 3 chunks of 120
+    results, count = [], (labels != -100).sum()
+    for method in ("plain", "fused"):
+        model.zero_grad()
+        model.loss_method = method
+        loss = model(ids, labels, grad_scale=torch.ones(()) / count) / count
+        loss.backward()
+        results.append((loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
+    torch.testing.assert_close(results[1][0], results[0][0], rtol=1e-6, atol=0)
+    for name, grad in results[0][1].items():
+        torch.testing.assert_close(results[1][1][name], grad, rtol=0, atol=1e-6, msg=name)
+
+
+# ---------------------------------------------------------------------------------------------
+# The switches compose with the rest: recompute, bf16, compile (the layouts: tests/e2e/test_families_process.py)
+
+FRESH = {
+    "qwen2": ['model.model_type="qwen2"'],
+    "qwen3": ['model.model_type="qwen3"', "model.head_dim=16", "model.attention_bias=true"],
+    "smollm3": ['model.model_type="smollm3"', "model.num_hidden_layers=4", "model.no_rope_layer_interval=2"],
+    "olmo2": ['model.model_type="olmo2"', "model.attention_bias=true"],
+}
+
+
+def one_step(config, batch):
+    state, metrics = nanoflow.train_step(nanoflow.init_state(config), batch)
+    return metrics["loss"], metrics["grad_norm"], dict(state.model.named_parameters())
+
+
+@pytest.mark.parametrize("family", FRESH)
+def test_recompute_and_bfloat16_compose_with_the_family_switches(tmp_path, family):
+    from helpers import assert_same_steps
+    from test_step import random_batch
+
+    batch = random_batch(4, 32, seed=1, masked=True)
+    plain = one_step(tiny(tmp_path / "run", *FRESH[family]), batch)
+    assert_same_steps([plain, one_step(tiny(tmp_path / "run", *FRESH[family], "parallelism.recompute_layer=true"),
+                                       batch)])
+    loss, _, params = one_step(tiny(tmp_path / "run", *FRESH[family], 'model.dtype="bfloat16"'), batch)
+    assert loss == pytest.approx(plain[0], abs=0.05) and all(p.dtype == torch.float32 for p in params.values())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["qwen3", "smollm3", "olmo2"])
+def test_compile_composes_with_the_family_switches(tmp_path, family):
+    from nanoflow.build import build_model
+
+    ids = torch.randint(0, 288, (2, 32), generator=torch.Generator().manual_seed(0))
+    grads = []
+    for compiled in (False, True):
+        model = build_model(tiny(tmp_path / "run", *FRESH[family], f"model.compile={str(compiled).lower()}"))
+        model(ids, ids.roll(-1, 1)).backward()
+        grads.append({name: p.grad for name, p in model.named_parameters()})
+    for name, grad in grads[0].items():
+        scale = grad.abs().max().item()   # a summed loss: gradients up to 1e3; compiled kernels sum in another order
+        torch.testing.assert_close(grads[1][name], grad, rtol=0, atol=1e-6 * scale, msg=name)
+
+
+def test_an_average_of_a_family_s_checkpoints_exports_as_that_family(tmp_path):
+    from nanoflow import io
+    from nanoflow.commands.cli import average_main
+
+    config = tiny(tmp_path / "run", *FRESH["qwen3"], "tokens.train_steps=4", "checkpoints.checkpoint_interval=2")
+    train(config, out=_quiet())
+    assert average_main([str(tmp_path / "run"), str(tmp_path / "avg"), "--last", "2"]) == 0
+    export_hf(str(tmp_path / "avg"), str(tmp_path / "hf"))
+    ours = Llama(config.model)
+    ours.load_state_dict(io.read_model(str(tmp_path / "avg")), strict=False)   # a tied lm_head is stored once
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32).eval()
+    assert type(theirs).__name__ == "Qwen3ForCausalLM"
+    assert (logits(ours, IDS[:, :32]) - logits(theirs, IDS[:, :32])).abs().max().item() <= 1e-5
+
+
+@pytest.mark.parametrize("family", [*FRESH, "llama-biases"])
+def test_the_size_check_counts_every_parameter_of_each_family(tmp_path, family):
+    from nanoflow.preflight import parameter_count
+
+    sets = FRESH.get(family, ["model.attention_bias=true", "model.head_dim=16"])
+    for tied in ("true", "false"):
+        model = tiny(tmp_path, *sets, f"model.tie_word_embeddings={tied}").model
+        assert parameter_count(model) == sum(p.numel() for p in Llama(model).parameters())
+
+
+@pytest.mark.parametrize("change", [{"num_attention_heads": 0}, {"hidden_size": "64"}, {"head_dim": True},
+                                    {"no_rope_layer_interval": None}, {"rms_norm_eps": -1e-6}])
+def test_a_config_json_value_that_is_not_a_size_is_named(tmp_path, change):
+    hf_model("smollm3").save_pretrained(tmp_path / "hf")
+    path = tmp_path / "hf" / "config.json"
+    written = {k: v for k, v in json.loads(path.read_text()).items() if k != "no_rope_layers"}
+    path.write_text(json.dumps({**written, **change}))
+    key = next(iter(change))
+    with pytest.raises(ConfigError, match=rf"model.init_from: .*config.json: {key}.* = .*: not a valid value"):
+        init_from_config(tmp_path, tmp_path / "hf")
