@@ -17,9 +17,25 @@ from nanoflow.schedule import active_stage
 from nanoflow.state import TrainState
 
 
-def build_optimizer(model: torch.nn.Module, args: OptimizerArgs) -> torch.optim.AdamW:
+def fused_adamw(args: OptimizerArgs, recorded: bool | None = None) -> bool:
+    """Whether AdamW runs torch's fused kernel: `torch_adam_is_fused` when the config sets it; unset, what the
+    checkpoint a resume reads trained with (`recorded`), else fused. The kernels round differently from torch's
+    other AdamW paths, so a resumed run keeps its own."""
+    chosen = args.optimizer_factory.torch_adam_is_fused
+    if chosen is not None:
+        return chosen
+    return True if recorded is None else recorded
+
+
+def is_fused(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether `optimizer` (built by build_optimizer) runs torch's fused kernel."""
+    return bool(optimizer.param_groups[0].get("fused"))
+
+
+def build_optimizer(model: torch.nn.Module, args: OptimizerArgs, *, recorded_fused: bool | None = None
+                    ) -> torch.optim.AdamW:
     """AdamW with decoupled weight decay on matrices only: norms (1-D weights) are not decayed. Fused (one kernel
-    for the whole update, on CPUs and GPUs) unless `torch_adam_is_fused = false` leaves the choice to torch.
+    for the whole update, on CPUs and GPUs) as `fused_adamw` decides; otherwise torch's own choice.
 
     A param group holds parameters of one layout only (plain tensors, or DTensors of one mesh): the fused and
     foreach kernels take a group's tensors in one call, and DTensor refuses a call that mixes them (tensor
@@ -35,7 +51,7 @@ def build_optimizer(model: torch.nn.Module, args: OptimizerArgs) -> torch.optim.
         lr=args.learning_rate_scheduler.learning_rate,  # overwritten every step by the closed-form LR
         betas=(factory.adam_beta1, factory.adam_beta2),
         eps=factory.adam_eps,
-        fused=factory.torch_adam_is_fused or None,
+        fused=fused_adamw(args, recorded_fused) or None,
     )
 
 

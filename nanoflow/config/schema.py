@@ -200,9 +200,11 @@ class OptimizerFactoryArgs:
     adam_beta1: float = key("the first moment's decay, in [0, 1)", 0.9, validator=unit_interval)
     adam_beta2: float = key("the second moment's decay, in [0, 1)", 0.95, validator=unit_interval)
     adam_eps: float = key("added to the second moment's root, > 0", 1e-8, validator=positive_float)
-    torch_adam_is_fused: bool = key(
-        "nanotron's key: torch's fused AdamW kernel, one kernel for all the update's arithmetic (CPU and CUDA; "
-        "nanotron's default is false); false: torch's default choice (a for-loop on a CPU, foreach on CUDA)", True)
+    torch_adam_is_fused: bool | None = key(
+        "nanotron's key: torch's fused AdamW kernel, one kernel for all the update's arithmetic (CPU and CUDA); false: "
+        "torch's default choice (a for-loop on a CPU, foreach on CUDA); unset: fused, and a resume keeps what its "
+        "checkpoint trained with (one written before fused was the default: not fused)", None,
+        shown="fused; a resume: as its checkpoint")
 
 
 def _clip_grad_valid(_instance, _attribute, value) -> None:
