@@ -43,7 +43,7 @@ def recomputed_loss():
     chunk's logits again (four matmuls a chunk instead of three). Kept here to measure against."""
     import torch
 
-    from nanoflow.loss import CHUNK_LOGITS, _compute_dtype
+    from nanoflow.loss import _compute_dtype, chunk_positions
 
     class Recomputed(torch.autograd.Function):
         @staticmethod
@@ -79,7 +79,7 @@ def recomputed_loss():
 
     def loss(hidden, weight, labels, ignore_index):  # no target is ignored in this benchmark
         return Recomputed.apply(hidden.flatten(0, -2), weight, labels.flatten(),
-                                max(1, CHUNK_LOGITS // weight.shape[0]))
+                                chunk_positions(weight.shape[0], hidden.device))
 
     return loss
 

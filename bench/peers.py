@@ -48,6 +48,7 @@ NOT_ON_CPU = {
                   "torch._C._cuda_setDevice at start-up, and its flex attention has no CPU backward",
 }
 TOLERANCE = 1e-5   # largest |loss difference| still counted as the same arithmetic
+THREADS = 1        # torch threads a side (--threads)
 
 
 def shape_of(args, vocab: int) -> dict:
@@ -165,7 +166,7 @@ def _last_line(text: str) -> str:
 class Worker:
     def __init__(self, peer: str, python: str, folder: str, log):
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-        env.update(OMP_NUM_THREADS="1", PEERS_THREADS="1", PYTHONUNBUFFERED="1")
+        env.update(OMP_NUM_THREADS=str(THREADS), PEERS_THREADS=str(THREADS), PYTHONUNBUFFERED="1")
         if peer == "nanoflow":
             env["PYTHONPATH"] = REPO
         self.peer = peer
@@ -257,15 +258,18 @@ def main(argv=None) -> int:
     parser.add_argument("--no-install", action="store_true", help="only peers whose venv is already there")
     parser.add_argument("--here", action="store_true", help="run peers in this interpreter, no venvs (a smoke check)")
     parser.add_argument("--smoke", action="store_true", help="a tiny shape, vocab 288, 4 steps")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads a side (default 1)")
     args = parser.parse_args(argv)
     args.vocab = args.vocab or ([288] if args.smoke else [288, 50304])
     args.steps = args.steps or (4 if args.smoke else 40)
     args.warmup = min(args.warmup, args.steps - 1)
+    global THREADS
+    THREADS = args.threads
 
     import torch
     load = os.getloadavg()
     print(f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; {os.cpu_count()} CPU cores "
-          f"({platform.machine()}), 1 torch thread a side, torch {torch.__version__}, Python {platform.python_version()}")
+          f"({platform.machine()}), {THREADS} torch thread{'s' * (THREADS > 1)} a side, torch {torch.__version__}, Python {platform.python_version()}")
     print(f"- load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} (1 / 5 / 15 min) at the start", flush=True)
     pythons = {}
     for peer in args.peers:

@@ -17,39 +17,71 @@ from nanoflow.schedule import active_stage
 from nanoflow.state import TrainState
 
 
-def build_optimizer(model: torch.nn.Module, args: OptimizerArgs) -> torch.optim.AdamW:
-    """AdamW with decoupled weight decay on matrices only: norms (1-D weights) are not decayed."""
+def fused_adamw(args: OptimizerArgs, recorded: bool | None = None) -> bool:
+    """Whether AdamW runs torch's fused kernel: `torch_adam_is_fused` when the config sets it; unset, what the
+    checkpoint a resume reads trained with (`recorded`), else fused. The kernels round differently from torch's
+    other AdamW paths, so a resumed run keeps its own."""
+    chosen = args.optimizer_factory.torch_adam_is_fused
+    if chosen is not None:
+        return chosen
+    return True if recorded is None else recorded
+
+
+def is_fused(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether `optimizer` (built by build_optimizer) runs torch's fused kernel."""
+    return bool(optimizer.param_groups[0].get("fused"))
+
+
+def build_optimizer(model: torch.nn.Module, args: OptimizerArgs, *, recorded_fused: bool | None = None
+                    ) -> torch.optim.AdamW:
+    """AdamW with decoupled weight decay on matrices only: norms (1-D weights) are not decayed. Fused (one kernel
+    for the whole update, on CPUs and GPUs) as `fused_adamw` decides; otherwise torch's own choice.
+
+    A param group holds parameters of one layout only (plain tensors, or DTensors of one mesh): the fused and
+    foreach kernels take a group's tensors in one call, and DTensor refuses a call that mixes them (tensor
+    parallelism alone leaves the embeddings and norms plain, FSDP2 × TP puts the norms on another mesh)."""
     params = list(model.parameters())  # a tied weight appears once
     factory = args.optimizer_factory
-    groups = [
-        {"params": [p for p in params if p.ndim >= 2], "weight_decay": args.weight_decay},
-        {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
-    ]
+    groups = [{"params": same_layout, "weight_decay": decay}
+              for decay, selected in ((args.weight_decay, [p for p in params if p.ndim >= 2]),
+                                      (0.0, [p for p in params if p.ndim < 2]))
+              for same_layout in _by_layout(selected)]
     return torch.optim.AdamW(
-        [g for g in groups if g["params"]],
+        groups,
         lr=args.learning_rate_scheduler.learning_rate,  # overwritten every step by the closed-form LR
         betas=(factory.adam_beta1, factory.adam_beta2),
         eps=factory.adam_eps,
-        fused=factory.torch_adam_is_fused or None,
+        fused=fused_adamw(args, recorded_fused) or None,
     )
+
+
+def _by_layout(params: list[torch.Tensor]) -> list[list[torch.Tensor]]:
+    """`params` split by layout (the mesh of a DTensor; None for a plain tensor), each list in model order."""
+    from torch.distributed.tensor import DTensor
+
+    split: dict = {}
+    for p in params:
+        split.setdefault(p.device_mesh if isinstance(p, DTensor) else None, []).append(p)
+    return list(split.values())
 
 
 def build_model(config: Config, topology: Topology = SINGLE, *, init: bool = True, stage: int = 0) -> Llama:
     """The model of `config`, its weights drawn from general.seed (when `init`), sharded over `topology`, encoding
     positions with the RoPE of stage `stage` (nanoflow.config.stage_rope; train_step sets each step's stage's).
 
-    Every rank draws the same full weights before sharding, so any layout starts from the same model.
-    Without `init` the weights are left uninitialised, for the caller to fill (a restore overwrites every one).
+    The modules are made on the meta device (no memory, no draw), their tensors allocated on this process's
+    device, and the weights drawn there once, from a generator of that device: the same weights as a model built
+    on the CPU and then drawn (Llama.reset_parameters overwrites every weight), without nn.Linear's own init first.
+    Every rank draws the same full weights before sharding, so any layout starts from the same model. Without
+    `init` the weights are left unset, for the caller to fill (a restore overwrites every one).
     """
+    with torch.device("meta"):
+        model = Llama(config.model)
+    model = model.to_empty(device=device())
+    if config.model.tie_word_embeddings:  # to_empty gives each module its own tensor: tie them again
+        model.lm_head.weight = model.model.embed_tokens.weight
     if init:
-        model = Llama(config.model).to(device())
         model.reset_parameters(torch.Generator(device=device()).manual_seed(config.general.seed))
-    else:  # built on the meta device: nn.Linear's own random init would be thrown away (0.12 s for 28 M weights)
-        with torch.device("meta"):
-            model = Llama(config.model)
-        model = model.to_empty(device=device())
-        if config.model.tie_word_embeddings:  # to_empty gives each module its own tensor: tie them again
-            model.lm_head.weight = model.model.embed_tokens.weight
     rope = stage_rope(config, stage)
     model.set_rope(rope.theta, rope.scaling)
     if config.model.compile:
@@ -66,8 +98,8 @@ def init_state(run: Run | Config, topology: Topology | None = None) -> TrainStat
     `topology`, by default the one torchrun's environment describes: a single process without it).
     """
     run = as_run(run, topology)
-    model = build_model(run.config, run.topology)
     source = run.config.model.init_from
+    model = build_model(run.config, run.topology, init=source is None)   # init_from's weights fill every one
     if source is not None:  # open_run checked an HF folder's config.json against [model]: read its weights
         on_every_rank(lambda: load_weights(model, read_init_weights(source), source), run.topology)
     return TrainState.create(step=0, model=model, optimizer=build_optimizer(model, run.config.optimizer), lr_origin=0,

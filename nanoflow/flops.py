@@ -10,18 +10,21 @@ MFU compares runs of one model fairly. No torch and no IO here: observe/progress
 
 from __future__ import annotations
 
-# Dense (no 2:4 sparsity) bf16 tensor-core peaks in FLOP/s, from NVIDIA's datasheets, by a piece of the name
-# torch.cuda.get_device_name() reports ("NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB" …). Tried in this
-# order: the more specific names first.
+# Dense (no 2:4 sparsity) bf16 tensor-core peaks in FLOP/s, from NVIDIA's datasheets (which print the sparse
+# figure, twice these), by a piece of the name torch.cuda.get_device_name() reports ("NVIDIA H100 80GB HBM3",
+# "NVIDIA H200 NVL", "NVIDIA A100-SXM4-80GB" …). Tried in this order: the more specific names first. The NVL and
+# PCIe boards run at lower clocks than the SXM ones; a GB200's Blackwell runs faster than an HGX B200's.
 GPU_BF16_PEAKS = (
-    ("GH200", 989e12),
-    ("H200", 989e12),
-    ("H100 NVL", 835e12),
-    ("H100 PCIe", 756e12),
-    ("H100", 989e12),      # SXM (HBM3)
-    ("B200", 2250e12),
+    ("GH200", 989.5e12),      # Grace Hopper: the H100 SXM's Hopper
+    ("GB200", 2500e12),       # per Blackwell GPU (the NVL72 sheet: 5 PFLOPS sparse)
+    ("H200 NVL", 835.5e12),
+    ("H200", 989.5e12),       # SXM
+    ("H100 NVL", 835.5e12),
+    ("H100 PCIe", 756.5e12),
+    ("H100", 989.5e12),       # SXM (HBM3)
+    ("B200", 2250e12),        # HGX B200 (4.5 PFLOPS sparse)
     ("A100", 312e12),
-    ("L40S", 362e12),
+    ("L40S", 362.05e12),
     ("A10G", 125e12),      # the A10's datasheet figure; AWS lists no separate one
     ("A10", 125e12),
     ("L4", 121e12),

@@ -8,35 +8,56 @@ gradient: 4 × 8 × 4096 × 128,256 bytes = 16.8 GB for the float32 copy alone.
 `cross_entropy_sum` (the fused path) does the same matmul and cross-entropy over chunks of positions
 and, in the forward pass, turns each chunk's logits at once into their gradient (softmax − one-hot,
 zero at ignored positions) and multiplies it into the hidden states' and the head's gradients: three
-matmuls a chunk, as the plain path, and at most one chunk of logits (CHUNK_LOGITS elements) alive at
-a time. Backward only scales the kept gradients by the incoming one. Given `grad_scale` — the
-gradient the caller's backward will bring (the step's 1 / target tokens) — the chunk's gradient is
-scaled before it is rounded and multiplied, as autograd orders it, and backward multiplies by
-exactly 1: the gradients are those of the former chunked loss (which redid the head's matmul in
-backward) bit for bit.
+matmuls a chunk, as the plain path, and one chunk of logits alive at a time. A chunk is sized in bytes
+for the device (`chunk_bytes`): its float32 logits, 64 MiB on a CPU, up to 2 GiB on a GPU (few chunks: each
+chunk's head gradient is a pass over the head's whole size, and each chunk launches its kernels); its
+log-sum-exp is one call over the chunk. The head's gradient is summed over chunks in float32, into one
+buffer (in place: no product of the head's size is made beyond the matmul's own). Backward only scales the
+kept gradients by the incoming one. Given `grad_scale` — the gradient the caller's backward will bring (the
+step's 1 / target tokens) — the chunk's gradient is scaled before it is rounded and multiplied, as
+autograd orders it, and backward multiplies by exactly 1: the gradients are those of the former chunked
+loss (which redid the head's matmul in backward) bit for bit.
 
 The value and the gradients are those of the plain path up to float rounding (the head's gradient
 is summed over chunks in float32): the logits are computed in the dtype autocast gives the matmul
 (bfloat16 under `[model] dtype = "bfloat16"`), rounded there, then taken to float32, as
 `lm_head(hidden).float()` does.
 
-`lm_loss` takes either; the model takes the fused one (`Llama.loss_method`). Measured on loaded CPU
-cores (bench/loss.py, fused / plain a step): 0.81–0.88 on 1 thread at vocabularies 288, 50,304 and
-128,256; on 2 threads 1.07, 1.08 and 1.40 (the plain path's one large matmul parallelises better
-than the chunks'); at 288 the loss is about 1 % of the step. The plain path holds some 15× the fused
-path's memory at 50,304, and the fused one keeps the former chunked loss's bits, which the default
-curriculum's skill depends on, so nothing chooses the plain path by itself: it stays as the reference
-the tests hold the fused one to.
+`lm_loss` takes either; the model takes the fused one (`Llama.loss_method`). The plain path holds many
+times the fused path's memory at a large vocabulary (BENCHMARKS.md, "Fused loss"), and the fused one
+keeps the former chunked loss's bits, which the default curriculum's skill depends on, so nothing
+chooses the plain path by itself: it stays as the reference the tests hold the fused one to.
 """
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
-CHUNK_LOGITS = 2**24  # logits per chunk: 64 MB in float32 (130 positions at vocabulary 128,256)
-LOGSUMEXP_ELEMENTS = 2**20  # logits a log-sum-exp takes at once (its temporaries: 8 MB in float32)
+CPU_CHUNK_BYTES = 2**26    # float32 logits a chunk on a CPU: 64 MiB (130 positions at vocabulary 128,256)
+GPU_CHUNK_BYTES = 2**31    # ... on a GPU, or 1/32 of its memory if less: 2 GiB (4,186 positions at 128,256)
 METHODS = ("fused", "plain")
+
+
+def chunk_bytes(device: torch.device) -> int:
+    """The bytes of float32 logits a chunk of the fused loss holds on `device` (a fixed figure for a kind of
+    device: the chunks decide how the head's gradient is summed, so a run keeps them from step to step)."""
+    if device.type != "cuda":
+        return CPU_CHUNK_BYTES
+    index = torch.cuda.current_device() if device.index is None else device.index
+    return min(GPU_CHUNK_BYTES, _device_memory(index) // 32)
+
+
+@functools.cache
+def _device_memory(index: int) -> int:
+    return torch.cuda.get_device_properties(index).total_memory
+
+
+def chunk_positions(vocab_size: int, device: torch.device) -> int:
+    """Positions a chunk of the fused loss takes on `device`."""
+    return max(1, chunk_bytes(device) // (4 * vocab_size))
 
 
 def describe(vocab_size: int, method: str = "fused") -> str:
@@ -44,7 +65,10 @@ def describe(vocab_size: int, method: str = "fused") -> str:
     _check(method)
     if method == "plain":
         return "plain cross-entropy over the whole micro-batch's logits"
-    return f"fused linear cross-entropy, at most {max(1, CHUNK_LOGITS // vocab_size):,} positions a chunk"
+    cpu = chunk_positions(vocab_size, torch.device("cpu"))
+    gpu = max(1, GPU_CHUNK_BYTES // (4 * vocab_size))
+    return (f"fused linear cross-entropy, chunks of {cpu:,} positions on a CPU ({CPU_CHUNK_BYTES >> 20} MiB of "
+            f"float32 logits), up to {gpu:,} on a GPU")
 
 
 def _check(method: str) -> None:
@@ -75,11 +99,13 @@ def cross_entropy_sum(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.
 
     hidden [..., hidden_size], weight [vocab, hidden_size] (the lm_head's), labels [...] with
     `ignore_index` for positions that are no target (they add nothing, neither loss nor gradient);
-    `chunk_logits`: the most logits a chunk holds (default CHUNK_LOGITS); `grad_scale`: the gradient
-    the result's backward is expected to receive (any other is right too, up to rounding).
+    `chunk_logits`: the most logits a chunk holds (default: chunk_bytes of the device's, in float32);
+    `grad_scale`: the gradient the result's backward is expected to receive (any other is right too, up to
+    rounding).
     """
     hidden, weight = _whole(hidden), _whole(weight)
-    positions = max(1, (chunk_logits or CHUNK_LOGITS) // weight.shape[0])
+    vocab = weight.shape[0]
+    positions = chunk_positions(vocab, hidden.device) if chunk_logits is None else max(1, chunk_logits // vocab)
     wanted = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
     scale = torch.ones((), dtype=torch.float32, device=hidden.device) if grad_scale is None \
         else grad_scale.detach().to(device=hidden.device, dtype=torch.float32)
@@ -103,19 +129,6 @@ def _compute_dtype(*tensors: torch.Tensor) -> torch.dtype:
     return torch.promote_types(tensors[0].dtype, tensors[1].dtype)
 
 
-def _logsumexp(logits: torch.Tensor) -> torch.Tensor:
-    """torch.logsumexp over the last dimension, a few rows at a time: its temporaries (two of the
-    logits' size) would otherwise double the chunk's memory. Each row is reduced alone, so the values
-    are those of one call over the whole chunk."""
-    rows = max(1, LOGSUMEXP_ELEMENTS // logits.shape[-1])
-    if rows >= logits.shape[0]:
-        return torch.logsumexp(logits, dim=-1)
-    out = torch.empty(logits.shape[:-1], dtype=logits.dtype, device=logits.device)
-    for start in range(0, logits.shape[0], rows):
-        torch.logsumexp(logits[start:start + rows], dim=-1, out=out[start:start + rows])
-    return out
-
-
 class _FusedCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, labels, ignore_index: int, positions: int, scale, wanted: bool):
@@ -133,7 +146,7 @@ class _FusedCrossEntropy(torch.autograd.Function):
                 targets = labels[start:start + positions]
                 is_target = targets != ignore_index
                 safe_targets = torch.where(is_target, targets, 0)[:, None]
-                lse = _logsumexp(logits)
+                lse = torch.logsumexp(logits, dim=-1)   # one call (its temporary: one more chunk, freed at once)
                 picked = logits.gather(1, safe_targets)[:, 0]
                 total += torch.where(is_target, lse - picked, 0.0).sum()
                 if not (want_hidden or want_weight):
@@ -151,8 +164,8 @@ class _FusedCrossEntropy(torch.autograd.Function):
                         grad_weight = (grad.t() @ h).float()
                     elif dtype == torch.float32:
                         grad_weight.addmm_(grad.t(), h)  # into the sum: no product of the head's size made
-                    else:
-                        grad_weight += (grad.t() @ h).float()
+                    else:  # the matmul's own bf16 product, added in float32 in place (no float32 copy of it)
+                        grad_weight += grad.t() @ h
                 del logits, grad  # before the next chunk's logits are made, not when they replace these
         if want_weight and grad_weight is None:  # no positions at all
             grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)

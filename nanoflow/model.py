@@ -115,9 +115,9 @@ def rope_cos_sin(positions: int | torch.Tensor, head_dim: int, theta: float, dev
 
     Recomputed every forward instead of cached in buffers: it is tiny next to the matmuls, and it stays
     correct after `model.to(bfloat16)` (which would round cached tables) and after meta-device init
-    (which would leave cached tables empty).
+    (which would leave cached tables empty). Only the inverse frequencies are kept, on the device (_inv_freq_on).
     """
-    inv_freq = rope_inv_freq(head_dim, theta, scaling).to(device)
+    inv_freq = _inv_freq_on(head_dim, theta, scaling, device)
     if isinstance(positions, int):
         positions = torch.arange(positions, dtype=torch.float32, device=device)
     else:
@@ -126,6 +126,18 @@ def rope_cos_sin(positions: int | torch.Tensor, head_dim: int, theta: float, dev
     emb = torch.cat((freqs, freqs), dim=-1)  # HF's layout: pairs are (i, i + head_dim/2), not (2i, 2i+1)
     attention = rope_attention_scaling(scaling)
     return emb.cos() * attention, emb.sin() * attention
+
+
+_INV_FREQ: dict[tuple, torch.Tensor] = {}   # rope_inv_freq's tables, by RoPE and device
+
+
+def _inv_freq_on(head_dim: int, theta: float, scaling, device: torch.device) -> torch.Tensor:
+    """rope_inv_freq's table on `device`, copied there once per RoPE and device: a copy from the host at every
+    forward would make each forward wait for it on a GPU."""
+    key = (head_dim, theta, repr(scaling), str(device))
+    if key not in _INV_FREQ:
+        _INV_FREQ[key] = rope_inv_freq(head_dim, theta, scaling).to(device)
+    return _INV_FREQ[key]
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:

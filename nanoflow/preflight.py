@@ -100,18 +100,30 @@ def parameter_count(model) -> int:
 def check_model_size(config: Config) -> None:
     """Refuse a model whose training state cannot fit in this machine's memory even sharded over every rank
     (a size mistyped by a few digits): said before anything is built, rather than an allocator traceback or
-    a build that runs until it is killed. The bound is the host's memory; a GPU's smaller one is torch's to find."""
+    a build that runs until it is killed. The bound is the memory the state lives in: the GPU's on CUDA (a
+    virtual machine's host memory can start far below what it grows to), else the host's."""
     model, parallelism = config.model, config.parallelism
     parameters = parameter_count(model)
     needed = BYTES_PER_PARAMETER * parameters // (parallelism.dp * parallelism.tp)
-    available = _host_memory()
+    available, where = _memory()
     if available is None or needed <= available:
         return
     raise ConfigError(f"model: {parameters:,} parameters (hidden_size = {model.hidden_size}, num_hidden_layers = "
                       f"{model.num_hidden_layers}, intermediate_size = {model.intermediate_size}, vocab_size = "
                       f"{model.vocab_size}) need {needed:,} bytes ({needed / 2**30:,.0f} GiB) per rank for the "
-                      f"float32 weights, gradients and AdamW moments; this machine has {available:,} bytes "
+                      f"float32 weights, gradients and AdamW moments; this {where} has {available:,} bytes "
                       f"({available / 2**30:,.0f} GiB) of memory: a size mistyped?")
+
+
+def _memory() -> tuple[int | None, str]:
+    """(bytes of the memory a rank's training state lives in, what holds it)."""
+    import torch
+
+    if torch.cuda.is_available():
+        from nanoflow.parallel.mesh import device
+
+        return torch.cuda.get_device_properties(device()).total_memory, "GPU"
+    return _host_memory(), "machine"
 
 
 def _host_memory() -> int | None:

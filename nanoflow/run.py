@@ -3,7 +3,9 @@
     run = open_run(config)                       # joins the process group, checks, loads the tokenizer
     checkpointer = Checkpointer(run)             # and init_state(run), Evaluator(run, …), the loop …
 
-`open_run` is the one place the schedule is built, the topology joined and the tokenizer loaded.
+`open_run` is the one place the schedule is built, the topology joined and the tokenizer loaded, and where torch's
+process-wide settings are made, before any CUDA work (nanoflow.parallel.runtime: the environment CUDA, cuBLAS and
+NCCL read when they start, determinism, TF32; `[model] dtype = "auto"` resolved for the device).
 `load_config` has already applied every rule a config file can break on its own (config/checks.py);
 `open_run` applies the ones that need more than the file (nanoflow/preflight.py): an HF `init_from` folder's
 config.json completes [model] (the run's config is that completed one, recorded in every checkpoint), then the
@@ -22,7 +24,8 @@ from nanoflow.data.fingerprint import Fingerprints
 from nanoflow.data.tokenizer import Tokenizer, load_run_tokenizer
 from nanoflow.io.runfolder import record_folder
 from nanoflow.io.store import is_remote
-from nanoflow.parallel.mesh import SINGLE, Topology, init_topology
+from nanoflow.parallel import runtime
+from nanoflow.parallel.mesh import SINGLE, Topology, device, init_topology
 from nanoflow.preflight import check_init_from, check_model_size, complete_from_init
 from nanoflow.schedule import Schedule
 
@@ -52,10 +55,16 @@ class Run:
 
 def open_run(config: Config, *, topology: Topology | None = None, join: bool = True) -> Run:
     """The run of `config` on `topology` — by default the process group torchrun started, joined here (`join`);
-    without `join` a single process, for a plan. Raises the NanoflowError of the first check that fails."""
+    without `join` a single process, for a plan, which changes no setting of torch's. Raises the NanoflowError
+    of the first check that fails. The run's config has `[model] dtype` resolved for this process's device (a
+    plan's too: it shows what a run on this machine would compute in)."""
+    if join:
+        runtime.set_environment(config, record_folder(config.checkpoints.checkpoints_path), config.parallelism.dp * config.parallelism.tp)
+        runtime.set_torch(config)
     if topology is None:
         topology = init_topology(config) if join else SINGLE
     config = complete_from_init(config)  # first: an HF init_from's config.json completes [model]
+    config = runtime.resolved(config, device())
     check_model_size(config)  # then: the typo of a size is what to fix, whatever else is wrong
     tokenizer = load_run_tokenizer(config)
     check_init_from(config)

@@ -11,6 +11,7 @@ from nanoflow.config import stage_rope
 from nanoflow.data.sources import IGNORE_INDEX
 from nanoflow.errors import DivergedError
 from nanoflow.lr import scheduled_lr
+from nanoflow.parallel import runtime
 from nanoflow.parallel.mesh import all_reduce_sum, grad_norm, scale_gradients
 from nanoflow.schedule import active_stage
 from nanoflow.state import TrainState
@@ -68,12 +69,14 @@ def train_step(state: TrainState, batch) -> tuple[TrainState, dict]:
     # Position ids stay where the loader made them (the CPU): the model reads where documents start on the host.
     positions = [None] * tokens.batch_accumulation_per_replica if position_ids is None \
         else position_ids.split(tokens.micro_batch_size)
-    for ids, targets, where in zip(input_ids.split(tokens.micro_batch_size), labels.split(tokens.micro_batch_size),
-                                   positions, strict=True):
-        with _autocast(config.model.dtype, ids.device):
-            loss = model(ids, targets, ignore_index=IGNORE_INDEX, grad_scale=grad_scale, position_ids=where) / denominator
-        loss.backward()
-        loss_sum += loss.detach()
+    with runtime.attention_kernels():   # once a step (the autocast, once a forward: backward runs outside it)
+        for ids, targets, where in zip(input_ids.split(tokens.micro_batch_size), labels.split(tokens.micro_batch_size),
+                                       positions, strict=True):
+            with precision(config.model.dtype, ids.device):
+                loss = model(ids, targets, ignore_index=IGNORE_INDEX, grad_scale=grad_scale,
+                             position_ids=where) / denominator
+            loss.backward()
+            loss_sum += loss.detach()
 
     total_norm = grad_norm(model.parameters())
     # The step's one read of device values (docs/parallelism.md, "Host synchronisations"): the update
@@ -108,7 +111,19 @@ def train_step(state: TrainState, batch) -> tuple[TrainState, dict]:
     return state.advance(step), metrics
 
 
-def _autocast(dtype: str, device: torch.device):
-    if dtype == "bfloat16":
+def precision(dtype: str, device: torch.device):
+    """`[model] dtype` on `device` ("auto" resolved for it): bfloat16 autocast, or nothing (float32)."""
+    if runtime.compute_dtype(dtype, device) == "bfloat16":
         return torch.autocast(device.type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def forward_context(dtype: str, device: torch.device):
+    """How a forward runs on `device`: in `precision`, with the attention kernels tried in
+    nanoflow.parallel.runtime's order."""
+    with runtime.attention_kernels(), precision(dtype, device):
+        yield
+
+
+_autocast = forward_context   # the name nanoflow.evaluation imports

@@ -59,12 +59,12 @@ def gradients(config, topology: Topology, variant: str, ids, labels, chunk_logit
         logits = model(ids)
         loss = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=-100, reduction="sum")
     else:
-        default, nanoflow.loss.CHUNK_LOGITS = nanoflow.loss.CHUNK_LOGITS, chunk_logits  # several chunks a batch
+        default, nanoflow.loss.CPU_CHUNK_BYTES = nanoflow.loss.CPU_CHUNK_BYTES, 4 * chunk_logits  # several chunks
         model.loss_method = "fused"  # not "auto": these logits are small enough for the plain path
         try:
             loss = model(ids, labels, grad_scale=torch.ones(()) / count)  # as train_step calls it
         finally:
-            nanoflow.loss.CHUNK_LOGITS = default
+            nanoflow.loss.CPU_CHUNK_BYTES = default
     loss = loss / count
     loss.backward()
     total = loss.detach().clone()

@@ -28,10 +28,10 @@ from typing import TextIO
 import attrs
 
 from nanoflow import console, io
-from nanoflow.build import build_model, build_optimizer, init_state
+from nanoflow.build import build_model, build_optimizer, init_state, is_fused
 from nanoflow.checkpoint.async_save import BackgroundWork, HostCopy
 from nanoflow.checkpoint.lineage import Lineage, begun_from_start, flags_note
-from nanoflow.checkpoint.resume_checks import Findings, check_data, check_lr, check_model, check_rope
+from nanoflow.checkpoint.resume_checks import Findings, check_data, check_lr, check_model, check_optimizer, check_rope
 from nanoflow.config import Config
 from nanoflow.errors import StorageLostError
 from nanoflow.io.checkpoint import commit, new_save, no_intact_checkpoint, write_files
@@ -76,6 +76,8 @@ def checkpoint_info(state: TrainState, data_fingerprint: dict | None = None, lin
         "threads": threads.current(),   # the intra-op threads it trained with: a resume keeps them
         "config": state.config.to_dict(),
     }
+    # The AdamW implementation it trained with, resolved (the key may be unset: fused by default): a resume keeps it
+    info["config"]["optimizer"]["optimizer_factory"]["torch_adam_is_fused"] = is_fused(state.optimizer)
     if data_fingerprint is not None:
         info["data_fingerprint"] = data_fingerprint
     if eval_fingerprint:   # absent without [evaluation]
@@ -271,6 +273,8 @@ class Checkpointer:
         self._tell(check_rope(reader, self.run, trained))   # first: a [model] RoPE change that refuses is not said
         self._tell(check_model(reader, self.run))
         self._tell(check_data(reader, self.run))
+        fused, findings = check_optimizer(reader, self.run)
+        self._tell(findings)
         checkpoints, saved_origin = self.config.checkpoints, int(reader.metadata.get("lr_origin", 0))
         saved = Lineage.of(reader.metadata) or Lineage()
         if start is None:
@@ -282,7 +286,8 @@ class Checkpointer:
             moments = checkpoints.load_optimizer
         if lr_origin == saved_origin:  # (a restarted schedule was asked for: its LR is new by design)
             self._tell(check_lr(reader, self.run, trained.completed, lr_origin))
-        state = on_every_rank(lambda: self._read_state(reader, trained, lr_origin, moments), self.topology)
+        state = on_every_rank(lambda: self._read_state(reader, trained, lr_origin, moments, fused),
+                              self.topology)
         return state, reader, point, lineage
 
     def _settle_threads(self, recorded: int | None) -> None:
@@ -297,13 +302,14 @@ class Checkpointer:
             self._warn(line)
 
     def _read_state(self, reader: io.CheckpointReader, trained: TrainingMetadata, lr_origin: int,
-                    moments: bool) -> TrainState:
-        """This rank's boxes of the weights (and of the AdamW state, with `moments`) into a new model and optimizer."""
+                    moments: bool, fused: bool) -> TrainState:
+        """This rank's boxes of the weights (and of the AdamW state, with `moments`) into a new model and optimizer
+        (fused as the checkpoint's was, where the config leaves it to the checkpoint)."""
         config = self.config
         model = build_model(config, self.topology, init=False,   # the RoPE of the stage that trained its last step
                             stage=active_stage(self.run.schedule, max(trained.completed, 1)))
         load_weights(model, reader, reader.path)
-        optimizer = build_optimizer(model, config.optimizer)
+        optimizer = build_optimizer(model, config.optimizer, recorded_fused=fused)
         if moments:
             load_moments(model, optimizer, reader)
         return TrainState.create(step=trained.completed, model=model, optimizer=optimizer, lr_origin=lr_origin,

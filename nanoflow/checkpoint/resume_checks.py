@@ -120,3 +120,20 @@ def check_lr(reader: io.CheckpointReader, run: Run, completed: int, lr_origin: i
                              "stage's start, train_steps) and LR keys as the checkpoint has them")
     return Findings((f"{reader.path}: {change}\n  resuming anyway, as checkpoints.ignore_lr_schedule_change = true "
                      "says; the next checkpoint records the new schedule",))
+
+
+def check_optimizer(reader: io.CheckpointReader, run: Run) -> tuple[bool, Findings]:
+    """(whether the checkpoint's AdamW ran torch's fused kernel, what to say). The config's torch_adam_is_fused,
+    when set, wins; unset, the run goes on with the checkpoint's implementation (a record without the key, or with
+    false, is not fused: what nanoflow trained with before fused was the default). A config that names another
+    implementation is warned of: the kernels round differently, so the run continues close to, not bit for bit
+    as, the one trained straight."""
+    factory = reader.metadata["config"].get("optimizer", {}).get("optimizer_factory", {})
+    recorded = factory.get("torch_adam_is_fused") is True
+    chosen = run.config.optimizer.optimizer_factory.torch_adam_is_fused
+    if chosen is None or chosen == recorded:
+        return recorded, Findings()
+    return recorded, Findings((
+        f"resuming with optimizer.optimizer_factory.torch_adam_is_fused = {str(chosen).lower()} (was "
+        f"{str(recorded).lower()}): AdamW's updates round otherwise from here, so the run continues close to, not "
+        "bit for bit as, the one trained straight; leave the key unset to go on as the checkpoint trained",))

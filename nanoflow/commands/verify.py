@@ -4,7 +4,8 @@ Trains the config once straight through, then again while killing it with SIGKIL
 moments — during steps and in the middle of checkpoint writes, at random byte offsets — and
 rerunning the same command after each kill, as an operator would. The two final checkpoints
 must agree exactly: weights and AdamW moments (nothing in training draws randomness, so there is no
-RNG state to compare: the data order is a pure function of the seed).
+RNG state to compare: the data order is a pure function of the seed). Both train with
+`[general] deterministic = true` (a later `--set general.deterministic=false` turns it off).
 
 `--kills N` performs exactly N kills, planned in run order: half inside saves (stratified over
 every save of the run, each at a random byte before that save's commit), half inside steps
@@ -36,7 +37,9 @@ TRAIN = str(Path(__file__).resolve().parents[2] / "bin" / "train")   # nanoflow/
 
 
 def _train_command(config: str, overrides: list[str], run: Path) -> list[str]:
-    sets = [a for o in overrides for a in ("--set", o)]
+    """bin/train on `config` into `run`, deterministic: on a GPU the fastest kernels are not bit-reproducible
+    from run to run, and a resumed run can only equal a straight one if each computes the same bits."""
+    sets = [a for o in ["general.deterministic=true", *overrides] for a in ("--set", o)]
     return [sys.executable, TRAIN, config, *sets, "--set", f'checkpoints.checkpoints_path="{run}"']
 
 

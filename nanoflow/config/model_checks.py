@@ -160,16 +160,21 @@ MODEL_KEYS = {
     "init_from": ("free", False, "it is read at step 0 only"),
 }
 
+# What a checkpoint written before nanoflow had a key was trained with, where that is not the key's default
+# today: dtype was float32 until "auto" (which every checkpoint since records resolved)
+TRAINED_BEFORE_THE_KEY = {"dtype": "float32"}
+
 
 def recorded_model(model: dict) -> dict:
     """A [model] section as Config.to_dict writes it (a checkpoint's record), completed as a fresh start of its family
-    would be: a checkpoint written before nanoflow had a key was trained with that key's default."""
+    would be: a checkpoint written before nanoflow had a key was trained with that key's default (or
+    TRAINED_BEFORE_THE_KEY's, where the default changed since)."""
     fields = attrs.fields_dict(ModelArgs)
     known = {key: value for key, value in model.items() if key in fields}
     try:
         if "rope_scaling" in known:
             known["rope_scaling"] = RopeScalingArgs(**known["rope_scaling"])
-        args = ModelArgs(**known)
+        args = ModelArgs(**(TRAINED_BEFORE_THE_KEY | known))
         return model if unset_required(args) else _drop_none(attrs.asdict(complete(args)))
     except (TypeError, ValueError, ZeroDivisionError):   # not a section nanoflow wrote: compared as it is
         return model

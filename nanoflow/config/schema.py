@@ -38,12 +38,15 @@ FROM_HF = " (with init_from: config.json's)"
 
 @frozen
 class GeneralArgs:
-    """[general]: the run's names and its seed."""
+    """[general]: the run's names, its seed and whether it must compute the same bits twice."""
 
     project: str = key("the project's name, shown with the run's in the plan and its picture", "nanoflow")
     run: str = key("the run's name (not a path: where it writes is checkpoints.checkpoints_path); shown in the "
                    "plan and recorded in the run folder's lock", "run")
     seed: int = key("weight init and, unless a stage sets data.seed, the order of its data", 42)
+    deterministic: bool = key("torch's deterministic algorithms (and cuBLAS's and cuDNN's): two runs of the same "
+                              "steps give the same bits on a GPU too, at some speed (docs/design.md, \"What runs "
+                              "differently on CUDA\"); CPUs compute the same bits either way", False)
 
 
 @frozen
@@ -104,8 +107,9 @@ class ModelArgs:
     initializer_range: float | None = key("the std of the normal distribution a fresh start draws every weight "
                                           "matrix from (norms start at 1, biases at 0)", None,
                                           validator=optional(positive_float), shown="`0.02`" + FROM_HF)
-    dtype: Literal["float32", "bfloat16"] = key('"bfloat16": bf16 autocast; the master weights and AdamW moments '
-                                                "stay float32", "float32")
+    dtype: Literal["auto", "float32", "bfloat16"] = key(
+        '"bfloat16": bf16 autocast, the master weights and AdamW moments float32; "auto": bfloat16 on a CUDA device, '
+        "float32 on a CPU (a checkpoint records, and a resume compares, what it resolved to)", "auto")
     compile: bool = key("torch.compile each decoder layer (worth it on GPUs; on CPUs the first steps pay for the "
                         "compilation)", False)
     init_from: str | None = key("start a new run from these weights: a checkpoint (run or step folder), or an "
@@ -196,7 +200,11 @@ class OptimizerFactoryArgs:
     adam_beta1: float = key("the first moment's decay, in [0, 1)", 0.9, validator=unit_interval)
     adam_beta2: float = key("the second moment's decay, in [0, 1)", 0.95, validator=unit_interval)
     adam_eps: float = key("added to the second moment's root, > 0", 1e-8, validator=positive_float)
-    torch_adam_is_fused: bool = key("torch's fused AdamW kernel (false: torch's default choice)", False)
+    torch_adam_is_fused: bool | None = key(
+        "nanotron's key: torch's fused AdamW kernel, one kernel for all the update's arithmetic (CPU and CUDA); false: "
+        "torch's default choice (a for-loop on a CPU, foreach on CUDA); unset: fused, and a resume keeps what its "
+        "checkpoint trained with (one written before fused was the default: not fused)", None,
+        shown="fused; a resume: as its checkpoint")
 
 
 def _clip_grad_valid(_instance, _attribute, value) -> None:

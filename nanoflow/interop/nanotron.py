@@ -291,7 +291,8 @@ def _model(record: _Conversion, model) -> dict:
         else:
             record.drop(f"model.{key}", value)
     if _unset(model, "dtype"):
-        _fill(record, out, "model", "dtype", NANOTRON_DTYPE, "nanotron's ModelArgs default; nanoflow's is float32")
+        _fill(record, out, "model", "dtype", NANOTRON_DTYPE, "nanotron's ModelArgs default; nanoflow's is \"auto\": "
+              "bfloat16 on CUDA, float32 on a CPU")
     out = _in_order(out, schema.ModelArgs)
     if rope is not None:
         out["rope_scaling"] = rope
@@ -439,6 +440,12 @@ def _optimizer(record: _Conversion, optimizer, tokens) -> dict:
         optimizer["optimizer_factory"] = factory
         record.notes.append(f"optimizer.{{{', '.join(legacy)}}} → optimizer.optimizer_factory")
     out = record.table(optimizer, schema.OptimizerArgs, "optimizer")
+    if _unset(optimizer.get("optimizer_factory"), "torch_adam_is_fused"):
+        factory = dict(out.get("optimizer_factory") or {})
+        _fill(record, factory, "optimizer.optimizer_factory", "torch_adam_is_fused", False,
+              "nanotron's default: torch picks AdamW's kernel; nanoflow's default is true, the fused one")
+        out["optimizer_factory"] = _in_order(factory, schema.OptimizerFactoryArgs)
+        out = _in_order(out, schema.OptimizerArgs)
     if _unset(optimizer, "clip_grad"):   # the trainer clips only `if clip_grad is not None`
         out["clip_grad"] = False
         record.notes.append("optimizer.clip_grad unset (null): nanotron does not clip; written as clip_grad = false "

@@ -70,18 +70,22 @@ def device_peak(device: torch.device, config, schedule: Schedule) -> tuple[float
         peak = gpu_peak(name)
         return peak, f"{name}, " + ("dense bf16 peak from nanoflow.flops" if peak else "not in nanoflow.flops: no MFU")
     if device.type == "cpu":
-        # 512 rows of a micro-batch (each row costs the same); at least 128 wide: a toy model's matmuls
-        # would measure dispatch, not the machine
-        shape = (512, max(config.model.hidden_size, 128), max(config.model.intermediate_size, 128))
-        measured = f"measured: fp32 matmul {'×'.join(map(str, shape))} on 1 thread × {torch.get_num_threads()} threads"
+        # 256 rows of a micro-batch (each row costs the same); the widths at least 128, or a toy model's matmuls
+        # would measure dispatch, not the machine, and at most 1024: wider ones run no faster, only longer
+        shape = (256, *(min(max(width, 128), 1024) for width in (config.model.hidden_size,
+                                                                   config.model.intermediate_size)))
+        measured = (f"measured: fp32 matmul {'×'.join(map(str, shape))} in one thread's CPU time × "
+                    f"{torch.get_num_threads()} threads")
         return cpu_matmul_peak(*shape), measured
     return None, f"{device.type}: peak unknown, no MFU"
 
 
 def cpu_matmul_peak(m: int, k: int, n: int, budget: float = PEAK_SECONDS) -> float:
-    """FLOP/s of this process's torch threads on fp32 [m, k] @ [k, n] products: one thread's fastest of those that
-    fit in `budget` seconds, times the threads. One thread, short products and the fastest of them, because on a
-    shared machine a product whose threads were descheduled halfway says nothing about the machine."""
+    """FLOP/s of this process's torch threads on fp32 [m, k] @ [k, n] products: one thread's fastest product, by
+    the CPU time the thread spent on it, times the threads. CPU time, not wall time: on cores other processes
+    share, a product is descheduled for part of its wall time, and a peak read off the wall clock would be a
+    fraction of the machine's (and MFU that many times too high). Products are timed until `budget` seconds of
+    wall time have passed (three at least)."""
     generator = torch.Generator().manual_seed(0)
     a, b = torch.randn(m, k, generator=generator), torch.randn(k, n, generator=generator)
     threads = torch.get_num_threads()
@@ -90,15 +94,14 @@ def cpu_matmul_peak(m: int, k: int, n: int, budget: float = PEAK_SECONDS) -> flo
         a @ b  # the first call pays for allocation and dispatch
         best, start = math.inf, time.perf_counter()
         for repeat in range(200):
-            began = time.perf_counter()
+            began = time.thread_time()
             a @ b
-            finished = time.perf_counter()
-            best = min(best, finished - began)
-            if repeat >= 2 and finished - start > budget:
+            best = min(best, time.thread_time() - began)
+            if repeat >= 2 and time.perf_counter() - start > budget:
                 break
     finally:
         torch.set_num_threads(threads)
-    return threads * 2 * m * k * n / best
+    return threads * 2 * m * k * n / max(best, 1e-9)
 
 
 def peak_memory(device: torch.device) -> int:
@@ -133,10 +136,11 @@ class Progress:
                             bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}{postfix}]")
 
     @classmethod
-    def start(cls, state, live: bool | None = None, interval: int = 10) -> Progress:
-        """The display of a run about to train from `state`, after logging its header."""
+    def start(cls, state, live: bool | None = None, interval: int = 10, attention: str | None = None) -> Progress:
+        """The display of a run about to train from `state`, after logging its header (with `attention`, the
+        attention kernel's line)."""
         costs = FlopsAndPeak.of(state)
-        for line in header(state, costs):
+        for line in header(state, costs, attention):
             log.info(line)
         return cls(state.schedule.train_steps, state.step, live, interval, costs)
 
@@ -183,12 +187,12 @@ class Progress:
             self.bar.close()
 
 
-def header(state, costs: FlopsAndPeak) -> list[str]:
-    """The start-up lines: the model, the device and its peak, the layout, whether the run starts or resumes, the loss."""
+def header(state, costs: FlopsAndPeak, attention: str | None = None) -> list[str]:
+    """The start-up lines: the model and its precision, the device and its peak, the layout, whether the run starts
+    or resumes, the loss, and the attention kernel when the caller says it (nanoflow.parallel.runtime knows it)."""
     config, schedule = state.config, state.schedule
     model, parallelism = config.model, config.parallelism
     parameters = sum(p.numel() for p in state.model.parameters())
-    dtype = "bfloat16 autocast, float32 weights" if model.dtype == "bfloat16" else "float32"
     per_token = ", ".join(f"{flops_per_token(model, s.sequence_length) / 1e6:,.3g} M at sequence length "
                           f"{s.sequence_length}" for s in _distinct_lengths(schedule))
     peak = "" if costs.peak is None else f"peak {_flop_rate(costs.peak)} ({costs.peak_source})"
@@ -197,15 +201,25 @@ def header(state, costs: FlopsAndPeak) -> list[str]:
              f"resumed after step {state.step} of {schedule.train_steps}")
     if state.step == 0 and model.init_from is not None:
         start += f", weights from init_from = {model.init_from}"
+    deterministic = "deterministic algorithms" if config.general.deterministic else "torch's fastest algorithms"
     return [
         f"model: {parameters:,} parameters ({family}{model.num_hidden_layers} layers × {model.hidden_size} hidden, "
-        f"vocabulary {model.vocab_size}), {dtype}; model FLOPs a token: {per_token}",
-        f"device: {costs.device}; " + (peak or f"no MFU ({costs.peak_source})"),
+        f"vocabulary {model.vocab_size}), {_precision(model.dtype, costs.device)}; model FLOPs a token: {per_token}",
+        f"device: {costs.device}; " + (peak or f"no MFU ({costs.peak_source})") + f"; {deterministic}",
         f"layout: dp {parallelism.dp} × tp {parallelism.tp} (tp_mode {parallelism.tp_mode}), recompute_layer "
         f"{_on(parallelism.recompute_layer)}, compile {_on(model.compile)}",
         f"start: {start}",
         f"loss: {_loss_path(state)}",
+        *([f"attention: {attention}"] if attention else []),
     ]
+
+
+def _precision(dtype: str, device: torch.device) -> str:
+    """`[model] dtype` as the run computes (the run's config holds it resolved for the device: nanoflow.run)."""
+    text = "bfloat16 autocast, float32 weights and AdamW moments" if dtype == "bfloat16" else "float32"
+    if device.type == "cuda":
+        text += ", TF32 for float32 matmuls"
+    return text
 
 
 def _loss_path(state) -> str:

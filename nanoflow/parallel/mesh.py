@@ -5,7 +5,8 @@ Tensor parallel (the "tp" mesh dimension): q/k/v/gate/up are split column-wise (
 features, so each rank holds whole heads; their biases with them), o/down row-wise (their all-reduce
 restores the full hidden state; o's bias is added once, after it). Qwen3's per-head q/k norms are
 replicated and act on the heads each rank holds. Embeddings, norms and lm_head stay replicated
-across tp: with a small vocabulary that costs less than sharding and keeps tied embeddings simple. With tp_mode = "REDUCE_SCATTER"
+across tp: with a small vocabulary that costs less than sharding and keeps tied embeddings simple;
+at a large one it does not (docs/parallelism.md, "The head under tensor parallelism"). With tp_mode = "REDUCE_SCATTER"
 (sequence parallelism) the norms and the residual stream hold a slice of the positions instead.
 
 Data parallel (the "dp" mesh dimension): FSDP2 `fully_shard` per decoder layer and on the root,
@@ -33,6 +34,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from nanoflow.config import Config, check_world_size
 from nanoflow.errors import PeerLostError
+from nanoflow.parallel.runtime import compute_dtype
 
 if TYPE_CHECKING:
     from nanoflow.model import Llama
@@ -99,13 +101,15 @@ def init_topology(config: Config) -> Topology:
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         if backend == "nccl":
             torch.cuda.set_device(device())
-        timeout = timedelta(minutes=10)
+        timeout = timedelta(minutes=10)   # a collective waits this long for a late rank (a save, compiling)
+        # NCCL bound to this rank's GPU from the start (eager init: a rank that cannot reach its GPU fails here)
+        bound = {"device_id": device()} if backend == "nccl" else {}
         store = _restart_store(timeout)
         if store is None:
-            dist.init_process_group(backend, timeout=timeout)
+            dist.init_process_group(backend, timeout=timeout, **bound)
         else:
             dist.init_process_group(backend, store=store, rank=int(os.environ["RANK"]),
-                                    world_size=int(os.environ["WORLD_SIZE"]), timeout=timeout)
+                                    world_size=int(os.environ["WORLD_SIZE"]), timeout=timeout, **bound)
     global _joined_a_group
     _joined_a_group = True
     mesh = init_device_mesh(device().type, (dp, tp), mesh_dim_names=("dp", "tp"))
@@ -156,7 +160,6 @@ def parallelize(model: Llama, topology: Topology, config: Config) -> Llama:
             for layer in model.model.layers:
                 _recompute(layer)
         return model
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
     if topology.tp > 1:
@@ -171,13 +174,23 @@ def parallelize(model: Llama, topology: Topology, config: Config) -> Llama:
         for layer in model.model.layers:
             _recompute(layer)
     if topology.dp > 1:
-        bf16 = config.model.dtype == "bfloat16"
-        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if bf16 else None, reduce_dtype=torch.float32)
-        for module in [*model.model.layers, model]:
-            fully_shard(module, mesh=topology.mesh["dp"], mp_policy=policy)
-            module.set_gradient_divide_factor(1.0)
-            module.set_force_sum_reduction_for_comms(True)  # a plain SUM: gloo has no PREMUL_SUM
+        shard_data_parallel(model, topology.mesh["dp"], compute_dtype(config.model.dtype, device()))
     return model
+
+
+def shard_data_parallel(model: torch.nn.Module, mesh: DeviceMesh, dtype: str) -> None:
+    """FSDP2 over `mesh`: each decoder layer, then the root. Under bfloat16 the gathered weights are bf16 and the
+    gradients are reduced in float32. The root does not cast its floating-point inputs (cast_forward_inputs):
+    the one it gets is the loss's grad_scale, whose float32 value decides the gradients' rounding."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    param_dtype = torch.bfloat16 if dtype == "bfloat16" else None
+    for module in [*model.model.layers, model]:
+        policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32,
+                                      cast_forward_inputs=module is not model)
+        fully_shard(module, mesh=mesh, mp_policy=policy)
+        module.set_gradient_divide_factor(1.0)
+        module.set_force_sum_reduction_for_comms(True)  # a plain SUM: gloo has no PREMUL_SUM
 
 
 def _recompute(layer: torch.nn.Module) -> None:

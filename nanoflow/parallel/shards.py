@@ -124,12 +124,26 @@ def load_weights(model: Llama, reader, source: str) -> None:
 
 def load_moments(model: torch.nn.Module, optimizer: torch.optim.Optimizer, reader) -> None:
     """Fill `optimizer` (AdamW, built for `model`) with the moments and step counts a checkpoint saved,
-    each rank reading only its boxes; a parameter the optimizer had not stepped yet stays without state."""
+    each rank reading only its boxes; a parameter the optimizer had not stepped yet stays without state.
+    Each tensor is made in the form the optimizer's implementation keeps it (step_form)."""
     saved = set(reader.names("optimizer"))
     params = [(name, p) for name, p in model.named_parameters() if f"{STEP}.{name}" in saved]
     # Left unset (empty_like, not zeros_like): the read fills every element, so a zero-fill first is wasted.
+    # Like the parameter: its dtype, device and (sharded) layout, as torch's AdamW makes its moments.
     states = {p: {key: torch.empty_like(p) for key in MOMENTS} for _, p in params}
     fill(reader, "optimizer", {f"{key}.{name}": states[p][key] for name, p in params for key in MOMENTS})
     reader.fetch(("optimizer", f"{STEP}.{name}", None, None) for name, _ in params)
+    group_of = {id(q): group for group in optimizer.param_groups for q in group["params"]}
     for name, p in params:
-        optimizer.state[p] = {STEP: reader.read("optimizer", f"{STEP}.{name}").clone(), **states[p]}
+        step = step_form(reader.read("optimizer", f"{STEP}.{name}"), p, group_of[id(p)])
+        optimizer.state[p] = {STEP: step, **states[p]}
+
+
+def step_form(saved: torch.Tensor, param: torch.Tensor, group: dict) -> torch.Tensor:
+    """A saved AdamW step count as the optimizer keeps it for `param` (of param group `group`), as torch's own
+    load_state_dict makes it (Optimizer._process_value_according_to_param_policy): on the parameter's device in
+    float32 for the fused and the capturable kernels, which read it there; a CPU scalar otherwise (torch keeps it
+    on the host so that a GPU step launches no kernel for it)."""
+    if group.get("fused") or group.get("capturable"):
+        return saved.to(dtype=torch.float32, device=param.device)
+    return saved.clone()

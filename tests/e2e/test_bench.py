@@ -38,6 +38,7 @@ SMALLEST = {
     "average.py": ([], [rf"peak {N} MB above it = {N} × one model"]),
     "sft_packing.py": ([], [rf"\| packed \| 256 \| 8 \| {N} \| {N}% \| {N} \| {N} \| {N} \|",
                             rf"best packed / one a row = {N}"]),
+    "cpu_peak.py": ([], [rf"wall / cpu time = {N}"]),
     "document_masking.py": ([], [rf"\| 256 \| 64 \| 2 \| {N} \| {N} \| {N} \| {N} \|",
                                  rf"the worst cell: time {N}×, peak memory {N}×"]),
     "layouts.py": ([], [rf"resumed on dp1: weights {N}, moments {N}, loss {N} from one process's run; weights {N} "

@@ -187,11 +187,18 @@ def test_every_model_key_is_classified_once_and_old_records_read_as_their_defaul
 
     assert set(MODEL_KEYS) == set(attrs.fields_dict(ModelArgs))   # a new [model] key must say what it is to weights
     assert {role for role, _, _ in MODEL_KEYS.values()} == {"shape", "numbers", "changes", "free"}
-    current = tiny("unused").to_dict()["model"]
-    # A checkpoint written before nanoflow had dtype, rope_scaling or compile: trained with their defaults.
+    from nanoflow.parallel.runtime import resolved
+
+    config = tiny("unused")
+    assert config.model.dtype == "auto"
+    current = resolved(config, torch.device("cpu")).to_dict()["model"]   # what a run on a CPU records
+    assert current["dtype"] == "float32"
+    # A checkpoint written before nanoflow had dtype, rope_scaling or compile: trained with their defaults then
+    # (dtype's was float32, before "auto").
     older = {k: v for k, v in current.items() if k not in ("dtype", "compile", "rope_scaling")}
     assert model_changes(older, current) == {"shape": [], "numbers": [], "changes": [], "free": []}
-    assert model_changes(older, {**current, "dtype": "bfloat16"})["changes"] == [
+    on_a_gpu = resolved(config, torch.device("cuda")).to_dict()["model"]   # resolving reads only the device's kind
+    assert model_changes(older, on_a_gpu)["changes"] == model_changes(current, on_a_gpu)["changes"] == [
         "model.dtype = 'bfloat16' (was 'float32'): the steps from here compute in it; the weights and moments stay "
         "float32"]
 

@@ -325,7 +325,7 @@ def test_qwen_s_vocabulary_through_the_fused_loss(monkeypatch):
     ids = torch.randint(0, 151936, (3, 40), generator=torch.Generator().manual_seed(2))
     labels = ids.roll(-1, dims=1)
     labels[0, :7] = -100
-    monkeypatch.setattr(nanoflow.loss, "CHUNK_LOGITS", 151936 * 50)   # 50 positions a chunk: 3 chunks of 120
+    monkeypatch.setattr(nanoflow.loss, "CPU_CHUNK_BYTES", 4 * 151936 * 50)   # 50 positions a chunk: 3 chunks of 120
     results, count = [], (labels != -100).sum()
     for method in ("plain", "fused"):
         model.zero_grad()

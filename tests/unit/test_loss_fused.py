@@ -128,7 +128,8 @@ def test_lm_loss_takes_the_path_it_is_asked_for_and_the_header_says_it(monkeypat
     with pytest.raises(ValueError, match="loss method 'auto': expected one of fused, plain"):
         lm_loss(hidden, weight, labels, -100, method="auto")
     assert Llama.loss_method == "fused"
-    assert describe(50_304) == "fused linear cross-entropy, at most 333 positions a chunk"
+    assert describe(50_304) == ("fused linear cross-entropy, chunks of 333 positions on a CPU (64 MiB of float32 "
+                                "logits), up to 10,672 on a GPU")
     assert describe(288, "plain") == "plain cross-entropy over the whole micro-batch's logits"
 
 
@@ -151,7 +152,7 @@ def test_model_gradients_fused_equal_the_plain_path(tied, monkeypatch):
     generator = torch.Generator().manual_seed(3)
     ids = torch.randint(0, vocab, (3, 20), generator=generator)
     labels = masked_labels((3, 20), vocab)
-    monkeypatch.setattr(nanoflow.loss, "CHUNK_LOGITS", vocab * 7)   # 7 positions a chunk: 60 is no multiple
+    monkeypatch.setattr(nanoflow.loss, "CPU_CHUNK_BYTES", 4 * vocab * 7)   # 7 positions a chunk: 60 is no multiple
     loss, reference = model_gradients(model, ids, labels, "plain")
     got_loss, got = model_gradients(model, ids, labels, "fused")
     torch.testing.assert_close(got_loss, loss, rtol=0, atol=1e-6)
@@ -164,7 +165,7 @@ def test_model_gradients_fused_equal_the_plain_path(tied, monkeypatch):
 def test_train_step_fused_with_accumulation_equals_plain_in_one_micro_batch(masked, monkeypatch):
     from test_step import random_batch
 
-    monkeypatch.setattr(nanoflow.loss, "CHUNK_LOGITS", 288 * 10)   # several chunks a micro-batch
+    monkeypatch.setattr(nanoflow.loss, "CPU_CHUNK_BYTES", 4 * 288 * 10)   # several chunks a micro-batch
     batch = random_batch(8, 32, seed=1, masked=masked)
     results = []
     for micro, method in [(8, "plain"), (8, "fused"), (4, "fused"), (1, "fused")]:

@@ -595,6 +595,18 @@ def test_unset_keys_are_written_and_noted():
     assert "# note: optimizer.clip_grad unset" in text
 
 
+def test_an_unset_torch_adam_is_fused_is_written_as_nanotrons_false():
+    raw = yaml.safe_load(GOLDEN["unset"])
+    del raw["optimizer"]["optimizer_factory"]["torch_adam_is_fused"]
+    text, report = convert(raw)
+    assert tomllib.loads(text)["optimizer"]["optimizer_factory"]["torch_adam_is_fused"] is False
+    assert any(note.startswith("optimizer.optimizer_factory.torch_adam_is_fused unset: written as false")
+               for note in report.notes), report.notes
+    kept = yaml.safe_load(GOLDEN["unset"])
+    kept["optimizer"]["optimizer_factory"]["torch_adam_is_fused"] = True
+    assert tomllib.loads(convert(kept)[0])["optimizer"]["optimizer_factory"]["torch_adam_is_fused"] is True
+
+
 def test_wsd_default_length_is_nanotrons():
     """nanotron's Config sets lr_decay_steps = train_steps - lr_warmup_steps, even with lr_decay_starting_step."""
     text, report = convert(yaml.safe_load(GOLDEN["wsd"]))

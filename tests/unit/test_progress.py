@@ -12,6 +12,7 @@ import torch
 from helpers import tiny
 from torch import nn
 
+import nanoflow.observe.progress
 from nanoflow import init_state
 from nanoflow.commands.report import format_summary, stage_summary
 from nanoflow.flops import flops_per_token, gpu_peak, matmul_parameters
@@ -51,12 +52,18 @@ def test_the_flops_count_is_the_hand_count_and_n_is_the_models_matmul_weights(tm
 
 
 def test_gpu_peaks_by_the_names_cuda_reports():
-    assert gpu_peak("NVIDIA H100 80GB HBM3") == 989e12
-    assert gpu_peak("NVIDIA H100 PCIe") == 756e12
-    assert gpu_peak("NVIDIA H100 NVL") == 835e12
-    assert gpu_peak("NVIDIA H200") == 989e12
+    # Half of each datasheet's "with sparsity" BF16 figure: H100 SXM 1,979, PCIe 1,513, NVL 1,671; H200 SXM 1,979,
+    # NVL 1,671 TFLOPS; HGX B200 4.5 and GB200 NVL72 5 PFLOPS a GPU
+    assert gpu_peak("NVIDIA H100 80GB HBM3") == 989.5e12
+    assert gpu_peak("NVIDIA H100 PCIe") == 756.5e12
+    assert gpu_peak("NVIDIA H100 NVL") == 835.5e12
+    assert gpu_peak("NVIDIA H200") == 989.5e12
+    assert gpu_peak("NVIDIA H200 NVL") == 835.5e12
+    assert gpu_peak("NVIDIA GH200 480GB") == 989.5e12
+    assert gpu_peak("NVIDIA B200") == 2250e12
+    assert gpu_peak("NVIDIA GB200") == 2500e12
     assert gpu_peak("NVIDIA A100-SXM4-80GB") == 312e12
-    assert gpu_peak("NVIDIA L40S") == 362e12
+    assert gpu_peak("NVIDIA L40S") == 362.05e12
     assert gpu_peak("NVIDIA A10G") == 125e12
     assert gpu_peak("NVIDIA GeForce GTX 1080") is None
 
@@ -111,6 +118,34 @@ def test_mfu_is_the_model_flops_a_second_over_the_peak(tmp_path):
     assert rows[2]["tokens_per_s"] == (2 * 128 + 192) / 1.0
 
 
+def test_the_cpu_peak_is_read_off_the_threads_cpu_time_not_the_wall_clock(monkeypatch):
+    # A product on shared cores: descheduled for two thirds of its wall time. The peak is the machine's
+    # (what the thread computed while it ran), not a third of it, which would make MFU read 3× too high.
+    clock = {"wall": 0.0, "cpu": 0.0}
+
+    def product_ran():   # each product: 1 ms of the thread's CPU time in 3 ms of wall time
+        clock["cpu"] += 1e-3
+        clock["wall"] += 3e-3
+
+    class Clock:
+        @staticmethod
+        def thread_time():
+            return clock["cpu"]
+
+        @staticmethod
+        def perf_counter():
+            return clock["wall"]
+
+    class Matrix:
+        def __matmul__(self, other):
+            product_ran()
+
+    monkeypatch.setattr(nanoflow.observe.progress, "time", Clock)
+    monkeypatch.setattr(nanoflow.observe.progress.torch, "randn", lambda *shape, generator: Matrix())
+    threads = torch.get_num_threads()
+    assert cpu_matmul_peak(64, 32, 16, budget=0.05) == pytest.approx(threads * 2 * 64 * 32 * 16 / 1e-3)
+
+
 def test_the_cpu_peak_and_the_peak_memory_are_measured():
     peak = cpu_matmul_peak(256, 256, 256, budget=0.05)
     assert math.isfinite(peak) and peak > 1e8   # any CPU of this century does 0.1 GFLOP/s
@@ -127,9 +162,13 @@ def test_train_logs_the_header_and_writes_the_new_keys_that_report_reads(tmp_pat
     assert lines[0].startswith("model: 27,808 parameters (2 layers × 32 hidden, vocabulary 288), float32"), lines
     assert "0.19 M at sequence length 32, 0.184 M at sequence length 24" in lines[0]
     assert lines[1].startswith("device: cpu; peak ") and "GFLOP/s" in lines[1]
+    assert lines[1].endswith("; torch's fastest algorithms"), lines[1]
     assert lines[2] == "layout: dp 1 × tp 1 (tp_mode ALL_REDUCE), recompute_layer off, compile off"
     assert lines[3] == "start: fresh start at step 1 of 12"
-    assert lines[4] == "loss: fused linear cross-entropy, at most 58,254 positions a chunk", lines[4]
+    assert lines[4].startswith("loss: fused linear cross-entropy, chunks of 58,254 positions on a CPU"), lines[4]
+    # tiny.toml: 4 heads over 2 kv heads of 8 dimensions; torch's dispatcher picks its CPU flash kernel for them
+    assert lines[5] == ("attention: scaled_dot_product_attention → flash_attention (float32, head_dim 8, "
+                        "grouped-query 4/2 heads)"), lines[5]
     rows = read_metrics(run)
     assert [m["step"] for m in rows] == list(range(1, 9))
     for m in rows:

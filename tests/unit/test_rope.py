@@ -249,3 +249,13 @@ def test_a_new_rope_does_not_recompile_a_compiled_layer(tmp_path):
     with torch.compiler.set_stance("fail_on_recompile"):
         assert torch.equal(logits(model, ids), first)
     assert (second - first).abs().max().item() > 1e-4
+
+
+def test_the_inverse_frequencies_reach_the_device_once_per_rope():
+    # A forward on a GPU would otherwise copy them from the host every time, and wait for the copy.
+    from nanoflow.model import _inv_freq_on
+    scaling = RopeScalingArgs("linear", factor=4.0)
+    first = _inv_freq_on(16, 5e5, scaling, torch.device("cpu"))
+    assert _inv_freq_on(16, 5e5, RopeScalingArgs("linear", factor=4.0), torch.device("cpu")) is first
+    assert torch.equal(first, rope_inv_freq(16, 5e5, scaling))
+    assert not torch.equal(_inv_freq_on(16, 5e5, None, torch.device("cpu")), first)

@@ -105,6 +105,42 @@ def test_the_training_loop_is_short_and_linear():
     assert 1 + decisions(loop) < 8   # its cyclomatic complexity: stop, save and storage rules live elsewhere
 
 
+def test_the_loop_runs_with_the_garbage_collector_off_and_collects_between_steps(tmp_path, monkeypatch):
+    import gc
+
+    import nanoflow.training.loop as loop
+
+    calls = []
+
+    class Recorder:   # nanoflow.training.loop's gc: what it asks of Python's collector, in order
+        def isenabled(self):
+            return gc.isenabled()
+
+        def disable(self):
+            calls.append("disable")
+
+        def enable(self):
+            calls.append("enable")
+
+        def collect(self, generation=2):
+            calls.append(f"collect {generation}")
+
+    steps = []
+    real_step = loop.train_step
+
+    def step(state, batch):
+        steps.append(state.step + 1)
+        calls.append(f"step {state.step + 1}")
+        return real_step(state, batch)
+
+    monkeypatch.setattr(loop, "gc", Recorder())
+    monkeypatch.setattr(loop, "GC_INTERVAL", 2)
+    monkeypatch.setattr(loop, "train_step", step)
+    train(tiny(tmp_path / "run"), until_step=5, out=quiet(), progress=False)
+    assert calls == ["disable", "collect 1", "step 1", "step 2", "collect 1", "step 3", "step 4", "collect 1",
+                     "step 5", *(["enable"] if gc.isenabled() else [])]
+
+
 # ---------------------------------------------------------------------------------------------
 # The intra-op thread count nanoflow chooses (nanoflow.parallel.threads; issue 30, item 23)
 
