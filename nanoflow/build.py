@@ -14,7 +14,7 @@ from nanoflow.parallel.mesh import SINGLE, Topology, device, parallelize
 from nanoflow.parallel.shards import load_weights
 from nanoflow.run import Run, as_run
 from nanoflow.schedule import active_stage
-from nanoflow.state import TrainState
+from nanoflow.state import TrainState, ema_of
 
 
 def build_optimizer(model: torch.nn.Module, args: OptimizerArgs) -> torch.optim.AdamW:
@@ -70,8 +70,9 @@ def init_state(run: Run | Config, topology: Topology | None = None) -> TrainStat
     source = run.config.model.init_from
     if source is not None:  # open_run checked an HF folder's config.json against [model]: read its weights
         on_every_rank(lambda: load_weights(model, read_init_weights(source), source), run.topology)
+    ema = ema_of(model) if run.config.optimizer.ema_decay is not None else None  # starts at the initial weights
     return TrainState.create(step=0, model=model, optimizer=build_optimizer(model, run.config.optimizer), lr_origin=0,
-                             run=run)
+                             run=run, ema=ema)
 
 
 def stage_data(state: TrainState) -> StageLoader:

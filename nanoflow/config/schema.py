@@ -15,7 +15,7 @@ from typing import Literal
 
 import attrs
 from attrs import Factory, frozen
-from attrs.validators import ge, instance_of, le, optional
+from attrs.validators import ge, instance_of, le, lt, optional
 
 from nanoflow.config.families import Architecture, architecture
 from nanoflow.config.keys import PATH, TOKENIZER_PATH, key, non_negative, positive, positive_float, unit_interval
@@ -218,6 +218,11 @@ class OptimizerArgs:
     clip_grad: float | Literal[False] = key(
         "the max global gradient norm; false: no clipping (nanotron's `clip_grad: null`; TOML has no null)", 1.0,
         validator=_clip_grad_valid)
+    ema_decay: float | None = key(
+        "keep an exponential moving average of the weights in float32, updated after every optimizer step as "
+        "ema = decay × ema + (1 − decay) × weights; saved with each checkpoint (its ema/ group), evaluated beside the "
+        "weights, exported by `bin/export --ema` (docs/monitoring.md, \"Weight EMA\")", None,
+        validator=optional([instance_of((int, float)), ge(0), lt(1)]), shown="none")
 
     @property
     def max_grad_norm(self) -> float | None:

@@ -1,0 +1,58 @@
+"""The weight EMA ([optimizer] ema_decay): its update, its save and exact resume, a resume that starts one."""
+
+import torch
+from helpers import quiet, tiny
+
+from nanoflow import io
+from nanoflow.build import init_state
+from nanoflow.checkpoint.checkpointer import Checkpointer
+from nanoflow.training.loop import train
+
+DECAY = "optimizer.ema_decay=0.75"
+
+
+def test_the_ema_is_the_recurrence_over_the_weights_after_each_step(tmp_path):
+    config = tiny(tmp_path, DECAY)
+    state = init_state(config)
+    expected = {name: p.detach().clone() for name, p in state.model.named_parameters()}
+    assert all(torch.equal(state.ema[name], expected[name]) for name in expected)  # starts at the initial weights
+    from nanoflow.build import stage_data
+    from nanoflow.step import train_step
+    with stage_data(state) as loader:
+        for step in (1, 2, 3):
+            state, _ = train_step(state, loader.batch_at(step))
+            for name, p in state.model.named_parameters():
+                expected[name] = expected[name].lerp(p.detach(), 0.25)
+    for name, p in state.model.named_parameters():
+        assert state.ema[name].dtype == torch.float32
+        assert torch.equal(state.ema[name], expected[name]), name
+        assert not torch.equal(state.ema[name], p), name  # it lags the weights
+
+
+def test_no_ema_without_ema_decay(tmp_path):
+    assert init_state(tiny(tmp_path)).ema is None
+    train(tiny(tmp_path), until_step=4, out=quiet())
+    assert "ema" not in io.read_metadata(str(tmp_path))["tensors"]
+
+
+def test_the_ema_is_saved_and_a_resume_across_the_stage_switch_equals_a_straight_run(tmp_path):
+    straight = train(tiny(tmp_path / "straight", DECAY), out=quiet())
+    saved = io.read_checkpoint(str(tmp_path / "straight"), groups=("ema",)).groups["ema"]
+    assert set(saved) == set(straight.ema)
+    assert all(torch.equal(saved[name], straight.ema[name]) for name in saved)
+    assert (tmp_path / "straight" / "12" / "ema").is_dir()
+    train(tiny(tmp_path / "resumed", DECAY, "checkpoints.checkpoint_interval=100"), until_step=9, out=quiet())
+    resumed = train(tiny(tmp_path / "resumed", DECAY), out=quiet())
+    for name, p in straight.model.named_parameters():
+        assert torch.equal(resumed.ema[name], straight.ema[name]), name
+        assert torch.equal(dict(resumed.model.named_parameters())[name], p), name
+
+
+def test_a_checkpoint_without_an_ema_resumed_with_ema_decay_starts_it_from_its_weights(tmp_path):
+    train(tiny(tmp_path), until_step=5, out=quiet())
+    out = quiet()
+    state = Checkpointer(tiny(tmp_path, DECAY), out=out).restore()
+    assert state.step == 5
+    weights = io.read_model(str(tmp_path))
+    assert all(torch.equal(state.ema[name], weights[name]) for name in weights)
+    assert "holds no weight EMA; the EMA starts from its weights at step 5" in out.getvalue()
