@@ -20,6 +20,7 @@ with evaluation trains the very weights a run without it trains.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -39,7 +40,7 @@ from nanoflow.observe.metrics import EVAL_FILE, MetricsLog
 from nanoflow.parallel import threads
 from nanoflow.parallel.agree import on_every_rank
 from nanoflow.parallel.mesh import Topology, all_reduce_sum
-from nanoflow.parallel.shards import load_weights
+from nanoflow.parallel.shards import load_weights, local_tensor
 from nanoflow.run import Run, open_run
 from nanoflow.schedule import Schedule, active_stage, stage_steps
 
@@ -164,11 +165,14 @@ def score(model: torch.nn.Module, eval_set: EvalSet, topology: Topology, dtype: 
 
 
 def evaluate(model: torch.nn.Module, sets: list[EvalSet], topology: Topology, step: int, stage: str,
-             dtype: str = "float32") -> list[dict]:
-    """One row per eval set, as eval.jsonl holds them, and a progress line saying them."""
-    rows = [{"step": step, "stage": stage, "dataset": s.name, **score(model, s, topology, dtype)}
+             dtype: str = "float32", ema: bool = False) -> list[dict]:
+    """One row per eval set, as eval.jsonl holds them, and a progress line saying them. With `ema` (the model
+    holds the weight EMA), each row's dataset is "<name>@ema" and it says "weights": "ema": its own series
+    wherever rows are drawn by dataset (the report, bin/compare, TensorBoard)."""
+    tag = {"weights": "ema"} if ema else {}
+    rows = [{"step": step, "stage": stage, "dataset": s.name + "@ema" * ema, **tag, **score(model, s, topology, dtype)}
             | ({"data_fingerprint": s.data_fingerprint} if s.data_fingerprint is not None else {}) for s in sets]
-    log.info(f"eval step {step} ({stage}): " + "  ".join(
+    log.info(f"eval step {step} ({stage}){' EMA weights' * ema}: " + "  ".join(
         f"{r['dataset']} loss {r['loss']:.4f}" + (f" exact {r['accuracy']:.1%}" if "accuracy" in r else "")
         for r in rows))
     return rows
@@ -207,11 +211,33 @@ class Evaluator:
             return []
         stage = state.schedule.stages[active_stage(state.schedule, state.step)].name
         rows = evaluate(state.model, self.sets, self.topology, state.step, stage, self.config.model.dtype)
+        if state.ema is not None:
+            with ema_weights(state.model, state.ema):
+                rows += evaluate(state.model, self.sets, self.topology, state.step, stage, self.config.model.dtype,
+                                 ema=True)
         for row in rows:
             self.rows.write(row)
             if self.tensorboard is not None:
                 self.tensorboard.write_eval(row)
         return rows
+
+
+@contextlib.contextmanager
+def ema_weights(model: torch.nn.Module, ema: dict[str, torch.Tensor]):
+    """The model holding the weight EMA inside the block, its own weights back, bit for bit, after it. Swapped in
+    place, shard by shard (no second model: under FSDP2 and TP the EMA is sharded as the weights are); the
+    weights are float32, so the copy back is exact."""
+    params = dict(model.named_parameters())
+    kept = {name: local_tensor(p).clone() for name, p in params.items()}
+    try:
+        with torch.no_grad():
+            for name, p in params.items():
+                local_tensor(p).copy_(local_tensor(ema[name]))
+        yield model
+    finally:
+        with torch.no_grad():
+            for name, p in params.items():
+                local_tensor(p).copy_(kept[name])
 
 
 # ---------------------------------------------------------------------------------------------

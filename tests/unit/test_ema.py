@@ -56,3 +56,32 @@ def test_a_checkpoint_without_an_ema_resumed_with_ema_decay_starts_it_from_its_w
     weights = io.read_model(str(tmp_path))
     assert all(torch.equal(state.ema[name], weights[name]) for name in weights)
     assert "holds no weight EMA; the EMA starts from its weights at step 5" in out.getvalue()
+
+
+def test_the_in_loop_eval_scores_the_ema_beside_the_weights_and_leaves_training_alone(tmp_path):
+    import io as text_io
+
+    from support.evaluation import rows_of, write_run
+
+    from nanoflow.config import load_config
+    from nanoflow.evaluation import ema_weights, evaluate, load_eval_sets
+    from nanoflow.run import open_run
+
+    config = load_config(write_run(tmp_path), ["optimizer.ema_decay=0.5"])
+    plain = load_config(write_run(tmp_path / "plain", evaluation=False), ["optimizer.ema_decay=0.5"])
+    state = train(config, fresh=True, out=text_io.StringIO())
+    without = train(plain, fresh=True, out=text_io.StringIO())
+    for name, p in without.model.named_parameters():  # evaluating the EMA swapped it in and out, bit for bit
+        assert torch.equal(dict(state.model.named_parameters())[name], p), name
+        assert torch.equal(state.ema[name], without.ema[name]), name
+    rows = rows_of(tmp_path / "run" / "eval.jsonl")
+    assert [(r["step"], r["dataset"], r.get("weights")) for r in rows if r["step"] == 6] == [
+        (6, "text", None), (6, "sums", None), (6, "text@ema", "ema"), (6, "sums@ema", "ema")]
+    raw, ema = rows[-4], rows[-2]
+    assert raw["loss"] != ema["loss"] and raw["tokens"] == ema["tokens"]
+    # The EMA rows are what the EMA weights score, recomputed here.
+    run = open_run(config)
+    sets = load_eval_sets(run.config, run.tokenizer)
+    with ema_weights(state.model, state.ema):
+        again = evaluate(state.model, sets, run.topology, 6, "sft", ema=True)
+    assert [r["loss"] for r in again] == [r["loss"] for r in rows[-2:]]
