@@ -85,3 +85,44 @@ def test_the_in_loop_eval_scores_the_ema_beside_the_weights_and_leaves_training_
     with ema_weights(state.model, state.ema):
         again = evaluate(state.model, sets, run.topology, 6, "sft", ema=True)
     assert [r["loss"] for r in again] == [r["loss"] for r in rows[-2:]]
+
+
+def test_bin_export_ema_writes_the_ema_as_the_hf_weights(tmp_path):
+    import json
+
+    from safetensors.torch import load_file
+
+    from nanoflow.commands.cli import export_main
+
+    state = train(tiny(tmp_path / "run", DECAY), until_step=4, out=quiet())
+    assert export_main([str(tmp_path / "run"), str(tmp_path / "hf"), "--ema"]) == 0
+    written = load_file(tmp_path / "hf" / "model.safetensors")
+    assert written.keys() == state.ema.keys()
+    assert all(torch.equal(written[name], state.ema[name]) for name in written)
+    assert not torch.equal(written["model.norm.weight"], state.model.model.norm.weight)
+    assert json.loads((tmp_path / "hf" / "config.json").read_text())["nanoflow"]["weights"] == "ema"
+
+
+def test_bin_export_ema_of_a_checkpoint_without_one_says_so(tmp_path, capsys):
+    from nanoflow.commands.cli import export_main
+
+    train(tiny(tmp_path / "run"), until_step=4, out=quiet())
+    assert export_main([str(tmp_path / "run"), str(tmp_path / "hf"), "--ema"]) != 0
+    said = capsys.readouterr().err
+    assert "saved by a run without [optimizer] ema_decay" in said and "Traceback" not in said
+    assert not (tmp_path / "hf" / "config.json").exists()
+
+
+def test_bin_average_ema_is_the_mean_of_the_saved_emas(tmp_path):
+    from nanoflow.commands.cli import average_main
+
+    train(tiny(tmp_path / "run", DECAY, "checkpoints.checkpoint_interval=2"), until_step=6, out=quiet())
+    assert average_main([str(tmp_path / "run"), str(tmp_path / "avg"), "--steps", "4,6", "--ema"]) == 0
+    emas = [io.read_checkpoint(str(tmp_path / "run" / s), groups=("ema",)).groups["ema"] for s in ("4", "6")]
+    averaged = io.read_model(str(tmp_path / "avg"))
+    assert averaged.keys() == emas[0].keys()
+    for name in averaged:
+        torch.testing.assert_close(averaged[name], (emas[0][name] + emas[1][name]) / 2, rtol=0, atol=1e-6)
+    assert [a.get("weights") for a in io.read_metadata(str(tmp_path / "avg"))["averaged_from"]] == ["ema", "ema"]
+    assert average_main([str(tmp_path / "run"), str(tmp_path / "avg2"), "--last", "2"]) == 0  # the weights: other numbers
+    assert not torch.equal(io.read_model(str(tmp_path / "avg2"))["model.norm.weight"], averaged["model.norm.weight"])
