@@ -70,7 +70,7 @@ def init_state(run: Run | Config, topology: Topology | None = None) -> TrainStat
     source = run.config.model.init_from
     if source is not None:  # open_run checked an HF folder's config.json against [model]: read its weights
         on_every_rank(lambda: load_weights(model, read_init_weights(source), source), run.topology)
-    ema = ema_of(model) if run.config.optimizer.ema_decay is not None else None  # starts at the initial weights
+    ema = ema_of(model) if run.config.keeps_ema else None  # starts at the initial weights
     return TrainState.create(step=0, model=model, optimizer=build_optimizer(model, run.config.optimizer), lr_origin=0,
                              run=run, ema=ema)
 

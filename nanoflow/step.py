@@ -95,7 +95,7 @@ def train_step(state: TrainState, batch) -> tuple[TrainState, dict]:
         scale_gradients(model.parameters(), scale)
     optimizer.step()
     if state.ema is not None:
-        _update_ema(state.ema, model, config.optimizer.ema_decay)
+        _update_ema(state.ema, model, config.stage_ema_decay(index))
 
     metrics = {
         "step": step,

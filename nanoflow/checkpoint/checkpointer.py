@@ -306,12 +306,12 @@ class Checkpointer:
         if moments:
             load_moments(model, optimizer, reader)
         ema = None
-        if config.optimizer.ema_decay is not None:
+        if config.keeps_ema:
             # A checkpoint saved without an EMA (ema_decay set on a resume) starts one from the weights it holds.
             ema = load_ema(model, reader)
             if ema is None:
                 ema = ema_of(model)
-                self._say(f"optimizer.ema_decay: {reader.path} holds no weight EMA; the EMA starts from its "
+                self._say(f"ema_decay: {reader.path} holds no weight EMA; the EMA starts from its "
                           f"weights at step {trained.completed}")
         return TrainState.create(step=trained.completed, model=model, optimizer=optimizer, lr_origin=lr_origin,
                                  run=self.run, ema=ema)

@@ -221,7 +221,7 @@ class OptimizerArgs:
     ema_decay: float | None = key(
         "keep an exponential moving average of the weights in float32, updated after every optimizer step as "
         "ema = decay × ema + (1 − decay) × weights; saved with each checkpoint (its ema/ group), evaluated beside the "
-        "weights, exported by `bin/export --ema` (docs/monitoring.md, \"Weight EMA\")", None,
+        "weights, exported by `bin/export --ema`; a stage may set its own (docs/monitoring.md, \"Weight EMA\")", None,
         validator=optional([instance_of((int, float)), ge(0), lt(1)]), shown="none")
 
     @property
@@ -285,6 +285,16 @@ class Config:
     logging: LoggingArgs = key("the progress lines", Factory(LoggingArgs))
     evaluation: EvaluationArgs | None = key("eval sets; unset: no evaluation (and nothing recorded for it)",
                                                   None)
+
+    @property
+    def keeps_ema(self) -> bool:
+        """Whether the run keeps a weight EMA: [optimizer] ema_decay or a stage's is set."""
+        return self.optimizer.ema_decay is not None or any(s.ema_decay is not None for s in self.data_stages)
+
+    def stage_ema_decay(self, index: int) -> float:
+        """The EMA decay of stage `index`'s steps: its own, else the run's, else 0 (the EMA follows the weights)."""
+        own = self.data_stages[index].ema_decay
+        return own if own is not None else (self.optimizer.ema_decay or 0.0)
 
     def stage_tokens(self, index: int) -> TokensArgs:
         """[tokens] with stage `index`'s overrides applied and the accumulation resolved."""

@@ -126,3 +126,26 @@ def test_bin_average_ema_is_the_mean_of_the_saved_emas(tmp_path):
     assert [a.get("weights") for a in io.read_metadata(str(tmp_path / "avg"))["averaged_from"]] == ["ema", "ema"]
     assert average_main([str(tmp_path / "run"), str(tmp_path / "avg2"), "--last", "2"]) == 0  # the weights: other numbers
     assert not torch.equal(io.read_model(str(tmp_path / "avg2"))["model.norm.weight"], averaged["model.norm.weight"])
+
+
+def test_a_stage_of_its_own_decay_keeps_the_ema_on_the_weights_before_it(tmp_path):
+    from nanoflow.build import stage_data
+    from nanoflow.step import train_step
+
+    config = tiny(tmp_path, "data_stages.sft.ema_decay=0.5")   # sft starts at step 8; pretrain: decay 0
+    assert config.keeps_ema and [config.stage_ema_decay(i) for i in (0, 1)] == [0.0, 0.5]
+    state = init_state(config)
+    for step in range(1, 10):
+        if step in (1, 8):
+            loader = stage_data(state)
+        state, _ = train_step(state, loader.batch_at(step))
+        weights = {name: p.detach() for name, p in state.model.named_parameters()}
+        if step <= 7:   # pretrain: the EMA is the weights
+            assert all(torch.equal(state.ema[name], weights[name]) for name in weights), step
+            expected = {name: w.clone() for name, w in weights.items()}
+        else:           # sft: decay 0.5 from pretrain's last weights
+            expected = {name: expected[name].lerp(w, 0.5) for name, w in weights.items()}
+            assert all(torch.equal(state.ema[name], expected[name]) for name in weights), step
+            assert not all(torch.equal(state.ema[name], weights[name]) for name in weights), step
+    assert tiny(tmp_path, "optimizer.ema_decay=0.9").stage_ema_decay(1) == 0.9
+    assert not tiny(tmp_path).keeps_ema
