@@ -192,8 +192,9 @@ class Evaluator:
     """The loop's evaluation: `maybe_run(state)` after each step evaluates when it is due, writes the rows to
     <run>/eval.jsonl (rank 0) and TensorBoard, and says them. Does nothing without [evaluation]."""
 
-    def __init__(self, run: Run, start_step: int, tensorboard=None):
-        self.config, self.topology, self.tensorboard = run.config, run.topology, tensorboard
+    def __init__(self, run: Run, start_step: int, views: tuple = ()):
+        # views: what else shows the rows (TensorBoard, W&B), each by its write_eval(row)
+        self.config, self.topology, self.views = run.config, run.topology, tuple(views)
         # Rank 0 writes the rows: it alone hashes the sets' files (once for the run: its checkpoints record them too)
         self.sets = load_eval_sets(run.config, run.tokenizer, run.fingerprints.evals() if run.topology.is_main else None)
         # eval.jsonl: metrics.jsonl's own writer, with its truncation of the rows after the resumed step
@@ -217,8 +218,8 @@ class Evaluator:
                                  ema=True)
         for row in rows:
             self.rows.write(row)
-            if self.tensorboard is not None:
-                self.tensorboard.write_eval(row)
+            for view in self.views:
+                view.write_eval(row)
         return rows
 
 

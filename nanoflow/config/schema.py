@@ -258,11 +258,25 @@ class CheckpointsArgs:
 
 
 @frozen
+class WandbArgs:
+    """[logging.wandb]: Weights & Biases logging from rank 0, in wandb.init's own names (docs/monitoring.md)."""
+
+    project: str = key("the W&B project")
+    entity: str | None = key("the W&B team or user", None, shown="W&B's default entity")
+    name: str | None = key("the W&B run's display name", None, shown="general.run")
+    mode: Literal["online", "offline", "disabled"] = key(
+        '"offline": written to `dir` only, for `wandb sync` later; "disabled": nothing', "online")
+    dir: str | None = key("where W&B writes its files (a wandb/ folder in it)", None, path=PATH,
+                          shown="the run folder")
+
+
+@frozen
 class LoggingArgs:
-    """[logging]: the progress lines."""
+    """[logging]: the progress lines, and Weights & Biases."""
 
     iteration_step_info_interval: int = key("a plain log line every N steps when not on a terminal", 1,
                                             validator=positive)
+    wandb: WandbArgs | None = key("log to Weights & Biases (the `wandb` extra); unset: not", None)
 
 
 def _by_start_step(stages) -> tuple[DatasetStageArgs, ...]:
