@@ -70,9 +70,10 @@ def state_blocks(model: torch.nn.Module, optimizer: torch.optim.Optimizer, topol
     return groups
 
 
-def state_bytes(model: torch.nn.Module) -> int:
-    """About what a checkpoint of `model` and its AdamW state writes, all ranks together."""
-    return 3 * sum(p.numel() * p.element_size() for p in model.parameters())
+def state_bytes(model: torch.nn.Module, ema: bool = False) -> int:
+    """About what a checkpoint of `model` and its AdamW state (and a float32 weight EMA) writes, all ranks together."""
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    return 3 * weights + (sum(p.numel() * 4 for p in model.parameters()) if ema else 0)
 
 
 def local_tensor(target: torch.Tensor) -> torch.Tensor:

@@ -106,7 +106,7 @@ def _prepare_folder(run: Run, state: TrainState, fresh: bool) -> None:
     if fresh:
         for old, new in on_main(lambda: set_aside(run.folder), run.topology) or []:
             log.info(f"--fresh: the old run's {old} moved to {new}, kept; this run writes a new {old.name}")
-    needed = 0 if run.is_remote else state_bytes(state.model)
+    needed = 0 if run.is_remote else state_bytes(state.model, ema=state.ema is not None)
     on_main(lambda: check_room(str(run.folder), needed), run.topology)
     _check_stages_ahead(run, state.step)
 

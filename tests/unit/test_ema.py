@@ -149,3 +149,16 @@ def test_a_stage_of_its_own_decay_keeps_the_ema_on_the_weights_before_it(tmp_pat
             assert not all(torch.equal(state.ema[name], weights[name]) for name in weights), step
     assert tiny(tmp_path, "optimizer.ema_decay=0.9").stage_ema_decay(1) == 0.9
     assert not tiny(tmp_path).keeps_ema
+
+
+def test_verify_resumes_first_difference_sees_the_ema():
+    from nanoflow.commands.verify import first_difference
+    from nanoflow.io.reader import Checkpoint
+
+    one = {"w": torch.zeros(2)}
+    a = Checkpoint("a", {"step": 3}, {"model": one, "optimizer": {}, "ema": {"w": torch.zeros(2)}})
+    b = Checkpoint("b", {"step": 3}, {"model": one, "optimizer": {}, "ema": {"w": torch.tensor([0.0, 1e-7])}})
+    assert first_difference(a, a) is None
+    assert first_difference(a, b).startswith("ema/w differs")
+    assert first_difference(a, Checkpoint("c", {"step": 3}, {"model": one, "optimizer": {}})) == \
+        "ema/w is missing from the second run"
