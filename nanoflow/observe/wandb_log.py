@@ -59,9 +59,11 @@ class WandbLog:
 
         args = self.args
         run_id = self._run_id()
+        where = Path(args.dir or self.folder)
+        where.mkdir(parents=True, exist_ok=True)   # W&B would fall back to a temporary folder instead
         self.run = wandb.init(
             project=args.project, entity=args.entity, name=args.name or self.config.general.run, mode=args.mode,
-            dir=args.dir or str(self.folder), id=run_id, resume="allow",
+            dir=str(where), id=run_id, resume="allow",
             config=run_config(self.config, self.schedule), allow_val_change=True,
             # nanoflow's own lines stay the run's output: W&B neither captures the console nor prints its banner
             settings=wandb.Settings(console="off", quiet=True, silent=True, disable_git=True))

@@ -75,3 +75,12 @@ def test_without_the_package_plan_and_start_up_say_so_in_one_line(tmp_path, monk
         assert "[logging.wandb] needs wandb, which is not installed: pip install '.[wandb]'" in err
         assert "Traceback" not in err
     assert not (tmp_path / "run").exists()   # nothing ran
+
+
+def test_dir_is_where_w_and_b_writes_relative_to_the_toml(tmp_path):
+    path = write_run(tmp_path, evaluation=False)
+    train(load_config(path, [*OFFLINE, 'logging.wandb.dir="elsewhere/wb"', "tokens.train_steps=2"]), out=quiet())
+    written = offline_runs(tmp_path / "elsewhere" / "wb")
+    assert len(written) == 1 and not (tmp_path / "run" / "wandb").exists()
+    assert run_record(written[0]).run_id == (tmp_path / "run" / "wandb_run_id.txt").read_text().strip()
+    assert [row["_step"] for row in history(written[0])] == [1, 2]
