@@ -228,6 +228,7 @@ def ema_weights(model: torch.nn.Module, ema: dict[str, torch.Tensor]):
     """The model holding the weight EMA inside the block, its own weights back, bit for bit, after it. Swapped in
     place, shard by shard (no second model: under FSDP2 and TP the EMA is sharded as the weights are); the
     weights are float32, so the copy back is exact."""
+    _reshard(model)
     params = dict(model.named_parameters())
     kept = {name: local_tensor(p).clone() for name, p in params.items()}
     try:
@@ -236,9 +237,20 @@ def ema_weights(model: torch.nn.Module, ema: dict[str, torch.Tensor]):
                 local_tensor(p).copy_(local_tensor(ema[name]))
         yield model
     finally:
+        _reshard(model)
         with torch.no_grad():
             for name, p in params.items():
                 local_tensor(p).copy_(kept[name])
+
+
+def _reshard(model: torch.nn.Module) -> None:
+    """Every FSDP2 module back to its sharded parameters: the root keeps its gathered ones after a forward without
+    backward (an evaluation), and the swap works on the shards."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -48,3 +48,35 @@ def test_a_sharded_ema_resumes_exactly_on_its_layout_and_closely_on_another(runs
     other = ema(tmp_path / "tp2")
     for name in straight:
         torch.testing.assert_close(other[name], straight[name], rtol=0, atol=1e-5, msg=name)
+
+
+@pytest.mark.parametrize("layout", [("2", "1"), ("1", "2")])
+def test_the_ema_rows_of_a_sharded_run_are_the_single_process_ones(tmp_path, layout):
+    """The EMA is swapped into FSDP2 / TP shards for its evaluation and swapped back: rows and weights as on one process."""
+    import json
+    import os
+
+    from helpers import REPO
+    from process_helpers import PYTHON, TORCHRUN, run_command
+    from support.evaluation import rows_of, write_run
+
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    dp, tp = layout
+    runs = {}
+    for name, launcher, sets in (("one", (PYTHON,), []),
+                                 ("sharded", (*TORCHRUN, "--nproc_per_node", "2"),
+                                  ["--set", f"parallelism.dp={dp}", "--set", f"parallelism.tp={tp}",   # the same global batch
+                                   "--set", f"tokens.batch_accumulation_per_replica={2 // int(dp)}"])):
+        config = write_run(tmp_path / name)
+        result = run_command("train", str(config), "--set", EMA, *sets, launcher=launcher, env=env, timeout=600)
+        assert result.returncode == 0, result.stdout + result.stderr
+        runs[name] = rows_of(tmp_path / name / "run" / "eval.jsonl")
+    one, sharded = runs["one"], runs["sharded"]
+    assert [(r["step"], r["dataset"], r.get("weights")) for r in sharded] == \
+        [(r["step"], r["dataset"], r.get("weights")) for r in one]
+    assert any(r.get("weights") == "ema" for r in one)
+    for a, b in zip(one, sharded, strict=True):
+        assert b["loss"] == pytest.approx(a["loss"], abs=1e-5), json.dumps([a, b])
+    weights, other = io.read_model(str(tmp_path / "one" / "run")), io.read_model(str(tmp_path / "sharded" / "run"))
+    for name in weights:
+        torch.testing.assert_close(other[name], weights[name], rtol=0, atol=1e-5, msg=name)
