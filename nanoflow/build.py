@@ -14,7 +14,7 @@ from nanoflow.parallel.mesh import SINGLE, Topology, device, parallelize
 from nanoflow.parallel.shards import load_weights
 from nanoflow.run import Run, as_run
 from nanoflow.schedule import active_stage
-from nanoflow.state import TrainState
+from nanoflow.state import TrainState, ema_of
 
 
 def fused_adamw(args: OptimizerArgs, recorded: bool | None = None) -> bool:
@@ -102,8 +102,9 @@ def init_state(run: Run | Config, topology: Topology | None = None) -> TrainStat
     model = build_model(run.config, run.topology, init=source is None)   # init_from's weights fill every one
     if source is not None:  # open_run checked an HF folder's config.json against [model]: read its weights
         on_every_rank(lambda: load_weights(model, read_init_weights(source), source), run.topology)
+    ema = ema_of(model) if run.config.keeps_ema else None  # starts at the initial weights
     return TrainState.create(step=0, model=model, optimizer=build_optimizer(model, run.config.optimizer), lr_origin=0,
-                             run=run)
+                             run=run, ema=ema)
 
 
 def stage_data(state: TrainState) -> StageLoader:

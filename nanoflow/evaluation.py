@@ -22,6 +22,7 @@ with evaluation trains the very weights a run without it trains.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -42,7 +43,7 @@ from nanoflow.observe.metrics import EVAL_FILE, MetricsLog
 from nanoflow.parallel import threads
 from nanoflow.parallel.agree import on_every_rank
 from nanoflow.parallel.mesh import Topology, all_reduce_sum
-from nanoflow.parallel.shards import load_weights
+from nanoflow.parallel.shards import load_weights, local_tensor
 from nanoflow.run import Run, open_run
 from nanoflow.schedule import Schedule, active_stage, stage_steps
 
@@ -238,11 +239,14 @@ def score_choices(model: torch.nn.Module, eval_set: EvalSet, topology: Topology,
 
 
 def evaluate(model: torch.nn.Module, sets: list[EvalSet], topology: Topology, step: int, stage: str,
-             dtype: str = "float32") -> list[dict]:
-    """One row per eval set, as eval.jsonl holds them, and a progress line saying them."""
-    rows = [{"step": step, "stage": stage, "dataset": s.name, **score(model, s, topology, dtype)}
+             dtype: str = "float32", ema: bool = False) -> list[dict]:
+    """One row per eval set, as eval.jsonl holds them, and a progress line saying them. With `ema` (the model
+    holds the weight EMA), each row's dataset is "<name>@ema" and it says "weights": "ema": its own series
+    wherever rows are drawn by dataset (the report, bin/compare, TensorBoard)."""
+    tag = {"weights": "ema"} if ema else {}
+    rows = [{"step": step, "stage": stage, "dataset": s.name + "@ema" * ema, **tag, **score(model, s, topology, dtype)}
             | ({"data_fingerprint": s.data_fingerprint} if s.data_fingerprint is not None else {}) for s in sets]
-    log.info(f"eval step {step} ({stage}): " + "  ".join(
+    log.info(f"eval step {step} ({stage}){' EMA weights' * ema}: " + "  ".join(
         f"{r['dataset']} loss {r['loss']:.4f}" + (
             f" acc {r['accuracy']:.1%} acc_norm {r['accuracy_norm']:.1%}" if "accuracy_norm" in r
             else f" exact {r['accuracy']:.1%}" if "accuracy" in r else "")
@@ -264,8 +268,9 @@ class Evaluator:
     """The loop's evaluation: `maybe_run(state)` after each step evaluates when it is due, writes the rows to
     <run>/eval.jsonl (rank 0) and TensorBoard, and says them. Does nothing without [evaluation]."""
 
-    def __init__(self, run: Run, start_step: int, tensorboard=None):
-        self.config, self.topology, self.tensorboard = run.config, run.topology, tensorboard
+    def __init__(self, run: Run, start_step: int, views: tuple = ()):
+        # views: what else shows the rows (TensorBoard, W&B), each by its write_eval(row)
+        self.config, self.topology, self.views = run.config, run.topology, tuple(views)
         # Rank 0 writes the rows: it alone hashes the sets' files (once for the run: its checkpoints record them too)
         self.sets = load_eval_sets(run.config, run.tokenizer, run.fingerprints.evals() if run.topology.is_main else None)
         # eval.jsonl: metrics.jsonl's own writer, with its truncation of the rows after the resumed step
@@ -283,11 +288,45 @@ class Evaluator:
             return []
         stage = state.schedule.stages[active_stage(state.schedule, state.step)].name
         rows = evaluate(state.model, self.sets, self.topology, state.step, stage, self.config.model.dtype)
+        if state.ema is not None:
+            with ema_weights(state.model, state.ema):
+                rows += evaluate(state.model, self.sets, self.topology, state.step, stage, self.config.model.dtype,
+                                 ema=True)
         for row in rows:
             self.rows.write(row)
-            if self.tensorboard is not None:
-                self.tensorboard.write_eval(row)
+            for view in self.views:
+                view.write_eval(row)
         return rows
+
+
+@contextlib.contextmanager
+def ema_weights(model: torch.nn.Module, ema: dict[str, torch.Tensor]):
+    """The model holding the weight EMA inside the block, its own weights back, bit for bit, after it. Swapped in
+    place, shard by shard (no second model: under FSDP2 and TP the EMA is sharded as the weights are); the
+    weights are float32, so the copy back is exact."""
+    _reshard(model)
+    params = dict(model.named_parameters())
+    kept = {name: local_tensor(p).clone() for name, p in params.items()}
+    try:
+        with torch.no_grad():
+            for name, p in params.items():
+                local_tensor(p).copy_(local_tensor(ema[name]))
+        yield model
+    finally:
+        _reshard(model)
+        with torch.no_grad():
+            for name, p in params.items():
+                local_tensor(p).copy_(kept[name])
+
+
+def _reshard(model: torch.nn.Module) -> None:
+    """Every FSDP2 module back to its sharded parameters: the root keeps its gathered ones after a forward without
+    backward (an evaluation), and the swap works on the shards."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()
 
 
 # ---------------------------------------------------------------------------------------------

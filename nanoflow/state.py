@@ -55,6 +55,9 @@ class TrainState:
     model: Llama
     optimizer: torch.optim.Optimizer
     lr_origin: int                         # the step the LR schedule counts from (0, or a resume that restarts it)
+    # [optimizer] ema_decay's moving average of the weights, by parameter name, float32, each sharded like its
+    # parameter (a DTensor of the same placements under dp/tp); None when the run keeps none. Updated in place.
+    ema: dict[str, torch.Tensor] | None
     run: RunFacts = field(repr=False)      # the nanoflow.run.Run it belongs to
     _live: _LiveStep = field(repr=False)
 
@@ -90,5 +93,11 @@ class TrainState:
 
     @classmethod
     def create(cls, *, step: int, model: Llama, optimizer: torch.optim.Optimizer, lr_origin: int,
-               run: RunFacts) -> TrainState:
-        return cls(step, model, optimizer, lr_origin, run, _LiveStep(step))
+               run: RunFacts, ema: dict[str, torch.Tensor] | None = None) -> TrainState:
+        return cls(step, model, optimizer, lr_origin, ema, run, _LiveStep(step))
+
+
+def ema_of(model: Llama) -> dict[str, torch.Tensor]:
+    """A weight EMA starting at `model`'s weights: float32 copies, sharded as the parameters are."""
+    with torch.no_grad():
+        return {name: p.detach().to(torch.float32, copy=True) for name, p in model.named_parameters()}

@@ -98,6 +98,8 @@ def train_step(state: TrainState, batch) -> tuple[TrainState, dict]:
         scale = torch.clamp(clip / (total_norm + 1e-6), max=1.0)  # a device scalar: no read
         scale_gradients(model.parameters(), scale)
     optimizer.step()
+    if state.ema is not None:
+        _update_ema(state.ema, model, config.stage_ema_decay(index))
 
     metrics = {
         "step": step,
@@ -109,6 +111,13 @@ def train_step(state: TrainState, batch) -> tuple[TrainState, dict]:
         "target_tokens": int(target_tokens),
     }
     return state.advance(step), metrics
+
+
+@torch.no_grad()
+def _update_ema(ema: dict[str, torch.Tensor], model: torch.nn.Module, decay: float) -> None:
+    """ema ← decay × ema + (1 − decay) × weights, each rank on its own shards (lerp: one fused op per tensor)."""
+    for name, p in model.named_parameters():
+        ema[name].lerp_(p.detach().to(torch.float32), 1.0 - decay)
 
 
 def precision(dtype: str, device: torch.device):

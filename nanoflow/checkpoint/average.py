@@ -110,32 +110,38 @@ def selection(run_dir: str, *, last: int | None = None, steps: list[int] | None 
 
 
 def average_checkpoints(run_dir: str, out_dir: str, *, last: int | None = None, steps: list[int] | None = None,
-                        weights: list[float] | None = None) -> dict:
+                        weights: list[float] | None = None, ema: bool = False) -> dict:
     """Commit the weighted mean of the chosen checkpoints of `run_dir` as a checkpoint in `out_dir` (a run
     folder that holds no committed checkpoint yet, locked while it is written as a training run locks its folder);
-    its step is the newest source's. Returns a summary:
+    its step is the newest source's. With `ema`, the mean of their weight EMAs ([optimizer] ema_decay), written
+    as the new checkpoint's weights. Returns a summary:
     {"path", "step", "sources", "weights"}."""
     folders, weights = selection(run_dir, last=last, steps=steps, weights=weights)
     readers = [io.CheckpointReader(folder) for folder in folders]
     _same_model(readers)
+    group = "ema" if ema else "model"
+    if missing := [r.path for r in readers if group not in r.metadata["tensors"]]:
+        raise AverageError(f"--ema: {', '.join(missing)} hold{'s' * (len(missing) == 1)} no weight EMA (saved "
+                           "without [optimizer] ema_decay)")
     # OUT_DIR's lock, the one a training run takes, from before it is found empty to after the commit: a second
     # average into it meanwhile is refused naming this one; one that comes after finds the committed checkpoint.
     lock = io.RunLock.acquire(out_dir, run="bin/average")
     try:
         if io.checkpoints_to_try(out_dir):
             raise AverageError(f"{out_dir} already holds a committed checkpoint; name a new folder")
-        return _average(readers, weights, out_dir, lock)
+        return _average(readers, weights, out_dir, lock, group)
     finally:
         lock.release()
 
 
-def _average(readers: list[io.CheckpointReader], weights: list[float], out_dir: str, lock) -> dict:
+def _average(readers: list[io.CheckpointReader], weights: list[float], out_dir: str, lock, group: str = "model"
+             ) -> dict:
     newest = readers[-1]
     tensors = {}
     for name in newest.names("model"):
         total = None
         for reader, weight in zip(readers, weights, strict=True):
-            part = reader.read("model", name).to(torch.float32)   # may be a view of the bytes read: never written to
+            part = reader.read(group, name).to(torch.float32)   # may be a view of the bytes read: never written to
             total = part * weight if total is None else total.add_(part, alpha=weight)
             del part
         assert total is not None   # one checkpoint or more
@@ -145,7 +151,7 @@ def _average(readers: list[io.CheckpointReader], weights: list[float], out_dir: 
             if key in newest.metadata}
     info["topology"] = SINGLE_PROCESS
     info["averaged_from"] = [{"checkpoint": r.path, "step": r.metadata["step"], "weight": w}
-                             for r, w in zip(readers, weights, strict=True)]
+                             | ({"weights": "ema"} if group == "ema" else {}) for r, w in zip(readers, weights, strict=True)]
     lock.confirm()   # still this average's (its lease renewed): only then is anything written
     suffix = new_save(out_dir, step, ["model"])
     written = write_files(out_dir, step, {"model": tensors}, suffix, rank=0)

@@ -39,7 +39,7 @@ from nanoflow.io.store import StoreError
 from nanoflow.parallel import threads
 from nanoflow.parallel.agree import any_failed, every_rank, on_every_rank, on_main
 from nanoflow.parallel.mesh import Topology, gather_objects
-from nanoflow.parallel.shards import load_moments, load_weights, state_blocks
+from nanoflow.parallel.shards import load_ema, load_moments, load_weights, state_blocks
 from nanoflow.run import Run, as_run
 from nanoflow.schedule import (
     ResumePoint,
@@ -50,7 +50,7 @@ from nanoflow.schedule import (
     resume_point,
     training_metadata,
 )
-from nanoflow.state import TrainState
+from nanoflow.state import TrainState, ema_of
 
 log = logging.getLogger(__name__)
 
@@ -312,8 +312,16 @@ class Checkpointer:
         optimizer = build_optimizer(model, config.optimizer, recorded_fused=fused)
         if moments:
             load_moments(model, optimizer, reader)
+        ema = None
+        if config.keeps_ema:
+            # A checkpoint saved without an EMA (ema_decay set on a resume) starts one from the weights it holds.
+            ema = load_ema(model, reader)
+            if ema is None:
+                ema = ema_of(model)
+                self._say(f"ema_decay: {reader.path} holds no weight EMA; the EMA starts from its "
+                          f"weights at step {trained.completed}")
         return TrainState.create(step=trained.completed, model=model, optimizer=optimizer, lr_origin=lr_origin,
-                                 run=self.run)
+                                 run=self.run, ema=ema)
 
     def _tell(self, findings: Findings) -> None:
         for line in findings.warnings:
@@ -364,7 +372,7 @@ class Checkpointer:
             fingerprint = self.run.fingerprints.of([s.name for s in begun_stages(state.schedule, state.step)])
             evals = self.run.fingerprints.evals()
         info = checkpoint_info(state, fingerprint, self.lineage, evals)
-        groups = state_blocks(state.model, state.optimizer, topology)
+        groups = state_blocks(state.model, state.optimizer, topology, state.ema)
         root, step = checkpoints.checkpoints_path, state.step
         on_main(self._confirm_lock, self.topology)  # still ours: renewed now
         suffix = on_main(lambda: new_save(root, step, groups), self.topology)

@@ -141,6 +141,8 @@ def _step_number(text: str) -> int:
 
 def _train(args: argparse.Namespace) -> int:
     config = load_config(args.config, args.overrides)
+    from nanoflow.observe.wandb_log import check_installed
+    check_installed(config)   # [logging.wandb] without the package: said now, for --plan too, not at the first step
     if args.until_step is not None and args.until_step > config.tokens.train_steps:
         raise ConfigError(f"--until-step {args.until_step} is after tokens.train_steps = {config.tokens.train_steps}, "
                           "where the run ends anyway (drop it, or raise train_steps: that changes the LR schedule)")
@@ -263,15 +265,18 @@ def export_main(argv: list[str] | None = None) -> int:
                              "(bytes, or with KB/MB/GB), with an index (default 5GB)")
     parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"),
                         help="cast the weights (default: as saved, float32)")
+    parser.add_argument("--ema", action="store_true",
+                        help="export the checkpoint's weight EMA ([optimizer] ema_decay) instead of its weights")
     args = parser.parse_args(argv)
     return guarded(lambda: _export(args))
 
 
 def _export(args: argparse.Namespace) -> int:
     from nanoflow.interop.export import export_hf
-    summary = export_hf(args.checkpoint, args.out_dir, max_shard_size=args.max_shard_size, dtype=args.dtype)
+    summary = export_hf(args.checkpoint, args.out_dir, max_shard_size=args.max_shard_size, dtype=args.dtype,
+                        ema=args.ema)
     tokenizer = f"; tokenizer: {summary['tokenizer']}" if summary["tokenizer"] else "; no tokenizer"
-    log.info(f"exported step {summary['step']} to {summary['path']}: {len(summary['files'])} files, "
+    log.info(f"exported {'the weight EMA of ' * args.ema}step {summary['step']} to {summary['path']}: {len(summary['files'])} files, "
              f"{summary['dtype']}{tokenizer}")
     return EXIT_DONE
 
@@ -424,6 +429,8 @@ def average_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", metavar="A,B,...", help="average these committed steps")
     parser.add_argument("--weights", metavar="W,W,...", help="one weight per checkpoint, in step order "
                                                              "(normalised; default: uniform)")
+    parser.add_argument("--ema", action="store_true", help="average the checkpoints' weight EMAs ([optimizer] "
+                                                           "ema_decay) instead of their weights")
     args = parser.parse_args(argv)
     return guarded(lambda: _average(args), where=args.run_dir)
 
@@ -445,9 +452,10 @@ def _average(args: argparse.Namespace) -> int:
     if last is not None and len(last) != 1:
         raise AverageError(f"--last {args.last!r}: expected one number of checkpoints")
     summary = average_checkpoints(args.run_dir, args.out_dir, last=None if last is None else last[0],
-                                  steps=_numbers("--steps", args.steps), weights=_numbers("--weights", args.weights, float))
+                                  steps=_numbers("--steps", args.steps), weights=_numbers("--weights", args.weights, float), ema=args.ema)
     sources = ", ".join(f"{s.rstrip('/').rpartition('/')[2]} ({w:.3g})" for s, w in zip(summary["sources"], summary["weights"], strict=True))
-    log.info(f"averaged steps {sources} into {summary['path']} (step {summary['step']}, model weights only)")
+    log.info(f"averaged steps {sources} into {summary['path']} (step {summary['step']}, "
+             f"{'their weight EMAs' if args.ema else 'model weights'} only)")
     return EXIT_DONE
 
 

@@ -107,10 +107,10 @@ STEP_LINE = re.compile(r"^step\s+(\d+)/\d+\s")
 
 def first_difference(a: io.Checkpoint, b: io.Checkpoint) -> str | None:
     """The first tensor that differs between two checkpoints, or None if they are identical."""
-    for group in ("model", "optimizer"):
-        names = sorted(set(a.groups[group]) | set(b.groups[group]))
+    for group in ("model", "optimizer", *sorted(set(a.groups) | set(b.groups) - {"model", "optimizer"})):
+        names = sorted(set(a.groups.get(group, {})) | set(b.groups.get(group, {})))
         for name in names:
-            x, y = a.groups[group].get(name), b.groups[group].get(name)
+            x, y = a.groups.get(group, {}).get(name), b.groups.get(group, {}).get(name)
             if x is None or y is None:
                 return f"{group}/{name} is missing from the {'first' if x is None else 'second'} run"
             if x.shape != y.shape or not torch.equal(x, y):
@@ -177,10 +177,13 @@ def verify_resume(config: str, overrides: list[str], workdir: Path, *, kills: in
             return False
         break
 
-    difference = first_difference(io.read_checkpoint(str(straight)), io.read_checkpoint(str(interrupted)))
+    # Every group saved (the weight EMA too, with ema_decay), so a missing or different EMA fails.
+    groups = tuple(io.read_metadata(str(straight))["tensors"])
+    difference = first_difference(io.read_checkpoint(str(straight), groups),
+                                  io.read_checkpoint(str(interrupted), tuple(io.read_metadata(str(interrupted))["tensors"])))
     if difference is None:
         log.info(f"PASS: after {performed} kills the resumed run ends bit-identical to the straight run "
-                 "(weights and optimizer moments)")
+                 "(weights and optimizer moments" + (", weight EMA" if "ema" in groups else "") + ")")
         return True
     log.info(f"FAIL: {difference}")
     return False

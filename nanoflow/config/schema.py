@@ -15,7 +15,7 @@ from typing import Literal
 
 import attrs
 from attrs import Factory, frozen
-from attrs.validators import ge, instance_of, le, optional
+from attrs.validators import ge, instance_of, le, lt, optional
 
 from nanoflow.config.families import Architecture, architecture
 from nanoflow.config.keys import PATH, TOKENIZER_PATH, key, non_negative, positive, positive_float, unit_interval
@@ -226,6 +226,11 @@ class OptimizerArgs:
     clip_grad: float | Literal[False] = key(
         "the max global gradient norm; false: no clipping (nanotron's `clip_grad: null`; TOML has no null)", 1.0,
         validator=_clip_grad_valid)
+    ema_decay: float | None = key(
+        "keep an exponential moving average of the weights in float32, updated after every optimizer step as "
+        "ema = decay × ema + (1 − decay) × weights; saved with each checkpoint (its ema/ group), evaluated beside the "
+        "weights, exported by `bin/export --ema`; a stage may set its own (docs/monitoring.md, \"Weight EMA\")", None,
+        validator=optional([instance_of((int, float)), ge(0), lt(1)]), shown="none")
 
     @property
     def max_grad_norm(self) -> float | None:
@@ -261,11 +266,25 @@ class CheckpointsArgs:
 
 
 @frozen
+class WandbArgs:
+    """[logging.wandb]: Weights & Biases logging from rank 0, in wandb.init's own names (docs/monitoring.md)."""
+
+    project: str = key("the W&B project")
+    entity: str | None = key("the W&B team or user", None, shown="W&B's default entity")
+    name: str | None = key("the W&B run's display name", None, shown="general.run")
+    mode: Literal["online", "offline", "disabled"] = key(
+        '"offline": written to `dir` only, for `wandb sync` later; "disabled": nothing', "online")
+    dir: str | None = key("where W&B writes its files (a wandb/ folder in it)", None, path=PATH,
+                          shown="the run folder")
+
+
+@frozen
 class LoggingArgs:
-    """[logging]: the progress lines."""
+    """[logging]: the progress lines, and Weights & Biases."""
 
     iteration_step_info_interval: int = key("a plain log line every N steps when not on a terminal", 1,
                                             validator=positive)
+    wandb: WandbArgs | None = key("log to Weights & Biases (the `wandb` extra); unset: not", None)
 
 
 def _by_start_step(stages) -> tuple[DatasetStageArgs, ...]:
@@ -288,6 +307,16 @@ class Config:
     logging: LoggingArgs = key("the progress lines", Factory(LoggingArgs))
     evaluation: EvaluationArgs | None = key("eval sets; unset: no evaluation (and nothing recorded for it)",
                                                   None)
+
+    @property
+    def keeps_ema(self) -> bool:
+        """Whether the run keeps a weight EMA: [optimizer] ema_decay or a stage's is set."""
+        return self.optimizer.ema_decay is not None or any(s.ema_decay is not None for s in self.data_stages)
+
+    def stage_ema_decay(self, index: int) -> float:
+        """The EMA decay of stage `index`'s steps: its own, else the run's, else 0 (the EMA follows the weights)."""
+        own = self.data_stages[index].ema_decay
+        return own if own is not None else (self.optimizer.ema_decay or 0.0)
 
     def stage_tokens(self, index: int) -> TokensArgs:
         """[tokens] with stage `index`'s overrides applied and the accumulation resolved."""

@@ -10,7 +10,7 @@ import os
 from typing import Literal
 
 from attrs import frozen
-from attrs.validators import ge, instance_of, optional
+from attrs.validators import ge, instance_of, lt, optional
 
 from nanoflow.config.keys import DATASET_NAME, PATH, key, non_negative, positive, positive_float
 from nanoflow.config.rope import RopeScalingArgs
@@ -206,6 +206,11 @@ class DatasetStageArgs:
     document_masking: bool | None = key("the stage's own tokens.document_masking", None, shown="tokens'")
     learning_rate_scheduler: StageLRSchedulerArgs | None = key(
         "the stage's own LR schedule (a cooldown, an annealing phase); unset: the run's", None)
+    ema_decay: float | None = key(
+        "the stage's own weight-EMA decay (optimizer.ema_decay's meaning); a run where only some stages set one "
+        "keeps the EMA equal to the weights in the others (decay 0), so an anneal's EMA starts from its first "
+        "step's weights", None, validator=optional([instance_of((int, float)), ge(0), lt(1)]),
+        shown="optimizer.ema_decay, else 0")
     rope_theta: float | None = key("the stage's own RoPE base (a long-context stage's); it holds for the stages "
                                    "after too, until one sets another", None, validator=optional(positive_float),
                                    shown="the previous stage's (the first: model.rope_theta)")

@@ -16,7 +16,7 @@ import torch
 from nanoflow.config import hf_config, recorded_model, trained_rope
 from nanoflow.data.chat import ChatError, ChatTemplate
 from nanoflow.data.tokenizer import CHAT_TEMPLATE_FILE, TOKENIZER_CONFIG, load_tokenizer
-from nanoflow.errors import NanoflowError
+from nanoflow.errors import CheckpointError, NanoflowError
 from nanoflow.io.checkpoint import read_metadata
 from nanoflow.io.hf import (
     CONFIG,
@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 
 
 def export_hf(checkpoint_path: str, out_dir: str, *, max_shard_size: int = DEFAULT_MAX_SHARD_SIZE,
-              dtype: str | None = None) -> dict:
+              dtype: str | None = None, ema: bool = False) -> dict:
     """Write checkpoint `checkpoint_path` (a run folder or step folder, local or s3://) as an HF folder of its
     model_type (config.json as transformers writes that family: nanoflow.config.hf_config), with the RoPE of the
     stage that trained the checkpoint's step.
@@ -49,15 +49,23 @@ def export_hf(checkpoint_path: str, out_dir: str, *, max_shard_size: int = DEFAU
     byte-level tokenizer.json; its chat template too, as the source had it: chat_template.jinja or inside
     tokenizer_config.json), and generation_config.json: the released model's the run began from (`init_from`,
     also through the checkpoints a branch resumed from), updated where the run's tokenizer differs, else the
-    tokenizer's BOS/EOS ids; either way stopping at the chat template's end-of-turn token too. Returns a
-    summary: {"step", "path", "files", "dtype", "tokenizer"}.
+    tokenizer's BOS/EOS ids; either way stopping at the chat template's end-of-turn token too. With `ema`, the
+    weights written are the checkpoint's weight EMA ([optimizer] ema_decay) instead of its weights; config.json's
+    "nanoflow" entry says so. Returns a summary: {"step", "path", "files", "dtype", "tokenizer"}.
     """
     if dtype is not None and dtype not in DTYPES:
         raise ValueError(f"dtype {dtype!r}: expected one of {', '.join(DTYPES)}")
     if max_shard_size <= 0:
         raise ValueError(f"max_shard_size must be positive, got {max_shard_size}")
-    checkpoint = read_checkpoint(checkpoint_path, groups=("model",))
-    meta, tensors = checkpoint.metadata, dict(checkpoint.groups["model"])
+    group = "ema" if ema else "model"
+    try:
+        checkpoint = read_checkpoint(checkpoint_path, groups=(group,))
+    except CheckpointError as e:
+        if ema and "no 'ema' tensors" in str(e):
+            raise CheckpointError(f"{e}: it was saved by a run without [optimizer] ema_decay; export its weights "
+                                  "without --ema") from None
+        raise
+    meta, tensors = checkpoint.metadata, dict(checkpoint.groups[group])
     model = recorded_model(meta["config"]["model"])   # complete, also a record older than the model families
     rope = trained_rope(meta)   # the RoPE of the stage that trained the step: a long-context stage's after it
     model = {**model, "rope_theta": rope.theta, "rope_scaling": rope.scaling_table()}
@@ -79,7 +87,7 @@ def export_hf(checkpoint_path: str, out_dir: str, *, max_shard_size: int = DEFAU
         _with_stops(generation_config_from_base(base, bos, eos), stops)
     store.write(GENERATION_CONFIG, (json.dumps(generation, indent=2) + "\n").encode())
     config = hf_config(model, dtype=out_dtype, bos_token_id=bos, eos_token_id=eos)
-    config["nanoflow"] = {"checkpoint": checkpoint.path, "step": meta["step"]}
+    config["nanoflow"] = {"checkpoint": checkpoint.path, "step": meta["step"]} | ({"weights": "ema"} if ema else {})
     store.write(CONFIG, (json.dumps(config, indent=2) + "\n").encode())   # last: a folder with config.json is whole
     return {"step": meta["step"], "path": store.root, "files": files + tokenizer_files + [GENERATION_CONFIG, CONFIG],
             "dtype": out_dtype, "tokenizer": tokenizer_name if tokenizer_files else None}

@@ -54,9 +54,10 @@ def _block(tensor: torch.Tensor) -> Block:
     return Block(data.detach(), tuple(tensor.shape), offset)
 
 
-def state_blocks(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                 topology: Topology) -> dict[str, dict[str, Block]]:
-    """This rank's blocks of the weights and AdamW state, by group ("model", "optimizer") and HF name."""
+def state_blocks(model: torch.nn.Module, optimizer: torch.optim.Optimizer, topology: Topology,
+                 ema: dict[str, torch.Tensor] | None = None) -> dict[str, dict[str, Block]]:
+    """This rank's blocks of the weights and AdamW state, by group ("model", "optimizer") and HF name; with
+    `ema`, the weight EMA too (group "ema", the weights' names), each written by the rank that writes its weight."""
     params = dict(model.named_parameters())  # a tied lm_head is saved once, as model.embed_tokens.weight
     weights = {name: _block(p) for name, p in params.items() if owns(p, topology)}
     moments = {}
@@ -68,12 +69,16 @@ def state_blocks(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
             moments.update({f"{key}.{name}": _block(state[key]) for key in MOMENTS})
         if topology.is_main:
             moments[f"{STEP}.{name}"] = Block.whole(state[STEP])
-    return {"model": weights, "optimizer": moments}
+    groups = {"model": weights, "optimizer": moments}
+    if ema is not None:
+        groups["ema"] = {name: _block(ema[name]) for name, p in params.items() if owns(p, topology)}
+    return groups
 
 
-def state_bytes(model: torch.nn.Module) -> int:
-    """About what a checkpoint of `model` and its AdamW state writes, all ranks together."""
-    return 3 * sum(p.numel() * p.element_size() for p in model.parameters())
+def state_bytes(model: torch.nn.Module, ema: bool = False) -> int:
+    """About what a checkpoint of `model` and its AdamW state (and a float32 weight EMA) writes, all ranks together."""
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    return 3 * weights + (sum(p.numel() * 4 for p in model.parameters()) if ema else 0)
 
 
 def local_tensor(target: torch.Tensor) -> torch.Tensor:
@@ -120,6 +125,16 @@ def load_weights(model: Llama, reader, source: str) -> None:
     if problems:
         raise CheckpointError(f"{source}: the weights do not fit the model:\n  " + "\n  ".join(problems))
     fill(reader, "model", params)
+
+
+def load_ema(model: torch.nn.Module, reader) -> dict[str, torch.Tensor] | None:
+    """The weight EMA a checkpoint saved (group "ema"), each rank reading its boxes into tensors sharded like
+    `model`'s parameters; None when the checkpoint has none."""
+    if "ema" not in reader.metadata["tensors"]:
+        return None
+    ema = {name: torch.empty_like(p, dtype=torch.float32) for name, p in model.named_parameters()}
+    fill(reader, "ema", ema)
+    return ema
 
 
 def load_moments(model: torch.nn.Module, optimizer: torch.optim.Optimizer, reader) -> None:

@@ -22,6 +22,7 @@ from nanoflow.io.store import check_root
 from nanoflow.observe.metrics import FILE, MetricsLog, set_aside
 from nanoflow.observe.progress import Progress
 from nanoflow.observe.tensorboard import TensorBoardLog
+from nanoflow.observe.wandb_log import WandbLog, check_installed
 from nanoflow.parallel import runtime
 from nanoflow.parallel.agree import on_main
 from nanoflow.parallel.mesh import Topology, device
@@ -49,6 +50,7 @@ def train(config: Run | Config, *, fresh: bool = False, until_step: int | None =
     `config` may be an opened nanoflow.run.Run; a Config's run is opened here (on `topology`).
     """
     run = as_run(config, topology)  # its checks come before the run folder is locked or anything is read
+    check_installed(run.config)
     with console.routed(out, enabled=run.topology.is_main):
         check_root(run.config.checkpoints.checkpoints_path)  # "s3:/b/x" is refused, never made a local folder "s3:"
         checkpointer = Checkpointer(run)
@@ -71,7 +73,8 @@ def _train(run: Run, checkpointer: Checkpointer, *, fresh: bool, until_step: int
     try:
         with stop.installed(), MetricsLog(run.folder / FILE, state.step, run.topology.is_main) as metrics_log, \
                 TensorBoardLog(run.folder, state.step, run.topology.is_main) as tensorboard_log, \
-                Evaluator(run, state.step, tensorboard_log) as evaluator, GarbageCollection() as garbage:
+                WandbLog(run.config, run.schedule, run.folder, state.step, run.topology.is_main) as wandb_log, \
+                Evaluator(run, state.step, (tensorboard_log, wandb_log)) as evaluator, GarbageCollection() as garbage:
             for step in range(state.step + 1, run.schedule.train_steps + 1):
                 batch = stages.loader_for(step).batch_at(step, run.topology.dp_rank, run.topology.dp)
                 state, metrics = train_step(state, batch)
@@ -79,6 +82,7 @@ def _train(run: Run, checkpointer: Checkpointer, *, fresh: bool, until_step: int
                 report.step_done(metrics)  # shown, with its recent tokens/s, MFU and peak memory added to the record
                 metrics_log.write(metrics)
                 tensorboard_log.write(metrics)
+                wandb_log.write(metrics)
                 evaluator.maybe_run(state)  # when due: every evaluation.interval steps and at each stage's end
                 stopping = stop.after(step)  # agreed by every rank: until_step reached, or a signal
                 stop.saved(step, checkpointer.after_step(state, stopping=stopping))
@@ -136,7 +140,7 @@ def _prepare_folder(run: Run, state: TrainState, fresh: bool) -> None:
     if fresh:
         for old, new in on_main(lambda: set_aside(run.folder), run.topology) or []:
             log.info(f"--fresh: the old run's {old} moved to {new}, kept; this run writes a new {old.name}")
-    needed = 0 if run.is_remote else state_bytes(state.model)
+    needed = 0 if run.is_remote else state_bytes(state.model, ema=state.ema is not None)
     on_main(lambda: check_room(str(run.folder), needed), run.topology)
     runtime.make_flight_recorder_folder(run.folder)   # every rank dumps its own file there on a hang
     _check_stages_ahead(run, state.step)

@@ -63,7 +63,7 @@ MARKED = {
     ("ModelArgs", "init_from"), ("TokenizerArgs", "tokenizer_name_or_path"),
     ("CheckpointsArgs", "checkpoints_path"), ("CheckpointsArgs", "resume_checkpoint_path"),
     ("DatasetArgs", "hf_dataset_or_datasets"), ("DatasetArgs", "hf_data_files"), ("DatasetArgs", "dataset_weights_end"),
-    ("NanosetDatasetsArgs", "dataset_folder"),
+    ("NanosetDatasetsArgs", "dataset_folder"), ("WandbArgs", "dir"),
 }
 
 RELATIVE = """\
@@ -89,6 +89,10 @@ learning_rate = 1e-2
 [checkpoints]
 checkpoints_path = "runs/new"
 resume_checkpoint_path = "runs/old"
+
+[logging.wandb]
+project = "p"
+dir = "wandb-files"
 
 [[data_stages]]
 name = "blend"
