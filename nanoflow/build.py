@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from nanoflow.config import Config, OptimizerArgs, stage_rope
@@ -55,7 +57,7 @@ def build_optimizer(model: torch.nn.Module, args: OptimizerArgs, *, recorded_fus
     )
 
 
-def _by_layout(params: list[torch.Tensor]) -> list[list[torch.Tensor]]:
+def _by_layout(params: Sequence[torch.Tensor]) -> list[list[torch.Tensor]]:
     """`params` split by layout (the mesh of a DTensor; None for a plain tensor), each list in model order."""
     from torch.distributed.tensor import DTensor
 

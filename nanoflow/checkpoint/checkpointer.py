@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import TextIO
+from typing import Any, TextIO
 
 import attrs
 
@@ -68,7 +68,7 @@ def checkpoint_info(state: TrainState, data_fingerprint: dict | None = None, lin
     """What a checkpoint of `state` records besides its tensors (with `data_fingerprint`, {stage name:
     fingerprint} of the begun stages, and `eval_fingerprint`, {eval set name: fingerprint}, when given; `lineage`:
     where the run began, nanoflow/checkpoint/lineage.py)."""
-    info = {
+    info: dict[str, Any] = {
         "training": training_metadata(state.schedule, state.step).to_dict(),
         "lr_origin": state.lr_origin,
         "lineage": lineage.to_dict(),

@@ -90,7 +90,8 @@ def _average(path: str, study: dict, index: int, average: dict) -> None:
     if io.checkpoints_to_try(out):
         _check_made_from(path, index, average, out, source, choice)
     else:
-        summary = average_checkpoints(source, out, **choice)
+        summary = average_checkpoints(source, out, steps=average.get("steps"), last=average.get("last"),
+                                      weights=average.get("weights"))
         log.info(f"averaged {len(summary['sources'])} checkpoints of {average['run']} into {summary['path']}")
     records = record_folder(out)
     if not (records / EVAL_FILE).exists():

@@ -13,6 +13,7 @@ import importlib.util
 import logging
 import secrets
 from pathlib import Path
+from typing import Any
 
 from nanoflow.config import Config
 from nanoflow.errors import MissingExtraError
@@ -50,7 +51,7 @@ class WandbLog:
         self.enabled = enabled and self.args is not None
         self.config, self.schedule = config, schedule
         self.folder, self.start_step = Path(run_dir), start_step
-        self.run = None
+        self.run: Any = None   # wandb's Run, once begun
 
     def __enter__(self) -> WandbLog:
         if not self.enabled:
@@ -58,6 +59,7 @@ class WandbLog:
         import wandb
 
         args = self.args
+        assert args is not None   # enabled: [logging.wandb] is set
         run_id = self._run_id()
         where = Path(args.dir or self.folder)
         where.mkdir(parents=True, exist_ok=True)   # W&B would fall back to a temporary folder instead

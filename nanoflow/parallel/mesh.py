@@ -103,13 +103,13 @@ def init_topology(config: Config) -> Topology:
             torch.cuda.set_device(device())
         timeout = timedelta(minutes=10)   # a collective waits this long for a late rank (a save, compiling)
         # NCCL bound to this rank's GPU from the start (eager init: a rank that cannot reach its GPU fails here)
-        bound = {"device_id": device()} if backend == "nccl" else {}
+        bound = device() if backend == "nccl" else None
         store = _restart_store(timeout)
         if store is None:
-            dist.init_process_group(backend, timeout=timeout, **bound)
+            dist.init_process_group(backend, timeout=timeout, device_id=bound)
         else:
             dist.init_process_group(backend, store=store, rank=int(os.environ["RANK"]),
-                                    world_size=int(os.environ["WORLD_SIZE"]), timeout=timeout, **bound)
+                                    world_size=int(os.environ["WORLD_SIZE"]), timeout=timeout, device_id=bound)
     global _joined_a_group
     _joined_a_group = True
     mesh = init_device_mesh(device().type, (dp, tp), mesh_dim_names=("dp", "tp"))
@@ -178,7 +178,7 @@ def parallelize(model: Llama, topology: Topology, config: Config) -> Llama:
     return model
 
 
-def shard_data_parallel(model: torch.nn.Module, mesh: DeviceMesh, dtype: str) -> None:
+def shard_data_parallel(model: Llama, mesh: DeviceMesh, dtype: str) -> None:
     """FSDP2 over `mesh`: each decoder layer, then the root. Under bfloat16 the gathered weights are bf16 and the
     gradients are reduced in float32. The root does not cast its floating-point inputs (cast_forward_inputs):
     the one it gets is the loss's grad_scale, whose float32 value decides the gradients' rounding."""

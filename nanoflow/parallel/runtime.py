@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Literal
 
 import attrs
 import torch
@@ -32,11 +33,11 @@ FLIGHT_RECORDER_ENTRIES = 20_000        # collectives each rank remembers for a 
 ATTENTION_PRIORITY = ("FLASH_ATTENTION", "CUDNN_ATTENTION", "EFFICIENT_ATTENTION", "MATH")
 
 
-def compute_dtype(dtype: str, device: torch.device) -> str:
+def compute_dtype(dtype: str, device: torch.device) -> Literal["float32", "bfloat16"]:
     """`[model] dtype` as it runs on `device`: "auto" is bfloat16 on CUDA and float32 elsewhere."""
-    if dtype != "auto":
-        return dtype
-    return "bfloat16" if device.type == "cuda" else "float32"
+    if dtype == "auto":
+        return "bfloat16" if device.type == "cuda" else "float32"
+    return "bfloat16" if dtype == "bfloat16" else "float32"
 
 
 def resolved(config: Config, device: torch.device) -> Config:
@@ -86,7 +87,8 @@ def set_torch(config: Config) -> None:
     (tests, notebooks) gets its own."""
     deterministic = config.general.deterministic
     torch.use_deterministic_algorithms(deterministic)
-    torch.utils.deterministic.fill_uninitialized_memory = False
+    # a property of the module's own class, which torch's stubs do not declare
+    torch.utils.deterministic.fill_uninitialized_memory = False  # type: ignore[attr-defined]
     torch.backends.cudnn.deterministic = deterministic
     torch.backends.cudnn.benchmark = False
     if torch.cuda.is_available():
