@@ -103,7 +103,7 @@ def test_docs_pages_exist():
     for page in PAGES:
         assert blocks(page), f"{page} has no code block"
         for language, _, line, _ in blocks(page):
-            assert language in ("python", "bash", "toml", "text"), f"{page}:{line}: ```{language or '(none)'}"
+            assert language in ("python", "bash", "toml", "text", "yaml"), f"{page}:{line}: ```{language or '(none)'}"
 
 
 def load_toml_block(folder: Path, page: str, n: int, code: str, line: int, *, strict: bool = True) -> None:
@@ -181,6 +181,13 @@ def run_page(page: str, folder: Path) -> str | None:
                 return (f"{page}:{line}: the output shown is not what the block before prints: no line like "
                         f"{wrong!r} (in order) in\n{printed[-3000:]}")
         printed = None
+        if language == "yaml":   # a file another tool reads (an lm-eval task): it must at least be YAML
+            import yaml
+            try:
+                yaml.safe_load(code)
+            except yaml.YAMLError as e:
+                return f"{page}:{line}: the YAML block does not parse: {e}"
+            continue
         if not runs or language not in ("python", "bash", "toml"):
             continue
         if language == "toml":
