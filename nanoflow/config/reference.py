@@ -166,6 +166,7 @@ def _default_text(f: attrs.Attribute) -> str:
     default = f.default
     if default is attrs.NOTHING:
         return "required"
+    # attrs' stubs declare Factory as a function returning the default's type; at run time it is the class of the marker
     if isinstance(default, attrs.Factory):   # type: ignore[arg-type]
         return "its keys' defaults"
     if default is None:
