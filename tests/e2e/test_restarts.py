@@ -203,14 +203,8 @@ def wait_listening(port: int, process, log, timeout: float = 600) -> None:
 
 def test_two_launchers_on_loopback_train_dp2_together(reference, tmp_path):
     run_dir = tmp_path / "run"
-    port, rdzv_id = free_port(), uuid.uuid4().hex[:8]
-    launcher = ["--nnodes=2", "--nproc_per_node=1", "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{port}",
-                f"--rdzv_id={rdzv_id}", "--local-addr=127.0.0.1"]
-    logs = [tmp_path / "node0.log", tmp_path / "node1.log"]
-    nodes = [torchrun(run_dir, logs[0], *launcher)]
+    nodes, logs = two_nodes(run_dir, tmp_path, "together")
     try:
-        wait_listening(port, nodes[0], logs[0])  # the first launcher hosts the rendezvous store; the second joins it
-        nodes.append(torchrun(run_dir, logs[1], *launcher))
         outputs = [finish(node, log) for node, log in zip(nodes, logs, strict=True)]
     finally:
         stop(*nodes)
@@ -230,7 +224,11 @@ def two_nodes(run_dir: Path, tmp_path: Path, name: str) -> tuple[list[subprocess
                 f"--rdzv_id={rdzv_id}", "--local-addr=127.0.0.1"]
     logs = [tmp_path / f"{name}-node0.log", tmp_path / f"{name}-node1.log"]
     nodes = [torchrun(run_dir, logs[0], *launcher)]
-    time.sleep(1)  # the first launcher hosts the rendezvous store; the second joins it as a client
+    try:
+        wait_listening(port, nodes[0], logs[0])   # the first launcher hosts the rendezvous store; the second joins it
+    except BaseException:
+        stop(*nodes)
+        raise
     nodes.append(torchrun(run_dir, logs[1], *launcher))
     return nodes, logs
 
