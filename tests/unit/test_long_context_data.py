@@ -34,10 +34,10 @@ def test_the_committed_files_are_what_the_generator_writes():
     assert sum(len(text.encode()) for text in written.values()) < 1_000_000
 
 
-def test_each_document_says_its_key_twice_and_no_held_out_document_is_trained_on():
+def test_each_document_says_its_key_and_asks_for_it_and_no_held_out_document_is_trained_on():
     for name in ("short.txt", "long.txt", "passkey_short.jsonl", "passkey_long.jsonl", "beyond_heldout.jsonl"):
         for doc in documents(name):
-            first, second = re.fullmatch(r"pass key=([A-Z][0-9])\. [a-z. ]*pass key=([A-Z][0-9])\.", doc).groups()
+            first, second = re.fullmatch(r"the pass key is ([A-Z])\. [a-z. ]*pass key=([A-Z])\.", doc).groups()
             assert first == second, doc
     trained = set(documents("short.txt") + documents("long.txt"))
     for name in ("passkey_short.jsonl", "passkey_long.jsonl", "beyond_heldout.jsonl"):
@@ -51,6 +51,6 @@ def test_the_lengths_fit_the_stages_and_the_long_keys_lie_beyond_pretraining():
     assert max(len(d) + 1 for d in documents("long.txt") + documents("passkey_long.jsonl")) <= 256
     for line in (PASSKEY / "passkey_long.jsonl").read_text().splitlines():
         row = json.loads(line)
-        assert row["completion"] == row["prompt"][9:11] + "." and len(row["prompt"]) > 64 + 100
+        assert row["completion"] == row["prompt"][16] + "." and len(row["prompt"]) > 16 + 160   # the key 160+ bytes back
     for line in (PASSKEY / "beyond_heldout.jsonl").read_text().splitlines():
         assert len(json.loads(line)["prompt"]) == 64
