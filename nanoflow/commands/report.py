@@ -155,28 +155,31 @@ def save_figure(figure, path: str | os.PathLike, option: str, **savefig) -> Path
 
 
 def _plot_eval(ax, rows: list[dict]) -> None:
-    """Eval loss per dataset (solid, left axis) and exact-match accuracy (dashed, right axis, 0–100 %)."""
+    """Eval loss per dataset (solid, left axis) and accuracy (dashed, right axis, 0–100 %): an exact-match set's
+    exact match, a multiple-choice set's (rows with accuracy_norm) accuracy, lm-eval's acc; the axis says which."""
     names = list(dict.fromkeys(row["dataset"] for row in rows))
-    accuracy_ax = None
+    accuracy_ax, kinds = None, set[str]()
     for i, name in enumerate(names):
         mine = [row for row in rows if row["dataset"] == name]
         color = f"C{i % 10}"
         ax.plot([r["step"] for r in mine], [r["loss"] for r in mine], color=color, marker=".", linewidth=1.2,
                 label=f"{name} loss")
         if any("accuracy" in r for r in mine):
+            kind = "accuracy" if any("accuracy_norm" in r for r in mine) else "exact match"
+            kinds.add(kind)
             accuracy_ax = accuracy_ax or ax.twinx()
             accuracy_ax.plot([r["step"] for r in mine], [100 * r.get("accuracy", float("nan")) for r in mine],
-                             color=color, marker="x", linestyle="--", linewidth=1.2, label=f"{name} exact match")
+                             color=color, marker="x", linestyle="--", linewidth=1.2, label=f"{name} {kind}")
     ax.set_ylabel("eval loss")
     handles, labels = ax.get_legend_handles_labels()
     if accuracy_ax is not None:
         accuracy_ax.set_ylim(-2, 102)
-        accuracy_ax.set_ylabel("exact match %")
+        # Exact match is an accuracy too: a panel of both kinds says "accuracy", its legend which each set is.
+        accuracy_ax.set_ylabel(f"{kinds.pop() if len(kinds) == 1 else 'accuracy'} %")
         more = accuracy_ax.get_legend_handles_labels()
         handles, labels = handles + more[0], labels + more[1]
-    # Beside the panel, right of the exact-match axis: inside, a legend of several sets hides the curves it names.
+    # Beside the panel, right of the accuracy axis: inside, a legend of several sets hides the curves it names.
     ax.legend(handles, labels, fontsize=8, loc="upper left", bbox_to_anchor=(LEGEND_X, 1.0), borderaxespad=0)
-
 
 
 def plot(metrics: list[dict], spans: list[StageSpan], path: str | os.PathLike, *, title: str = "",
@@ -215,7 +218,7 @@ def draw(metrics: list[dict], spans: list[StageSpan], *, title: str = "", eval_r
     axes[-1].set_xlim(min(spans[0].start, steps[0]) - 0.5, max(spans[-1].end, steps[-1]) + 0.5)
     if title:
         figure.suptitle(title)
-    # With eval rows, room on the right for the exact-match axis (its label, its 100 % tick) and the legend.
+    # With eval rows, room on the right for the accuracy axis (its label, its 100 % tick) and the legend.
     figure.subplots_adjust(left=0.09, right=0.78 if eval_rows else 0.98, top=0.91 if title else 0.94, bottom=0.07,
                            hspace=0.12)
     return figure
