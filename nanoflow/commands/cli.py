@@ -141,8 +141,9 @@ def _step_number(text: str) -> int:
 
 def _train(args: argparse.Namespace) -> int:
     config = load_config(args.config, args.overrides)
-    from nanoflow.observe.wandb_log import check_installed
+    from nanoflow.observe.wandb_log import check_installed, check_login
     check_installed(config)   # [logging.wandb] without the package: said now, for --plan too, not at the first step
+    check_login(config)       # ... or online without a W&B login
     if args.until_step is not None and args.until_step > config.tokens.train_steps:
         raise ConfigError(f"--until-step {args.until_step} is after tokens.train_steps = {config.tokens.train_steps}, "
                           "where the run ends anyway (drop it, or raise train_steps: that changes the LR schedule)")

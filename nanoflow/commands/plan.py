@@ -3,13 +3,12 @@ stage's rows (tokenized into the cache training reads, when they are not there y
 
 from __future__ import annotations
 
-import os
-
 from nanoflow.config import NanosetDatasetsArgs, locate_source, stage_rope, untrained_splits
 from nanoflow.data.sources import sft_summaries
-from nanoflow.io.store import is_remote
 from nanoflow.lr import scheduled_lr
-from nanoflow.schedule import active_stage, consumed_samples, consumed_tokens, stage_steps
+from nanoflow.observe import plan_figure
+from nanoflow.observe.plan_figure import shown_path
+from nanoflow.schedule import consumed_samples, consumed_tokens, stage_steps
 
 
 def render_plan(run) -> str:
@@ -60,7 +59,7 @@ def render_plan(run) -> str:
         *_reading_lines(config),
         *_sft_lines(run),
         *untrained_splits(config),
-        f"checkpoints: {_shown_path(config.checkpoints.checkpoints_path)} every {config.checkpoints.checkpoint_interval} steps",
+        f"checkpoints: {shown_path(config.checkpoints.checkpoints_path)} every {config.checkpoints.checkpoint_interval} steps",
     ]
     return "\n".join(out)
 
@@ -106,7 +105,7 @@ def _sft_lines(run) -> list[str]:
             continue
         seq = run.schedule.stages[i].sequence_length
         for spec, s in sft_summaries(dataset, stage.name, run.tokenizer, seq):
-            label = f"{spec.builder}: " + ", ".join(map(_shown_path, spec.files)) if spec.files else spec.name
+            label = f"{spec.builder}: " + ", ".join(map(shown_path, spec.files)) if spec.files else spec.name
             kind = "conversations" if dataset.is_chat else "prompt/completion rows"
             too_long = (f"{s.overlong:,} longer than sequence_length + 1 = {seq + 1} tokens, "
                         + ("left out" if dataset.overlong_samples == "drop" else "cut to it keeping their start")
@@ -120,40 +119,12 @@ def _sft_lines(run) -> list[str]:
 
 
 def source_shares(run, step: int) -> dict[str, float] | None:
-    """The share of each source of the blend in the samples of global step `step`, by source name (a token
-    folder by its folder name); None when the stage's token folders have no dataset_weights (then the
-    shares follow the folders' sizes, which only reading them tells)."""
-    dataset = run.config.data_stages[active_stage(run.schedule, step)].data.dataset
-    if isinstance(dataset, NanosetDatasetsArgs):
-        if dataset.dataset_weights is None:
-            return None if len(dataset.folders) > 1 else {os.path.basename(dataset.folders[0].rstrip("/")): 1.0}
-        named = [(os.path.basename(f.rstrip("/")), w) for f, w in zip(dataset.folders, dataset.dataset_weights, strict=True)]
-    else:
-        named = [(_source_label(dataset, name), w) for name, w in dataset.weighted_names()]
-    total = sum(w for _, w in named)
-    return {name: w / total for name, w in named}
-
-
-def _source_label(dataset, name: str) -> str:
-    """A source of HF datasets as a person names it: a builder by its files ("json: data/sft.jsonl")."""
-    if not isinstance(dataset.hf_dataset_or_datasets, str):   # a table: the name is a path or glob, or a hub name
-        return _shown_path(name) if os.path.isabs(name) else name
-    files = dataset.hf_data_files
-    if files is None:
-        return name
-    files = [files] if isinstance(files, str) else files
-    return f"{name}: " + ", ".join(_shown_path(f) for f in files)
-
-
-def _shown_path(path: str) -> str:
-    """Paths are stored absolute; show them relative to the working directory when that is shorter."""
-    if is_remote(path):
-        return path
-    relative = os.path.relpath(path)
-    return relative if len(relative) < len(path) else path
+    """The share of each source of the blend in the samples of global step `step` (nanoflow.observe.plan_figure's,
+    for an opened run)."""
+    return plan_figure.source_shares(run.config, run.schedule, step)
 
 
 def _tokenizer_line(tokenizer) -> str:
     bos = f", bos {tokenizer.bos_token} = {tokenizer.bos_id}" if tokenizer.bos_token is not None else ""
-    return f"tokenizer: {_shown_path(tokenizer.name)}, {tokenizer.vocab_size:,} ids, eos {tokenizer.eos_token} = " \
+    return f"tokenizer: {shown_path(tokenizer.name)}, {tokenizer.vocab_size:,} ids, eos {tokenizer.eos_token} = " \
            f"{tokenizer.eos_id}{bos}"

@@ -19,11 +19,19 @@ import attrs
 from nanoflow.errors import MissingExtraError, PlotError
 from nanoflow.io.files import refuse_link, write_atomically
 from nanoflow.io.runfolder import checkpoints_of_record
+from nanoflow.observe.figures import (  # noqa: F401 (COLORS, HEIGHT, WIDTH: this module's names too)
+    COLORS,
+    DPI,
+    HEIGHT,
+    WIDTH,
+    StageSpan,
+    draw_stage_bands,
+    label_stages,
+)
+from nanoflow.observe.figures import new_figure as _figure
 from nanoflow.observe.metrics import read_eval, read_metrics, step_seconds, tokens_per_second
 
-WIDTH, HEIGHT, DPI = 1200, 900, 100   # report.png's size in pixels
-LEGEND_X = 1.09   # the eval legend's left edge, in eval-panel widths: right of the exact-match axis and its label
-COLORS = ("#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860")
+LEGEND_X = 1.09   # the eval legend's left edge, in eval-panel widths: right of the accuracy axis and its label
 
 
 @attrs.frozen
@@ -39,15 +47,6 @@ class StageSummary:
     last_loss: float
     seconds: float
 
-
-@attrs.frozen
-class StageSpan:
-    """A stage's place on the step axis, [start, end] inclusive; `trained` is false for a stage not reached yet."""
-
-    name: str
-    start: int
-    end: int
-    trained: bool
 
 
 def stage_summary(metrics: list[dict]) -> list[StageSummary]:
@@ -154,56 +153,33 @@ def save_figure(figure, path: str | os.PathLike, option: str, **savefig) -> Path
     return path
 
 
-def _figure():
-    try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-    except ImportError:
-        raise MissingExtraError("drawing", "matplotlib", "report") from None
-    figure = Figure(figsize=(WIDTH / DPI, HEIGHT / DPI), dpi=DPI)
-    FigureCanvasAgg(figure)
-    return figure
-
 
 def _plot_eval(ax, rows: list[dict]) -> None:
-    """Eval loss per dataset (solid, left axis) and exact-match accuracy (dashed, right axis, 0–100 %)."""
+    """Eval loss per dataset (solid, left axis) and accuracy (dashed, right axis, 0–100 %): an exact-match set's
+    exact match, a multiple-choice set's (rows with accuracy_norm) accuracy, lm-eval's acc; the axis says which."""
     names = list(dict.fromkeys(row["dataset"] for row in rows))
-    accuracy_ax = None
+    accuracy_ax, kinds = None, set[str]()
     for i, name in enumerate(names):
         mine = [row for row in rows if row["dataset"] == name]
         color = f"C{i % 10}"
         ax.plot([r["step"] for r in mine], [r["loss"] for r in mine], color=color, marker=".", linewidth=1.2,
                 label=f"{name} loss")
         if any("accuracy" in r for r in mine):
+            kind = "accuracy" if any("accuracy_norm" in r for r in mine) else "exact match"
+            kinds.add(kind)
             accuracy_ax = accuracy_ax or ax.twinx()
             accuracy_ax.plot([r["step"] for r in mine], [100 * r.get("accuracy", float("nan")) for r in mine],
-                             color=color, marker="x", linestyle="--", linewidth=1.2, label=f"{name} exact match")
+                             color=color, marker="x", linestyle="--", linewidth=1.2, label=f"{name} {kind}")
     ax.set_ylabel("eval loss")
     handles, labels = ax.get_legend_handles_labels()
     if accuracy_ax is not None:
         accuracy_ax.set_ylim(-2, 102)
-        accuracy_ax.set_ylabel("exact match %")
+        # Exact match is an accuracy too: a panel of both kinds says "accuracy", its legend which each set is.
+        accuracy_ax.set_ylabel(f"{kinds.pop() if len(kinds) == 1 else 'accuracy'} %")
         more = accuracy_ax.get_legend_handles_labels()
         handles, labels = handles + more[0], labels + more[1]
-    # Beside the panel, right of the exact-match axis: inside, a legend of several sets hides the curves it names.
+    # Beside the panel, right of the accuracy axis: inside, a legend of several sets hides the curves it names.
     ax.legend(handles, labels, fontsize=8, loc="upper left", bbox_to_anchor=(LEGEND_X, 1.0), borderaxespad=0)
-
-
-def draw_stage_bands(ax, spans: list[StageSpan]) -> None:
-    """Each stage a coloured band on `ax` (fainter when not reached), a dashed line at each switch."""
-    for i, span in enumerate(spans):
-        ax.axvspan(span.start - 0.5, span.end + 0.5, color=COLORS[i % len(COLORS)],
-                   alpha=0.12 if span.trained else 0.05, linewidth=0)
-        if i:
-            ax.axvline(span.start - 0.5, color="0.4", linewidth=0.8, linestyle="--")
-
-
-def label_stages(ax, spans: list[StageSpan]) -> None:
-    """The stage names above `ax`, each over its band."""
-    for i, span in enumerate(spans):
-        ax.text((span.start + span.end) / 2, 1.01, span.name + ("" if span.trained else " (not reached)"),
-                transform=ax.get_xaxis_transform(), ha="center", va="bottom", fontsize=9,
-                color=COLORS[i % len(COLORS)])
 
 
 def plot(metrics: list[dict], spans: list[StageSpan], path: str | os.PathLike, *, title: str = "",
@@ -242,7 +218,7 @@ def draw(metrics: list[dict], spans: list[StageSpan], *, title: str = "", eval_r
     axes[-1].set_xlim(min(spans[0].start, steps[0]) - 0.5, max(spans[-1].end, steps[-1]) + 0.5)
     if title:
         figure.suptitle(title)
-    # With eval rows, room on the right for the exact-match axis (its label, its 100 % tick) and the legend.
+    # With eval rows, room on the right for the accuracy axis (its label, its 100 % tick) and the legend.
     figure.subplots_adjust(left=0.09, right=0.78 if eval_rows else 0.98, top=0.91 if title else 0.94, bottom=0.07,
                            hspace=0.12)
     return figure

@@ -2,9 +2,11 @@
 
 Every step logs every field of its metrics.jsonl line at its step (`stage` among them, as a string), and each
 eval.jsonl row as `eval/<dataset>/<field>` at its step. The run's config (the resolved config, and the stages
-as `stages`) is W&B's run config. The W&B run's id is kept in the run folder (`wandb_run_id.txt`, written by
+as `stages`) is W&B's run config; the plan figure (observe/plan_figure.py) is the image `plan` at each start's first
+step. The W&B run's id is kept in the run folder (`wandb_run_id.txt`, written by
 nanoflow/io/files.py's writer): a resume continues that W&B run (`resume="allow"`); a fresh start makes a new one.
-The package is the `wandb` extra; `check_installed` refuses its absence before anything runs (run.py).
+The package is the `wandb` extra; `check_installed` refuses its absence and `check_login` an online run without
+W&B credentials, both before anything runs (bin/train --plan and the loop's start).
 """
 
 from __future__ import annotations
@@ -12,18 +14,23 @@ from __future__ import annotations
 import importlib.util
 import logging
 import secrets
+from io import BytesIO
 from pathlib import Path
 from typing import Any
 
 from nanoflow.config import Config
-from nanoflow.errors import MissingExtraError
+from nanoflow.errors import ConfigError, MissingExtraError
 from nanoflow.io.files import write_atomically
+from nanoflow.observe.figures import has_matplotlib
+from nanoflow.observe.plan_figure import plan_png
 from nanoflow.schedule import Schedule
 
 log = logging.getLogger(__name__)
 
 RUN_ID_FILE = "wandb_run_id.txt"
-EVAL_KEYS = ("loss", "accuracy", "tokens", "correct")
+EVAL_KEYS = ("loss", "tokens", "accuracy", "correct", "accuracy_norm", "correct_norm", "examples")
+PLAN_KEY = "plan"
+LOGIN = 'run `wandb login`, set WANDB_API_KEY, or set mode = "offline" in [logging.wandb] (`wandb sync` later)'
 
 
 def check_installed(config: Config) -> None:
@@ -32,6 +39,31 @@ def check_installed(config: Config) -> None:
     if config.logging.wandb is not None and config.logging.wandb.mode != "disabled" \
             and importlib.util.find_spec("wandb") is None:
         raise MissingExtraError("[logging.wandb]", "wandb", "wandb")
+
+
+def check_login(config: Config) -> None:
+    """With [logging.wandb] mode = "online", W&B credentials must be set up (ConfigError, exit 2): looked up as
+    wandb.init looks them up (a session's, WANDB_API_KEY or an identity token file, the netrc, W&B's settings file),
+    without the network and without a prompt, so a run without any stops at --plan and at start-up rather than at
+    wandb.init's prompt or error once the run folder is locked. The key itself is never read into a message."""
+    args = config.logging.wandb
+    if args is None or args.mode != "online" or importlib.util.find_spec("wandb") is None:
+        return
+    try:   # W&B's own lookup; a wandb without it (older releases) asks for the login in wandb.init instead
+        from wandb.errors import AuthenticationError
+        from wandb.sdk import wandb_setup
+        from wandb.sdk.lib import wbauth
+    except ImportError:
+        return
+    host = wandb_setup.singleton().settings.base_url   # WANDB_BASE_URL or W&B's settings file; loading starts nothing
+    try:
+        found = wbauth.authenticate_session(host=host, source="nanoflow", prompt=False, update_session=False)
+    except AuthenticationError as e:   # a key of the wrong form: W&B's message says where and why, not the key
+        raise ConfigError(f'[logging.wandb] mode = "online": the W&B login found is not usable ({e}): {LOGIN}') \
+            from None
+    if found is None:
+        raise ConfigError(f'[logging.wandb] mode = "online" needs a W&B login and none is set up for {host} '
+                          f"(no WANDB_API_KEY, no key in the netrc): {LOGIN}")
 
 
 def run_config(config: Config, schedule: Schedule) -> dict:
@@ -70,7 +102,19 @@ class WandbLog:
             # nanoflow's own lines stay the run's output: W&B neither captures the console nor prints its banner
             settings=wandb.Settings(console="off", quiet=True, silent=True, disable_git=True))
         log.info(f"W&B: run {run_id} ({args.mode}){' resumed' if self.start_step else ''}")
+        self._log_plan(wandb)
         return self
+
+    def _log_plan(self, wandb) -> None:
+        """The plan figure (what `--plan --plot` draws) as the image `plan`, at the first step this start trains: at
+        a resume too, as a resume may have changed the stages not begun yet. Without matplotlib, a line saying so."""
+        if not has_matplotlib():
+            log.info("W&B: the plan figure is not logged: matplotlib is not installed (pip install '.[report]')")
+            return
+        from PIL import Image  # a dependency of matplotlib's
+
+        image = Image.open(BytesIO(plan_png(self.config, self.schedule)))
+        self.run.log({PLAN_KEY: wandb.Image(image)}, step=self.start_step + 1)   # the step's metrics join its row
 
     def _run_id(self) -> str:
         """The id of the W&B run this run continues (recorded in the run folder), or a new one for a fresh start."""

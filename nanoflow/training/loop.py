@@ -22,7 +22,7 @@ from nanoflow.io.store import check_root
 from nanoflow.observe.metrics import FILE, MetricsLog, set_aside
 from nanoflow.observe.progress import Progress
 from nanoflow.observe.tensorboard import TensorBoardLog
-from nanoflow.observe.wandb_log import WandbLog, check_installed
+from nanoflow.observe.wandb_log import WandbLog, check_installed, check_login
 from nanoflow.parallel import runtime
 from nanoflow.parallel.agree import on_main
 from nanoflow.parallel.mesh import Topology, device
@@ -51,6 +51,7 @@ def train(config: Run | Config, *, fresh: bool = False, until_step: int | None =
     """
     run = as_run(config, topology)  # its checks come before the run folder is locked or anything is read
     check_installed(run.config)
+    on_main(lambda: check_login(run.config), run.topology)   # rank 0 logs to W&B: its login counts, said on every rank
     with console.routed(out, enabled=run.topology.is_main):
         check_root(run.config.checkpoints.checkpoints_path)  # "s3:/b/x" is refused, never made a local folder "s3:"
         checkpointer = Checkpointer(run)

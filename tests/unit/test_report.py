@@ -15,6 +15,7 @@ from process_helpers import run_in_process
 from nanoflow.commands.report import (
     HEIGHT,
     WIDTH,
+    draw,
     format_summary,
     read_run_metadata,
     stage_spans,
@@ -136,6 +137,23 @@ def test_tensorboard_is_a_no_op_without_the_package(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
+def test_the_accuracy_axis_says_exact_match_or_accuracy_as_the_eval_sets_are(run):
+    pytest.importorskip("matplotlib")
+    metrics = read_metrics(run)
+    exact = [{"step": s, "dataset": "sums", "loss": 1.0, "accuracy": 0.5, "correct": 2} for s in (4, 8)]
+    choice = [{"step": s, "dataset": "arc", "loss": 2.0, "accuracy": 0.25, "correct": 1, "accuracy_norm": 0.5,
+               "correct_norm": 2, "examples": 4} for s in (4, 8)]   # a multiple_choice set's rows
+
+    def labels(rows: list[dict]) -> tuple[str, list[str]]:
+        figure = draw(metrics, stage_spans(metrics), eval_rows=rows)
+        (accuracy_ax,) = figure.axes[4:]   # the eval panel's twin
+        return accuracy_ax.get_ylabel(), [t.get_text() for t in figure.axes[3].get_legend().get_texts()]
+
+    assert labels(exact) == ("exact match %", ["sums loss", "sums exact match"])
+    assert labels(choice) == ("accuracy %", ["arc loss", "arc accuracy"])
+    assert labels(exact + choice) == ("accuracy %", ["sums loss", "arc loss", "sums exact match", "arc accuracy"])
+
+
 def test_cli_report(run, tmp_path, capsys):
     result = run_in_process("report", str(run), "--out", str(tmp_path / "r.png"), capsys=capsys)
     assert result.returncode == 0, result.stderr
