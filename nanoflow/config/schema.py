@@ -272,8 +272,9 @@ class WandbArgs:
     project: str = key("the W&B project")
     entity: str | None = key("the W&B team or user", None, shown="W&B's default entity")
     name: str | None = key("the W&B run's display name", None, shown="general.run")
-    mode: Literal["online", "offline", "disabled"] = key(
-        '"offline": written to `dir` only, for `wandb sync` later; "disabled": nothing', "online")
+    mode: Literal["online", "offline", "disabled"] | None = key(
+        '"offline": written to `dir` only, for `wandb sync` later; "disabled": nothing', None,
+        shown='WANDB_MODE, else "online"')
     dir: str | None = key("where W&B writes its files (a wandb/ folder in it)", None, path=PATH,
                           shown="the run folder")
 

@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import os
 import secrets
 from io import BytesIO
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from nanoflow.config import Config
+from nanoflow.config.schema import WandbArgs
 from nanoflow.errors import ConfigError, MissingExtraError
 from nanoflow.io.files import write_atomically
 from nanoflow.observe.figures import has_matplotlib
@@ -33,21 +35,39 @@ PLAN_KEY = "plan"
 LOGIN = 'run `wandb login`, set WANDB_API_KEY, or set mode = "offline" in [logging.wandb] (`wandb sync` later)'
 
 
+Mode = Literal["online", "offline", "disabled"]
+
+
+def wandb_mode(args: WandbArgs) -> Mode:
+    """The mode a run logs in: [logging.wandb] mode, else WANDB_MODE as W&B reads it (its "dryrun" is offline, "run"
+    online), else "online" - so a cluster's WANDB_MODE=offline holds for every config that does not say otherwise."""
+    if args.mode is not None:
+        return args.mode
+    found = os.environ.get("WANDB_MODE", "").strip()
+    modes: dict[str, Mode] = {"": "online", "run": "online", "dryrun": "offline", "online": "online",
+                              "offline": "offline", "disabled": "disabled"}
+    mode = modes.get(found)
+    if mode is None:
+        raise ConfigError(f'[logging.wandb] mode is unset and WANDB_MODE={found!r} is not one nanoflow runs W&B in: '
+                          'set mode = "online", "offline" or "disabled" in [logging.wandb], or WANDB_MODE to one of them')
+    return mode
+
+
 def check_installed(config: Config) -> None:
     """With [logging.wandb], the wandb package must be there (MissingExtraError, exit 2): said at --plan and at
     start-up, not at the first step."""
-    if config.logging.wandb is not None and config.logging.wandb.mode != "disabled" \
+    if config.logging.wandb is not None and wandb_mode(config.logging.wandb) != "disabled" \
             and importlib.util.find_spec("wandb") is None:
         raise MissingExtraError("[logging.wandb]", "wandb", "wandb")
 
 
 def check_login(config: Config) -> None:
-    """With [logging.wandb] mode = "online", W&B credentials must be set up (ConfigError, exit 2): looked up as
+    """With [logging.wandb] in online mode, W&B credentials must be set up (ConfigError, exit 2): looked up as
     wandb.init looks them up (a session's, WANDB_API_KEY or an identity token file, the netrc, W&B's settings file),
     without the network and without a prompt, so a run without any stops at --plan and at start-up rather than at
     wandb.init's prompt or error once the run folder is locked. The key itself is never read into a message."""
     args = config.logging.wandb
-    if args is None or args.mode != "online" or importlib.util.find_spec("wandb") is None:
+    if args is None or wandb_mode(args) != "online" or importlib.util.find_spec("wandb") is None:
         return
     try:   # W&B's own lookup; a wandb without it (older releases) asks for the login in wandb.init instead
         from wandb.errors import AuthenticationError
@@ -81,6 +101,7 @@ class WandbLog:
                  enabled: bool = True):
         self.args = config.logging.wandb
         self.enabled = enabled and self.args is not None
+        self.mode: Mode = wandb_mode(self.args) if self.args is not None else "disabled"
         self.config, self.schedule = config, schedule
         self.folder, self.start_step = Path(run_dir), start_step
         self.run: Any = None   # wandb's Run, once begun
@@ -96,12 +117,12 @@ class WandbLog:
         where = Path(args.dir or self.folder)
         where.mkdir(parents=True, exist_ok=True)   # W&B would fall back to a temporary folder instead
         self.run = wandb.init(
-            project=args.project, entity=args.entity, name=args.name or self.config.general.run, mode=args.mode,
+            project=args.project, entity=args.entity, name=args.name or self.config.general.run, mode=self.mode,
             dir=str(where), id=run_id, resume="allow",
             config=run_config(self.config, self.schedule), allow_val_change=True,
             # nanoflow's own lines stay the run's output: W&B neither captures the console nor prints its banner
             settings=wandb.Settings(console="off", quiet=True, silent=True, disable_git=True))
-        log.info(f"W&B: run {run_id} ({args.mode}){' resumed' if self.start_step else ''}")
+        log.info(f"W&B: run {run_id} ({self.mode}){' resumed' if self.start_step else ''}")
         self._log_plan(wandb)
         return self
 

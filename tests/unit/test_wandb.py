@@ -217,3 +217,26 @@ def test_a_key_of_the_wrong_form_is_refused_without_showing_it(tmp_path, no_logi
 def test_offline_and_disabled_need_no_login(tmp_path, no_login, capsys, mode):
     assert train_main(plan_command(write_run(tmp_path), [*ONLINE, f'logging.wandb.mode="{mode}"'], "--plan")) == 0
     assert "W&B login" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("env", "mode"), [("offline", "offline"), ("dryrun", "offline"), ("disabled", "disabled")])
+def test_an_unset_mode_follows_wandb_mode(tmp_path, no_login, monkeypatch, capsys, env, mode):
+    monkeypatch.setenv("WANDB_MODE", env)
+    path = write_run(tmp_path)
+    assert train_main(plan_command(path, ONLINE, "--plan")) == 0   # no login asked: not online
+    assert "W&B login" not in capsys.readouterr().err
+    config_ = load_config(path, ONLINE)
+    assert WandbLog(config_, Schedule.from_config(config_), tmp_path / "run", 0).mode == mode
+
+
+def test_a_mode_in_the_config_wins_over_wandb_mode(tmp_path, no_login, monkeypatch, capsys):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    assert train_main(plan_command(write_run(tmp_path), [*ONLINE, 'logging.wandb.mode="online"'], "--plan")) == 2
+    assert 'mode = "online" needs a W&B login' in capsys.readouterr().err
+
+
+def test_a_wandb_mode_nanoflow_does_not_run_in_is_refused_by_name(tmp_path, no_login, monkeypatch, capsys):
+    monkeypatch.setenv("WANDB_MODE", "shared")
+    assert train_main(plan_command(write_run(tmp_path), ONLINE, "--plan")) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "WANDB_MODE='shared'" in err and "[logging.wandb]" in err
