@@ -1,11 +1,11 @@
-"""The default curriculum teaches what it says: held-out reversal exact match ≤ 10% before SFT, ≥ 80% after.
+"""The default curriculum teaches what it says: held-out reversal exact match ≤ 10% before SFT, ≥ 90% after.
 
 One real `bin/train schedules/curriculum.toml` (the Quickstart's command, its run folder moved into tmp_path):
 under three minutes on two idle CPU cores, far more under load — the one expensive test of the suite. Where the
 Quickstart's own run is there (runs/curriculum, as CI leaves it before the tests) and is this checkout's — the
 whole schedule committed from this very config, by this torch, after the last change to any file of nanoflow/,
 bin/ or schedules/ — its checkpoint and eval.jsonl are what is checked instead of training the same run again.
-Measured on this schedule: 0.0% at the end of anneal (step 200), 31.5% at step 600, 96.5% at the end (step 800).
+Measured on this schedule: 0.0% at the end of anneal (step 200), 81.5% at step 600, 99% at the end (step 800).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from nanoflow.observe.metrics import read_eval
 from nanoflow.schedule import Schedule, stage_steps
 
 CURRICULUM = REPO / "schedules" / "curriculum.toml"
-BEFORE_SFT_AT_MOST, AFTER_SFT_AT_LEAST = 0.10, 0.80
+BEFORE_SFT_AT_MOST, AFTER_SFT_AT_LEAST = 0.10, 0.90
 SOURCES = ("nanoflow", "bin", "schedules")   # what the Quickstart's run was made from, besides the packages
 
 
