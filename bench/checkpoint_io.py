@@ -181,7 +181,7 @@ def load_breakdown(folder: str) -> dict[str, float]:
 
 # ---------------------------------------------------------------------------------------------
 
-def main(argv=None) -> int:
+def main(argv=None) -> int:  # noqa: C901 - a benchmark's options, rounds and report, read top to bottom
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=12, help="rounds after the warm-up (a multiple of 6 balances "
                         "the saves' orders)")

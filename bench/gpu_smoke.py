@@ -311,7 +311,8 @@ def fsdp_worker(args, result_file: str) -> None:
 
     import nanoflow.model
     from nanoflow.build import build_model, build_optimizer
-    from nanoflow.parallel.mesh import Topology, shard_data_parallel
+    from nanoflow.parallel.mesh import Topology
+    from nanoflow.parallel.plan import shard_data_parallel
     from nanoflow.run import open_run
     from nanoflow.state import TrainState
 

@@ -12,7 +12,8 @@ from nanoflow.data.loader import StageLoader
 from nanoflow.io import read_init_weights
 from nanoflow.model import Llama
 from nanoflow.parallel.agree import on_every_rank
-from nanoflow.parallel.mesh import SINGLE, Topology, device, parallelize
+from nanoflow.parallel.mesh import SINGLE, Topology, device
+from nanoflow.parallel.plan import parallelize
 from nanoflow.parallel.shards import load_weights
 from nanoflow.run import Run, as_run
 from nanoflow.schedule import active_stage

@@ -20,7 +20,8 @@ from helpers import TINY  # noqa: E402 - tests/ is on sys.path: this script's fo
 
 import nanoflow  # noqa: E402
 from nanoflow.model import Llama  # noqa: E402
-from nanoflow.parallel.mesh import Topology, init_topology, parallelize  # noqa: E402
+from nanoflow.parallel.mesh import Topology, init_topology  # noqa: E402
+from nanoflow.parallel.plan import parallelize  # noqa: E402
 
 VARIANTS = ("plain", "chunked", "recompute")  # recompute: the chunked loss and recompute_layer = true
 

@@ -7,6 +7,7 @@ the model are in model_checks, those of the data a config names in data_checks.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 import attrs
 
@@ -41,62 +42,102 @@ __all__ = ["MODEL_KEYS", "ROPE_KEYS", "Rope", "check_world_size", "complete_mode
 # Validation across keys
 
 def validate(config: Config) -> list[str]:
-    """Every problem that can be found without loading data or building the model."""
-    problems = []
-    model, par = config.model, config.parallelism
+    """Every problem that can be found without loading data or building the model: each rule's of RULES, in order."""
+    return [problem for rule in RULES for problem in rule(config)]
 
-    def stage_label(i: int) -> str:
-        return f'data_stages[{i}] (stage "{config.data_stages[i].name}")'
 
-    # every key model_problems reads is set; else open_run completes [model] (from init_from's config.json)
+def _stage_label(config: Config, index: int) -> str:
+    return f'data_stages[{index}] (stage "{config.data_stages[index].name}")'
+
+
+def _complete_model_problems(config: Config) -> list[str]:
+    """model_problems, once every key it reads is set; else open_run completes [model] (from init_from's
+    config.json) and checks it then."""
+    model = config.model
     complete = (not unset_required(model) and model.model_type is not None and model.num_key_value_heads is not None
                 and model.max_position_embeddings is not None)
-    if complete:
-        problems.extend(model_problems(config))
-    for i in range(len(config.data_stages)):
-        tokens = config.stage_tokens(i)
-        assert tokens.batch_accumulation_per_replica is not None   # stage_tokens resolves it
-        derived = tokens.micro_batch_size * tokens.batch_accumulation_per_replica * par.dp
-        accumulation_stated = (config.data_stages[i].batch_accumulation_per_replica is not None
-                               or config.tokens.batch_accumulation_per_replica is not None)
-        if tokens.global_batch_size is not None and not accumulation_stated \
-                and tokens.global_batch_size % (tokens.micro_batch_size * par.dp):
-            problems.append(
-                f"{stage_label(i)}: global_batch_size = {tokens.global_batch_size} is not a multiple of "
-                f"micro_batch_size × dp = {tokens.micro_batch_size} × {par.dp}")
-        elif tokens.global_batch_size is not None and tokens.global_batch_size != derived:
-            problems.append(
-                f"{stage_label(i)}: global_batch_size = {tokens.global_batch_size}, but micro_batch_size × "
-                f"batch_accumulation_per_replica × dp = {tokens.micro_batch_size} × "
-                f"{tokens.batch_accumulation_per_replica} × {par.dp} = {derived}")
-        problems.extend(f"{stage_label(i)}.data.dataset: {p}" for p in dataset_problems(config.data_stages[i].data.dataset))
-        problems.extend(f"{stage_label(i)}.data.continue_from: {p}" for p in continue_from_problems(config, i))
-        problems.extend(rope_scaling_problems(config.data_stages[i].rope_scaling, f"{stage_label(i)}.rope_scaling"))
-    if par.tp_mode == "REDUCE_SCATTER":  # each tp rank holds sequence_length / tp positions between the blocks
-        for index in range(len(config.data_stages)):
-            length = config.stage_tokens(index).sequence_length
-            if length % par.tp:
-                problems.append(f"{stage_label(index)}: sequence_length = {length} is not divisible by "
-                                f'parallelism.tp = {par.tp}, which parallelism.tp_mode = "REDUCE_SCATTER" needs')
-    if config.tokenizer.tokenizer_name_or_path != "bytes" and not os.path.exists(config.tokenizer.tokenizer_name_or_path):
-        problems.append(f"tokenizer.tokenizer_name_or_path: {config.tokenizer.tokenizer_name_or_path} does not exist")
-    problems.extend(rope_scaling_problems(model.rope_scaling))
-    problems.extend(_run_place_problems(config))
-    problems.extend(held_out_problems(config))
-    problems.extend(evaluation_problems(config))
+    return model_problems(config) if complete else []
 
+
+def _batch_size_problems(config: Config, index: int) -> list[str]:
+    """A stated global_batch_size must be what micro_batch_size × batch_accumulation_per_replica × dp make (or,
+    with the accumulation unstated, a multiple of micro_batch_size × dp, from which the accumulation follows)."""
+    tokens, dp = config.stage_tokens(index), config.parallelism.dp
+    assert tokens.batch_accumulation_per_replica is not None   # stage_tokens resolves it
+    if tokens.global_batch_size is None:
+        return []
+    derived = tokens.micro_batch_size * tokens.batch_accumulation_per_replica * dp
+    accumulation_stated = (config.data_stages[index].batch_accumulation_per_replica is not None
+                           or config.tokens.batch_accumulation_per_replica is not None)
+    if not accumulation_stated and tokens.global_batch_size % (tokens.micro_batch_size * dp):
+        return [f"{_stage_label(config, index)}: global_batch_size = {tokens.global_batch_size} is not a multiple of "
+                f"micro_batch_size × dp = {tokens.micro_batch_size} × {dp}"]
+    if tokens.global_batch_size != derived:
+        return [f"{_stage_label(config, index)}: global_batch_size = {tokens.global_batch_size}, but "
+                f"micro_batch_size × batch_accumulation_per_replica × dp = {tokens.micro_batch_size} × "
+                f"{tokens.batch_accumulation_per_replica} × {dp} = {derived}"]
+    return []
+
+
+def _stage_dataset_problems(config: Config, index: int) -> list[str]:
+    return [f"{_stage_label(config, index)}.data.dataset: {p}"
+            for p in dataset_problems(config.data_stages[index].data.dataset)]
+
+
+def _stage_continue_from_problems(config: Config, index: int) -> list[str]:
+    return [f"{_stage_label(config, index)}.data.continue_from: {p}" for p in continue_from_problems(config, index)]
+
+
+def _stage_rope_problems(config: Config, index: int) -> list[str]:
+    return rope_scaling_problems(config.data_stages[index].rope_scaling, f"{_stage_label(config, index)}.rope_scaling")
+
+
+# What each stage is checked for, stage by stage, in this order.
+STAGE_RULES: tuple[Callable[[Config, int], list[str]], ...] = (
+    _batch_size_problems, _stage_dataset_problems, _stage_continue_from_problems, _stage_rope_problems)
+
+
+def _stages_problems(config: Config) -> list[str]:
+    return [problem for index in range(len(config.data_stages)) for rule in STAGE_RULES
+            for problem in rule(config, index)]
+
+
+def _sequence_parallel_problems(config: Config) -> list[str]:
+    """Under tp_mode = "REDUCE_SCATTER" each tp rank holds sequence_length / tp positions between the blocks."""
+    par = config.parallelism
+    if par.tp_mode != "REDUCE_SCATTER":
+        return []
+    return [f"{_stage_label(config, index)}: sequence_length = {length} is not divisible by "
+            f'parallelism.tp = {par.tp}, which parallelism.tp_mode = "REDUCE_SCATTER" needs'
+            for index in range(len(config.data_stages))
+            if (length := config.stage_tokens(index).sequence_length) % par.tp]
+
+
+def _tokenizer_problems(config: Config) -> list[str]:
+    path = config.tokenizer.tokenizer_name_or_path
+    if path == "bytes" or os.path.exists(path):
+        return []
+    return [f"tokenizer.tokenizer_name_or_path: {path} does not exist"]
+
+
+def _model_rope_problems(config: Config) -> list[str]:
+    return rope_scaling_problems(config.model.rope_scaling)
+
+
+def _schedule_problems(config: Config) -> list[str]:
+    """The stages as a schedule (their order, start steps and names; nanoflow.schedule), then each stage's own LR
+    schedule within its steps."""
     try:
         schedule = Schedule.from_config(config)
-        for i in range(len(config.data_stages)):
-            problems.extend(f"{stage_label(i)}.learning_rate_scheduler.{p}" for p in _stage_lr_problems(config, schedule, i))
     except ScheduleError as e:
         # The last stage of that name: for a duplicate name, the second one is the culprit.
         culprit = next((i for i, s in reversed(list(enumerate(config.data_stages))) if s.name == e.stage), None)
         key = "start_training_step" if e.key == "start_step" else e.key
-        prefix = f"{stage_label(culprit)}.{key}" if culprit is not None else (
+        prefix = f"{_stage_label(config, culprit)}.{key}" if culprit is not None else (
             "tokens.train_steps" if e.key == "train_steps" else e.key)
-        problems.append(f"{prefix}: {e}")
-    return problems
+        return [f"{prefix}: {e}"]
+    return [f"{_stage_label(config, i)}.learning_rate_scheduler.{p}"
+            for i in range(len(config.data_stages)) for p in _stage_lr_problems(config, schedule, i)]
 
 
 def complete_model(config: Config, hf: dict | None = None, source: str = "config.json") -> Config:
@@ -214,3 +255,9 @@ def unreached_stages(config: Config) -> list[str]:
     """Names of stages that start after train_steps: legal (a short trial of a long schedule), but worth a warning."""
     schedule = Schedule.from_config(config)
     return [s.name for i, s in enumerate(schedule.stages) if not stage_steps(schedule, i)]
+
+
+# The rules validate applies, in this order (the order its problems are listed in).
+RULES: tuple[Callable[[Config], list[str]], ...] = (
+    _complete_model_problems, _stages_problems, _sequence_parallel_problems, _tokenizer_problems,
+    _model_rope_problems, _run_place_problems, held_out_problems, evaluation_problems, _schedule_problems)

@@ -194,7 +194,6 @@ def evaluation_problems(config: Config) -> list[str]:
     if not evaluation.datasets:
         return ["evaluation: no [[evaluation.datasets]] to evaluate; add one, or remove [evaluation]"]
     problems, seen = [], set()
-    stages = {stage.name: stage for stage in config.data_stages}
     for i, entry in enumerate(evaluation.datasets):
         label = f'evaluation.datasets[{i}] ("{entry.name}")'
         if not entry.name.strip():
@@ -202,34 +201,10 @@ def evaluation_problems(config: Config) -> list[str]:
         elif entry.name in seen:
             problems.append(f"{label}.name: another eval set is named \"{entry.name}\"; names must be unique")
         seen.add(entry.name)
-        if (entry.dataset is None) == (entry.held_out_of is None):
-            problems.append(f"{label}: give exactly one of a [evaluation.datasets.dataset] table and held_out_of "
-                            "(a stage whose source reserves held_out_samples)")
+        dataset, source_problems = _eval_source(config, entry, label)
+        problems.extend(source_problems)
+        if dataset is None:
             continue
-        if entry.held_out_of is not None:
-            stage = stages.get(entry.held_out_of)
-            if stage is None:
-                problems.append(f'{label}.held_out_of: no stage is named "{entry.held_out_of}" (stages: '
-                                + ", ".join(stages) + ")")
-                continue
-            dataset = stage.data.dataset
-            if dataset.held_out_samples is None:
-                problems.append(f'{label}.held_out_of: stage "{stage.name}" reserves nothing; set its '
-                                "data.dataset.held_out_samples = N to keep its last N samples out of training")
-            own = config.stage_tokens(list(stages).index(stage.name)).sequence_length
-            if entry.sequence_length not in (None, own):
-                problems.append(f'{label}.sequence_length = {entry.sequence_length}, but stage "{stage.name}" cuts '
-                                f"its windows (and so the held-out ones) at {own}; leave it unset")
-        else:
-            assert entry.dataset is not None   # exactly one of dataset and held_out_of, checked above
-            dataset = entry.dataset
-            problems.extend(f"{label}.dataset: {p}" for p in dataset_problems(dataset))
-            if dataset.held_out_samples is not None:
-                problems.append(f"{label}.dataset.held_out_samples: an eval set reads all of its dataset; to evaluate "
-                                "a stage's reserved samples, use held_out_of = the stage's name")
-            if isinstance(getattr(dataset, "hf_dataset_splits", None), list):
-                problems.append(f"{label}.dataset.hf_dataset_splits: an eval set reads one split; name it "
-                                '(e.g. hf_dataset_splits = "validation")')
         if entry.metric == "multiple_choice":
             problems.extend(_choice_problems(entry, label))
         else:
@@ -247,6 +222,39 @@ def evaluation_problems(config: Config) -> list[str]:
             problems.append(f"{label}: sequence_length = {length} is not divisible by parallelism.tp = "
                             f'{config.parallelism.tp}, which parallelism.tp_mode = "REDUCE_SCATTER" needs')
     return problems
+
+
+def _eval_source(config: Config, entry, label: str) -> tuple[DatasetArgs | NanosetDatasetsArgs | None, list[str]]:
+    """The dataset eval set `entry` reads (its own table, or the stage's it is held out of) and what is wrong with
+    it; no dataset when there is none to check further."""
+    if (entry.dataset is None) == (entry.held_out_of is None):
+        return None, [f"{label}: give exactly one of a [evaluation.datasets.dataset] table and held_out_of "
+                      "(a stage whose source reserves held_out_samples)"]
+    problems = []
+    if entry.held_out_of is not None:
+        stages = {stage.name: stage for stage in config.data_stages}
+        stage = stages.get(entry.held_out_of)
+        if stage is None:
+            return None, [f'{label}.held_out_of: no stage is named "{entry.held_out_of}" (stages: '
+                          + ", ".join(stages) + ")"]
+        dataset = stage.data.dataset
+        if dataset.held_out_samples is None:
+            problems.append(f'{label}.held_out_of: stage "{stage.name}" reserves nothing; set its '
+                            "data.dataset.held_out_samples = N to keep its last N samples out of training")
+        own = config.stage_tokens(list(stages).index(stage.name)).sequence_length
+        if entry.sequence_length not in (None, own):
+            problems.append(f'{label}.sequence_length = {entry.sequence_length}, but stage "{stage.name}" cuts '
+                            f"its windows (and so the held-out ones) at {own}; leave it unset")
+        return dataset, problems
+    dataset = entry.dataset
+    problems.extend(f"{label}.dataset: {p}" for p in dataset_problems(dataset))
+    if dataset.held_out_samples is not None:
+        problems.append(f"{label}.dataset.held_out_samples: an eval set reads all of its dataset; to evaluate "
+                        "a stage's reserved samples, use held_out_of = the stage's name")
+    if isinstance(getattr(dataset, "hf_dataset_splits", None), list):
+        problems.append(f"{label}.dataset.hf_dataset_splits: an eval set reads one split; name it "
+                        '(e.g. hf_dataset_splits = "validation")')
+    return dataset, problems
 
 
 def _choice_problems(entry, label: str) -> list[str]:

@@ -228,7 +228,8 @@ def _hf_value(hf: dict, key: str, family: str, read: dict):
     return default, f"{key} (absent: transformers' {family} default)"
 
 
-def model_from_hf(model: ModelArgs, hf: dict, source: str = "config.json") -> tuple[ModelArgs, list[str]]:
+# Complex (C901) as one pass over config.json's keys as transformers reads them: the few odd keys are its exceptions.
+def model_from_hf(model: ModelArgs, hf: dict, source: str = "config.json") -> tuple[ModelArgs, list[str]]:  # noqa: C901
     """[model] completed from an HF config.json (as a dict) read as transformers reads it for its model_type: each
     architecture key [model] leaves unset is config.json's (absent: transformers' default for that family), each
     key [model] gives must be the same. Returns (the completed model, one line per key that differs and per setting

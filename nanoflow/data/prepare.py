@@ -26,6 +26,8 @@ import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from typing import TextIO
 
+import attrs
+
 from nanoflow.config import TokenizerArgs
 from nanoflow.config.locations import archive_of, saved_folder
 from nanoflow.data.hf_datasets import (
@@ -98,23 +100,7 @@ def load_inputs(inputs: list[str], text_column: str = "text", cache_dir: str | N
                 pending.append(name)
                 continue
             flush()
-            if os.path.isdir(name):
-                if saved_folder(name).problems:   # what a stage's check before the run asks of a folder too
-                    raise PrepareError(f"{name}: a folder, but not one saved with Dataset.save_to_disk; "
-                                       "pass the files in it instead (e.g. folder/*.txt)")
-                rows = datasets.load_from_disk(name)
-                if isinstance(rows, datasets.DatasetDict):
-                    if "train" not in rows:
-                        raise PrepareError(f'{name}: no split "train" (splits: {", ".join(rows)})')
-                    rows = rows["train"]
-            elif any(ch in name for ch in "*?["):
-                raise PrepareError(f"{name}: matches no file")
-            else:
-                try:
-                    rows = datasets.load_dataset(name, split="train", cache_dir=cache_dir)
-                except Exception as e:  # noqa: BLE001 - the hub's errors are many; name the input either way
-                    raise PrepareError(f"{name}: no such file or folder, and no dataset of that name could be "
-                                       f"loaded from the hub: {type(e).__name__}: {e}") from None
+            rows = _load_named(name, cache_dir)
             groups.append(_select_text(rows, text_column, name))
         flush()
     finally:
@@ -123,6 +109,30 @@ def load_inputs(inputs: list[str], text_column: str = "text", cache_dir: str | N
     if not groups:
         raise PrepareError("no inputs")
     return groups[0] if len(groups) == 1 else datasets.concatenate_datasets(groups)
+
+
+def _load_named(name: str, cache_dir: str | None):
+    """The rows of an input that is no file: a folder saved with Dataset.save_to_disk (its "train" split), or a
+    dataset on the hub."""
+    import datasets
+
+    if os.path.isdir(name):
+        if saved_folder(name).problems:   # what a stage's check before the run asks of a folder too
+            raise PrepareError(f"{name}: a folder, but not one saved with Dataset.save_to_disk; "
+                               "pass the files in it instead (e.g. folder/*.txt)")
+        rows = datasets.load_from_disk(name)
+        if isinstance(rows, datasets.DatasetDict):
+            if "train" not in rows:
+                raise PrepareError(f'{name}: no split "train" (splits: {", ".join(rows)})')
+            rows = rows["train"]
+        return rows
+    if any(ch in name for ch in "*?["):
+        raise PrepareError(f"{name}: matches no file")
+    try:
+        return datasets.load_dataset(name, split="train", cache_dir=cache_dir)
+    except Exception as e:  # noqa: BLE001 - the hub's errors are many; name the input either way
+        raise PrepareError(f"{name}: no such file or folder, and no dataset of that name could be "
+                           f"loaded from the hub: {type(e).__name__}: {e}") from None
 
 
 def _prepare_shard(rows, start: int, stop: int, tokenizer_args: TokenizerArgs, output: str,
@@ -151,6 +161,73 @@ def _write_manifest(output: str, manifest: dict) -> None:
     write_atomically(os.path.join(output, MANIFEST), (json.dumps(manifest, indent=1) + "\n").encode())
 
 
+@attrs.frozen
+class ShardPlan:
+    """What a run of bin/prepare does in its output folder, decided before anything is written (plan_shards)."""
+
+    shards: list[tuple[str, int, int]]   # every shard of the preparation: (name, first row, row after the last)
+    done: dict[str, dict]                # the recorded shards whose files are whole: kept, with their stats
+    todo: list[tuple[str, int, int]]     # the shards to tokenize, in order
+    leftovers: list[str]                 # the files a killed run left half written, to delete
+
+
+def plan_shards(identity: dict, output: str, previous: dict | None, listing: dict[str, int | None]) -> ShardPlan:
+    """The plan for preparing `identity` (the documents, the shard size, what they are read and tokenized with) in
+    the folder `output`, from what is there: `previous`, its prepare.json (None: none), and `listing`, each name in
+    it with its size (None: not a file one can read). Raises PrepareError when the folder holds another preparation,
+    or token files bin/prepare did not record. Reads and writes nothing."""
+    done = _recorded_shards(identity, output, previous, listing)
+    # Leftovers of a killed run, never under a real name: what nanoflow.io.store.write_atomically leaves.
+    leftovers = [name for name in listing if re.fullmatch(r".+\.tmp-[0-9]+", name)]
+    documents, per_shard = identity["documents"], identity["docs_per_shard"]
+    shards = [(f"{k:05d}", start, min(start + per_shard, documents))
+              for k, start in enumerate(range(0, documents, per_shard))]
+    # A recorded shard whose file is gone or the wrong size, or has no metadata, is redone.
+    whole = {name: stats for name, stats in done.items()
+             if listing.get(name + SUFFIX) == stats["tokens"] * identity["token_size"]
+             and listing.get(name + SUFFIX + ".metadata") is not None}
+    return ShardPlan(shards=shards, done=whole, todo=[shard for shard in shards if shard[0] not in whole],
+                     leftovers=leftovers)
+
+
+def _recorded_shards(identity: dict, output: str, previous: dict | None, listing: dict[str, int | None]
+                     ) -> dict[str, dict]:
+    """The shards `previous` records as finished, when it prepares the same `identity`: a folder that holds another
+    preparation, or token files without a prepare.json, is refused rather than mixing two preparations in one."""
+    if previous is None:
+        if any(name.endswith(SUFFIX) for name in listing):
+            raise PrepareError(f"{output} already holds token files that bin/prepare did not record; "
+                               "choose another --output, or empty this folder first")
+        return {}
+    if {k: previous.get(k) for k in identity} != identity:
+        changed = [k for k in identity if previous.get(k) != identity[k]]
+        raise PrepareError(f"{output} holds another preparation (it differs in {', '.join(changed)}); "
+                           "choose another --output, or empty this folder first")
+    return previous.get("shards", {})
+
+
+def _listing(folder: str) -> dict[str, int | None]:
+    """Each name in `folder` with its size; None where there is nothing to read (a dangling link)."""
+    paths = {name: os.path.join(folder, name) for name in os.listdir(folder)}
+    return {name: os.path.getsize(path) if os.path.exists(path) else None for name, path in paths.items()}
+
+
+def _read_manifest(output: str) -> dict | None:
+    path = os.path.join(output, MANIFEST)
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def _as_tokenizer(tokenizer: str | TokenizerArgs | Tokenizer, eos_token: str | None) -> Tokenizer:
+    if isinstance(tokenizer, (str, os.PathLike)):
+        return load_tokenizer(tokenizer, eos_token=eos_token)
+    if isinstance(tokenizer, TokenizerArgs):
+        return load_tokenizer(tokenizer)
+    return tokenizer
+
+
 def prepare(inputs: list[str], output: str, *, tokenizer: str | TokenizerArgs | Tokenizer = "bytes",
             eos_token: str | None = None, text_column: str = "text", num_proc: int | None = None,
             docs_per_shard: int = DOCS_PER_SHARD, progress: bool | None = None, out: TextIO = sys.stderr,
@@ -159,10 +236,7 @@ def prepare(inputs: list[str], output: str, *, tokenizer: str | TokenizerArgs | 
     `tokenizer`: a name or path (with `eos_token`, the end-of-text token to name), a [tokenizer] section, or a
     loaded tokenizer."""
     started = time.perf_counter()
-    if isinstance(tokenizer, (str, os.PathLike)):
-        tokenizer = load_tokenizer(tokenizer, eos_token=eos_token)
-    elif isinstance(tokenizer, TokenizerArgs):
-        tokenizer = load_tokenizer(tokenizer)
+    tokenizer = _as_tokenizer(tokenizer, eos_token)
     if docs_per_shard < 1:
         raise PrepareError(f"docs_per_shard must be at least 1, got {docs_per_shard}")
     rows = load_inputs(list(inputs), text_column, cache_dir)
@@ -180,70 +254,54 @@ def prepare(inputs: list[str], output: str, *, tokenizer: str | TokenizerArgs | 
         "docs_per_shard": docs_per_shard,
     }
     os.makedirs(output, exist_ok=True)
-    manifest_path = os.path.join(output, MANIFEST)
-    done: dict[str, dict] = {}
-    if os.path.exists(manifest_path):
-        with open(manifest_path) as f:
-            previous = json.load(f)
-        if {k: previous.get(k) for k in identity} != identity:
-            changed = [k for k in identity if previous.get(k) != identity[k]]
-            raise PrepareError(f"{output} holds another preparation (it differs in {', '.join(changed)}); "
-                               "choose another --output, or empty this folder first")
-        done = previous.get("shards", {})
-    elif any(name.endswith(SUFFIX) for name in os.listdir(output)):
-        raise PrepareError(f"{output} already holds token files that bin/prepare did not record; "
-                           "choose another --output, or empty this folder first")
-    for name in os.listdir(output):          # leftovers of a killed run: never under a real name
-        if re.fullmatch(r".+\.tmp-[0-9]+", name):   # what nanoflow.io.store.write_atomically leaves
-            os.unlink(os.path.join(output, name))
-
-    shards = [(f"{k:05d}", start, min(start + docs_per_shard, len(rows)))
-              for k, start in enumerate(range(0, len(rows), docs_per_shard))]
-    token_size = identity["token_size"]
-    for name in list(done):                 # a recorded shard whose file is gone or the wrong size is redone
-        path = os.path.join(output, name + SUFFIX)
-        if not (os.path.exists(path) and os.path.getsize(path) == done[name]["tokens"] * token_size
-                and os.path.exists(path + ".metadata")):
-            del done[name]
-    todo = [shard for shard in shards if shard[0] not in done]
-    manifest = {**identity, "shards": done, "complete": False}
+    plan = plan_shards(identity, output, _read_manifest(output), _listing(output))
+    for name in plan.leftovers:
+        os.unlink(os.path.join(output, name))
+    shards = dict(plan.done)   # filled in as shards finish
+    manifest = {**identity, "shards": shards, "complete": False}
     _write_manifest(output, manifest)
-
-    from tqdm import tqdm
-
-    live = out.isatty() if progress is None else progress
-    bar = tqdm(total=len(rows), initial=sum(s["documents"] for s in done.values()), unit="doc", file=out,
-               disable=not live, dynamic_ncols=True, desc="tokenizing")
-    workers = max(1, min(num_proc or os.cpu_count() or 1, len(todo)))
-    try:
-        if workers == 1:
-            for shard, start, stop in todo:
-                name, stats = _prepare_shard(rows, start, stop, tokenizer.args, output, shard)
-                done[name] = stats
-                _write_manifest(output, manifest)
-                bar.update(stats["documents"])
-        else:
-            with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-                running = {pool.submit(_prepare_shard, rows, start, stop, tokenizer.args, output, shard)
-                           for shard, start, stop in todo}
-                while running:
-                    finished, running = wait(running, return_when=FIRST_COMPLETED)
-                    for future in finished:
-                        name, stats = future.result()
-                        done[name] = stats
-                        _write_manifest(output, manifest)
-                        bar.update(stats["documents"])
-    finally:
-        bar.close()
-
+    _tokenize(rows, plan.todo, tokenizer.args, output, manifest, workers=num_proc, progress=progress, out=out)
     verify(output, manifest)
     manifest["complete"] = True
     _write_manifest(output, manifest)
     return {
-        "output": output, "documents": len(rows), "tokens": sum(s["tokens"] for s in done.values()),
-        "files": len(shards), "resumed": len(shards) - len(todo), "tokenizer": identity["tokenizer"],
-        "token_size": token_size, "seconds": time.perf_counter() - started,
+        "output": output, "documents": len(rows), "tokens": sum(s["tokens"] for s in shards.values()),
+        "files": len(plan.shards), "resumed": len(plan.shards) - len(plan.todo), "tokenizer": identity["tokenizer"],
+        "token_size": identity["token_size"], "seconds": time.perf_counter() - started,
     }
+
+
+def _tokenize(rows, todo: list[tuple[str, int, int]], tokenizer_args: TokenizerArgs, output: str, manifest: dict, *,
+              workers: int | None, progress: bool | None, out: TextIO) -> None:
+    """Tokenize and write the shards `todo`, in a pool of processes when there are several: each finished shard is
+    recorded in manifest["shards"] and the manifest written at once, so a killed run keeps it."""
+    from tqdm import tqdm
+
+    done = manifest["shards"]
+    live = out.isatty() if progress is None else progress
+    bar = tqdm(total=len(rows), initial=sum(s["documents"] for s in done.values()), unit="doc", file=out,
+               disable=not live, dynamic_ncols=True, desc="tokenizing")
+
+    def finished(name: str, stats: dict) -> None:
+        done[name] = stats
+        _write_manifest(output, manifest)
+        bar.update(stats["documents"])
+
+    processes = max(1, min(workers or os.cpu_count() or 1, len(todo)))
+    try:
+        if processes == 1:
+            for shard, start, stop in todo:
+                finished(*_prepare_shard(rows, start, stop, tokenizer_args, output, shard))
+            return
+        with ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn")) as pool:
+            running = {pool.submit(_prepare_shard, rows, start, stop, tokenizer_args, output, shard)
+                       for shard, start, stop in todo}
+            while running:
+                ready, running = wait(running, return_when=FIRST_COMPLETED)
+                for future in ready:
+                    finished(*future.result())
+    finally:
+        bar.close()
 
 
 def verify(output: str, manifest: dict) -> None:

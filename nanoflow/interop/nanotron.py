@@ -115,7 +115,7 @@ class _Conversion:
                 out[key] = converted
         return {name: out[name] for name in fields if name in out}   # nanoflow's order, as in its docs
 
-    def value(self, value, hint, where: str):
+    def value(self, value, hint, where: str):  # noqa: C901 - one branch per kind of type hint: a dispatch table
         origin, args = typing.get_origin(hint), typing.get_args(hint)
         if attrs.has(hint):
             return self.table(value, hint, where)
@@ -271,25 +271,7 @@ def _model(record: _Conversion, model) -> dict:
             _fill(record, out, "model.model_config", key, default, "nanotron's LlamaConfig default")
     if _unset(model_config, "num_key_value_heads") and "num_attention_heads" in out:
         out["num_key_value_heads"] = out["num_attention_heads"]   # nanotron's default and nanoflow's: no note
-    for key, value in model.items():
-        if key == "model_config" or value is None:
-            continue
-        if key == "dtype":
-            dtype = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float32": "float32", "fp32": "float32"}.get(
-                str(value).removeprefix("torch."))
-            if dtype is None:
-                record.drop("model.dtype", value, "nanoflow trains in float32 or with bfloat16 autocast")
-            else:
-                out["dtype"] = dtype
-        elif key == "init_method" and isinstance(value, dict) and "std" in value and _fits(value["std"], float) \
-                and set(value) <= {"std", "scaling_method"}:
-            out["initializer_range"] = float(value["std"])
-            record.notes.append(f"model.init_method.std = {value['std']} → model.initializer_range "
-                                "(the std nanotron draws the weights with)")
-            # nanotron's default scaling is NUM_LAYERS: the row-parallel projections get a smaller std.
-            record.drop("model.init_method.scaling_method", str(value.get("scaling_method") or "NUM_LAYERS").upper())
-        else:
-            record.drop(f"model.{key}", value)
+    out.update(_model_args(record, model))
     if _unset(model, "dtype"):
         _fill(record, out, "model", "dtype", NANOTRON_DTYPE, "nanotron's ModelArgs default; nanoflow's is \"auto\": "
               "bfloat16 on CUDA, float32 on a CPU")
@@ -366,6 +348,31 @@ def _in_order(table: dict, cls) -> dict:
     """`table` in the order of `cls`'s fields, as nanoflow's docs list them; other keys last."""
     names = [f.name for f in attrs.fields(cls)]
     return {**{name: table[name] for name in names if name in table}, **table}
+
+
+def _model_args(record: _Conversion, model: dict) -> dict:
+    """The [model] keys that nanotron's ModelArgs gives beside model_config: its dtype and its init_method's std."""
+    out: dict[str, str | float] = {}
+    for key, value in model.items():
+        if key == "model_config" or value is None:
+            continue
+        if key == "dtype":
+            dtype = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float32": "float32", "fp32": "float32"}.get(
+                str(value).removeprefix("torch."))
+            if dtype is None:
+                record.drop("model.dtype", value, "nanoflow trains in float32 or with bfloat16 autocast")
+            else:
+                out["dtype"] = dtype
+        elif key == "init_method" and isinstance(value, dict) and "std" in value and _fits(value["std"], float) \
+                and set(value) <= {"std", "scaling_method"}:
+            out["initializer_range"] = float(value["std"])
+            record.notes.append(f"model.init_method.std = {value['std']} → model.initializer_range "
+                                "(the std nanotron draws the weights with)")
+            # nanotron's default scaling is NUM_LAYERS: the row-parallel projections get a smaller std.
+            record.drop("model.init_method.scaling_method", str(value.get("scaling_method") or "NUM_LAYERS").upper())
+        else:
+            record.drop(f"model.{key}", value)
+    return out
 
 
 def _rope_scaling(record: _Conversion, rope, interpolation) -> dict | None:

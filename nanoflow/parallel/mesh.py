@@ -1,20 +1,6 @@
-"""The parallel layout: torch.distributed from torchrun's environment, a ("dp", "tp") DeviceMesh,
-and the one place where the model is sharded — with PyTorch's own FSDP2 and DTensor APIs.
-
-Tensor parallel (the "tp" mesh dimension): q/k/v/gate/up are split column-wise (by output
-features, so each rank holds whole heads; their biases with them), o/down row-wise (their all-reduce
-restores the full hidden state; o's bias is added once, after it). Qwen3's per-head q/k norms are
-replicated and act on the heads each rank holds. Embeddings, norms and lm_head stay replicated
-across tp: with a small vocabulary that costs less than sharding and keeps tied embeddings simple;
-at a large one it does not (docs/parallelism.md, "The head under tensor parallelism"). With tp_mode = "REDUCE_SCATTER"
-(sequence parallelism) the norms and the residual stream hold a slice of the positions instead.
-
-Data parallel (the "dp" mesh dimension): FSDP2 `fully_shard` per decoder layer and on the root,
-so parameters, gradients and AdamW moments are sharded over dp. The loss is already the mean over
-the global batch's target tokens, so FSDP sums gradients instead of averaging them.
-
-Recomputation (`recompute_layer`, on any layout, one process too): each decoder layer's activations
-are recomputed in backward instead of kept from the forward.
+"""The mesh: torch.distributed from torchrun's environment, a ("dp", "tp") DeviceMesh, where this process sits in
+it (Topology), and the collectives the run makes across ranks. What is sharded how over that mesh is declared in
+nanoflow.parallel.plan.
 """
 
 from __future__ import annotations
@@ -23,9 +9,8 @@ import logging
 import os
 import re
 import sys
-from collections.abc import Callable
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import NoReturn
 
 import attrs
 import torch
@@ -34,19 +19,6 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from nanoflow.config import Config, check_world_size
 from nanoflow.errors import PeerLostError
-from nanoflow.parallel.runtime import compute_dtype
-
-if TYPE_CHECKING:
-    from nanoflow.model import Llama
-
-TP_PLAN = {
-    "self_attn.q_proj": "colwise", "self_attn.k_proj": "colwise", "self_attn.v_proj": "colwise",
-    "self_attn.o_proj": "rowwise",
-    "mlp.gate_proj": "colwise", "mlp.up_proj": "colwise", "mlp.down_proj": "rowwise",
-}
-# Qwen3's per-head q/k norms act inside each head, on the heads a rank holds: their weights are replicated over
-# tp (as DTensors, so that each rank's gradient, from its own heads, is summed over tp), their input split by head.
-QK_NORM_PLAN = {"self_attn.q_norm": "by_head", "self_attn.k_norm": "by_head"}
 
 
 @attrs.frozen
@@ -150,102 +122,6 @@ def _restart_store(timeout: timedelta):
     shared = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), int(os.environ["WORLD_SIZE"]),
                            is_master=False, timeout=timeout)
     return dist.PrefixStore(f"nanoflow/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/", shared)
-
-
-def parallelize(model: Llama, topology: Topology, config: Config) -> Llama:
-    """Apply the tensor-parallel plan over "tp", activation recomputation, then FSDP2 over "dp".
-    Returns the same module, sharded; parameter names stay HF's."""
-    if topology.mesh is None:
-        if config.parallelism.recompute_layer:
-            for layer in model.model.layers:
-                _recompute(layer)
-        return model
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
-
-    if topology.tp > 1:
-        styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel, "by_head": _by_head}
-        plan = {**TP_PLAN, **(QK_NORM_PLAN if config.model.architecture.qk_norm == "head" else {})}
-        if config.parallelism.tp_mode == "REDUCE_SCATTER":
-            _parallelize_sequence(model, topology.mesh["tp"], plan)
-        else:
-            for layer in model.model.layers:
-                parallelize_module(layer, topology.mesh["tp"], {path: styles[s]() for path, s in plan.items()})
-    if config.parallelism.recompute_layer:
-        for layer in model.model.layers:
-            _recompute(layer)
-    if topology.dp > 1:
-        shard_data_parallel(model, topology.mesh["dp"], compute_dtype(config.model.dtype, device()))
-    return model
-
-
-def shard_data_parallel(model: Llama, mesh: DeviceMesh, dtype: str) -> None:
-    """FSDP2 over `mesh`: each decoder layer, then the root. Under bfloat16 the gathered weights are bf16 and the
-    gradients are reduced in float32. The root does not cast its floating-point inputs (cast_forward_inputs):
-    the one it gets is the loss's grad_scale, whose float32 value decides the gradients' rounding."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-    param_dtype = torch.bfloat16 if dtype == "bfloat16" else None
-    for module in [*model.model.layers, model]:
-        policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32,
-                                      cast_forward_inputs=module is not model)
-        fully_shard(module, mesh=mesh, mp_policy=policy)
-        module.set_gradient_divide_factor(1.0)
-        module.set_force_sum_reduction_for_comms(True)  # a plain SUM: gloo has no PREMUL_SUM
-
-
-def _recompute(layer: torch.nn.Module) -> None:
-    """nanotron's recompute_layer: the layer keeps only its inputs for backward and runs its forward
-    again there (torch.utils.checkpoint, non-reentrant). The layer's own forward is wrapped, not the
-    module, so its parameters keep their names, FSDP2's hooks stay outside the recomputed region (its
-    all-gather is not redone in the recomputation: the backward already holds the gathered weights)
-    and a compiled layer (`[model] compile`) traces the checkpoint as one of its own operators."""
-    from torch.utils.checkpoint import checkpoint
-
-    forward = layer.forward
-
-    def recomputed(*args):
-        return checkpoint(forward, *args, use_reentrant=False)
-
-    layer.forward = recomputed
-
-
-def _by_head():
-    """A norm over head_dim applied to [batch, positions, heads, head_dim] activations split by head over tp."""
-    from torch.distributed.tensor.parallel import SequenceParallel
-
-    return SequenceParallel(sequence_dim=2, use_local_output=True)
-
-
-def _parallelize_sequence(model: Llama, tp_mesh: DeviceMesh, plan: dict[str, str]) -> None:
-    """TP_PLAN with sequence parallelism (nanotron's tp_mode = "REDUCE_SCATTER"): between the blocks
-    the residual stream and the norms hold sequence_length / tp positions on each rank instead of all
-    of them. Each attention or MLP block all-gathers its normed input by position, and its row-wise
-    output projection reduce-scatters back to positions (instead of all-reducing). The embedding
-    stays replicated (its output is split by position), and lm_head replicated (its input is gathered)."""
-    from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import (
-        ColwiseParallel,
-        PrepareModuleInput,
-        PrepareModuleOutput,
-        RowwiseParallel,
-        SequenceParallel,
-        parallelize_module,
-    )
-
-    def gather(args: int) -> PrepareModuleInput:  # the hidden state by position → whole; the rest pass as they are
-        return PrepareModuleInput(input_layouts=(Shard(1),) + (None,) * (args - 1),
-                                  desired_input_layouts=(Replicate(),) + (None,) * (args - 1), use_local_output=True)
-
-    styles: dict[str, Callable[[], Any]] = {
-        "colwise": ColwiseParallel, "rowwise": lambda: RowwiseParallel(output_layouts=Shard(1)), "by_head": _by_head}
-    for layer in model.model.layers:
-        parallelize_module(layer, tp_mesh, {
-            "input_layernorm": SequenceParallel(), "self_attn": gather(4),   # x, cos, sin, documents
-            "post_attention_layernorm": SequenceParallel(), "mlp": gather(1),
-            **{path: styles[style]() for path, style in plan.items()}})
-    parallelize_module(model, tp_mesh, {
-        "model.embed_tokens": PrepareModuleOutput(output_layouts=Replicate(), desired_output_layouts=Shard(1)),
-        "model.norm": SequenceParallel(), "lm_head": gather(1)})
 
 
 def all_reduce_sum(value: torch.Tensor, topology: Topology) -> torch.Tensor:

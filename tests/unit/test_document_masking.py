@@ -316,12 +316,12 @@ def test_train_steps_loss_is_the_models_masked_loss_whatever_the_micro_batches()
 
 
 def test_recomputed_layers_give_the_same_gradients_with_documents():
-    from nanoflow.parallel.mesh import _recompute
+    from nanoflow.parallel.plan import recompute
 
     _, plain = hf_and_ours()
     _, recomputed = hf_and_ours()
     for layer in recomputed.model.layers:
-        _recompute(layer)
+        recompute(layer)
     batch = packed_batch(2, 40, seed=3)
     for model in (plain, recomputed):
         model(batch["input_ids"], batch["labels"], position_ids=batch["position_ids"]).backward()

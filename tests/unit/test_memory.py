@@ -10,7 +10,8 @@ from memory_worker import batch, config_for, gradients
 import nanoflow
 from nanoflow.loss import cross_entropy_sum
 from nanoflow.model import Llama
-from nanoflow.parallel.mesh import SINGLE, parallelize
+from nanoflow.parallel.mesh import SINGLE
+from nanoflow.parallel.plan import parallelize
 
 
 def plain_loss(hidden, weight, labels):

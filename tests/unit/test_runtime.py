@@ -134,7 +134,7 @@ def test_fsdp2s_root_hands_the_loss_its_float32_grad_scale_under_bfloat16(tmp_pa
     # root's would be the grad_scale, 1 / target tokens, rounded to bf16's 8 bits before the loss scales by it.
     from torch.distributed.device_mesh import init_device_mesh
 
-    from nanoflow.parallel.mesh import shard_data_parallel
+    from nanoflow.parallel.plan import shard_data_parallel
 
     config = tiny(tmp_path)
     model = Llama(config.model)
