@@ -3,6 +3,10 @@
     run = open_run(config)                       # joins the process group, checks, loads the tokenizer
     checkpointer = Checkpointer(run)             # and init_state(run), Evaluator(run, …), the loop …
 
+It is step 2 of the start-up sequence (nanoflow.training.loop.open_training: config, run, lock, checkpoint, data),
+which opens it once for everything the run uses. The notebook's building blocks (init_state, Checkpointer) accept a
+Config too and open its run themselves (as_run): give them one Run to share one tokenizer and topology.
+
 `open_run` is the one place the schedule is built, the topology joined and the tokenizer loaded, and where torch's
 process-wide settings are made, before any CUDA work (nanoflow.parallel.runtime: the environment CUDA, cuBLAS and
 NCCL read when they start, determinism, TF32; `[model] dtype = "auto"` resolved for the device).

@@ -60,6 +60,8 @@ class HostCopy:
         return buffer
 
 
+# The writing threads alive in this process. A fact of the process, not of a run: exit_process must know of a thread
+# still in torch's code whichever run (or none, once it raised) started it, and it has no run to ask.
 _running: set[threading.Thread] = set()
 
 

@@ -7,6 +7,7 @@
         checkpointer.after_step(state, stopping=why)   # after each step: commits a save in flight once
                                                        # written, saves when due (save(state) saves now)
 
+nanoflow.training.loop.open_training makes these calls in the order a training run needs (docs/design.md, "Shape").
 Under torchrun every rank makes the same calls. Rank 0 lists the checkpoints, takes the lock and
 commits; every rank reads and writes only the boxes it holds (nanoflow.parallel.shards); every rank
 agrees on each outcome (nanoflow.parallel.agree), so that an error on one rank stops them all instead

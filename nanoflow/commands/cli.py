@@ -130,7 +130,7 @@ def train_main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.plot is not None and not args.plan:
         parser.error("--plot draws the plan: give --plan too")
-    return guarded(lambda: _train(args), where=args.config)
+    return guarded(lambda: _train_or_plan(args), where=args.config)
 
 
 def _step_number(text: str) -> int:
@@ -139,7 +139,7 @@ def _step_number(text: str) -> int:
     return int(text)
 
 
-def _train(args: argparse.Namespace) -> int:
+def _train_or_plan(args: argparse.Namespace) -> int:
     config = load_config(args.config, args.overrides)
     from nanoflow.observe.wandb_log import check_installed, check_login
     check_installed(config)   # [logging.wandb] without the package: said now, for --plan too, not at the first step
@@ -170,9 +170,10 @@ def _train(args: argparse.Namespace) -> int:
             print(f"\nwrote {write_plan_plot(run, args.plot)}")
         return EXIT_DONE
     from nanoflow.parallel.mesh import shutdown
-    from nanoflow.training.loop import train  # the training machinery, once the config is known to be good
+    from nanoflow.training.loop import open_training  # the training machinery, once the config is known to be good
     try:
-        state = train(config, fresh=args.fresh, until_step=args.until_step)
+        with open_training(config, fresh=args.fresh, until_step=args.until_step) as training:
+            state = training.run_loop()
     finally:
         shutdown()
     # Short of the step asked for only when a signal stopped it (after saving): requeue, rerun to resume. A stop

@@ -173,6 +173,8 @@ def _write_chunks(f, chunks, crash_point: bool = True) -> int:
     return size
 
 
+# The checkpoint bytes this process wrote, for NANOFLOW_KILL_AFTER_BYTES. A fact of the process, not of a run: the
+# variable is the process's, and the kill it plans counts every file the process writes, whatever run writes it.
 _bytes_written = 0
 
 

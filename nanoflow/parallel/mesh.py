@@ -57,7 +57,9 @@ def device() -> torch.device:
     return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if torch.cuda.is_available() else torch.device("cpu")
 
 
-_joined_a_group = False  # whether this process joined a process group (see exit_process)
+# Whether this process joined a process group (see exit_process). A fact of the process, not of a run: torch's default
+# process group is the process's, joined once and kept by every run it trains (bin/sweep's too) until it exits.
+_joined_a_group = False
 
 
 def init_topology(config: Config) -> Topology:

@@ -19,7 +19,9 @@ import math
 import os
 
 ENV = "OMP_NUM_THREADS"
-_choosing = False   # set by the front ends: nanoflow may set the count (see the module's docstring)
+# Set by the front ends: nanoflow may set the count (see the module's docstring). A fact of the process, not of a run:
+# torch's intra-op thread count is the process's, and who may set it (a command, or a library user) is decided once.
+_choosing = False
 
 
 def choose_by_default() -> None:

@@ -23,8 +23,11 @@ log = logging.getLogger(__name__)
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
 
-_finished = False  # the run's last checkpoint is committed: signals change nothing any more
-_inherited_ignored: set | None = None   # the stop signals this process was started with ignored (once installed)
+# The stop signals this process was started with ignored, once a command installed its start-up handlers (None: none
+# did, a library user's process). A fact of the process, not of a run: a signal's disposition is the process's, and
+# it was the parent's to give; bin/sweep's runs, one after another in one process, all keep it. Whether a run is
+# finished is its StopRequest's (`finished`), never a module's.
+_inherited_ignored: set | None = None
 
 
 class StoppedAtStartUp(BaseException):
@@ -42,8 +45,7 @@ def install_start_up_handlers() -> None:
     ignored is left ignored. Installed for the process's life: the loop's own handlers sit on top. Called again
     (bin/sweep, before and after each of its runs: a finished run ignores every signal from then on), it installs
     them anew, over a finished run's ignore, but never over a signal the process inherited as ignored."""
-    global _finished, _inherited_ignored
-    _finished = False
+    global _inherited_ignored
     pid = os.getpid()
     if _inherited_ignored is None:
         _inherited_ignored = {s for s in STOP_SIGNALS if signal.getsignal(s) == signal.SIG_IGN}
@@ -52,8 +54,6 @@ def install_start_up_handlers() -> None:
         if os.getpid() != pid:  # a forked worker (datasets' map): the signal's usual end, not ours
             signal.signal(signum, signal.SIG_DFL)
             os.kill(os.getpid(), signum)
-            return
-        if _finished:
             return
         if signum == signal.SIGINT:
             raise KeyboardInterrupt
@@ -72,14 +72,16 @@ def reinstall_start_up_handlers() -> None:
 
 
 def mark_finished() -> None:
-    """The run's last checkpoint is committed (or its --until-step one): from now on no stop signal stops it."""
-    global _finished
-    _finished = True
+    """The run's last checkpoint is committed (or its --until-step one): in a process that runs a command (its
+    start-up handlers installed) no stop signal stops it from now on — ignored until it exits, or until bin/sweep
+    installs the start-up handlers again for its next run. A library user's handlers are left as they are (the
+    loop's own handler answers nothing once its StopRequest is finished)."""
+    if _inherited_ignored is not None:
+        ignore_from_now()
 
 
 def ignore_from_now() -> None:
     """For a process whose run is finished: ignore every stop signal until it exits (its teardown included)."""
-    mark_finished()
     for s in STOP_SIGNALS:
         signal.signal(s, signal.SIG_IGN)
 
@@ -95,6 +97,7 @@ class StopRequest:
         self.requested: str | None = None
         self.topology = SINGLE if topology is None else topology
         self.until_step, self.train_steps = until_step, train_steps
+        self.finished = False   # the run's last checkpoint (or its until_step one) is committed: no signal stops it
 
     def nothing_to_do(self, completed: int) -> bool:
         """Whether a run whose `completed` steps are done has nothing left to train (said, for a planned stop
@@ -121,6 +124,7 @@ class StopRequest:
         """The checkpoint of `step` is committed (`folder`): when that is the run's last step or its planned stop,
         no signal stops the run from now on."""
         if folder is not None and (step == self.train_steps or self._planned(step)):
+            self.finished = True
             mark_finished()
 
     def message(self, step: int) -> str:
@@ -136,7 +140,7 @@ class StopRequest:
         return self.until_step is not None and step >= self.until_step
 
     def _handle(self, signum, _frame):
-        if _finished:
+        if self.finished:
             return
         if self.requested and signum == signal.SIGINT:
             raise KeyboardInterrupt
@@ -148,13 +152,13 @@ class StopRequest:
 
         class _Installed:
             def __enter__(self):
-                global _finished
-                _finished = False
                 self.previous = {s: signal.signal(s, stop._handle) for s in STOP_SIGNALS
                                  if signal.getsignal(s) != signal.SIG_IGN}
 
             def __exit__(self, *exc):
                 for s, handler in self.previous.items():
                     signal.signal(s, handler)
+                if stop.finished:   # the start-up handlers just restored would stop a finished run: ignored again
+                    mark_finished()
 
         return _Installed()

@@ -169,6 +169,6 @@ def test_a_second_ctrl_c_stops_at_once_with_a_message_not_a_traceback(tmp_path, 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt  # what StopRequest raises on a second SIGINT, wherever the loop is
 
-    monkeypatch.setattr(loop, "train", interrupted)
+    monkeypatch.setattr(loop, "open_training", interrupted)
     assert cli.train_main([str(TINY), *run_arg(tmp_path)]) == 130
     assert "interrupted: stopped at once" in capsys.readouterr().err

@@ -101,8 +101,20 @@ def decisions(function: ast.FunctionDef) -> int:
 
 def test_the_training_loop_is_short_and_linear():
     tree = ast.parse((PACKAGE / "training" / "loop.py").read_text())
-    loop = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "_train")
+    loop = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "run_loop")
     assert 1 + decisions(loop) < 8   # its cyclomatic complexity: stop, save and storage rules live elsewhere
+
+
+def test_the_start_up_sequence_is_one_function_in_its_documented_order():
+    tree = ast.parse((PACKAGE / "training" / "loop.py").read_text())
+    sequence = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "open_training")
+    calls = [node.func.id if isinstance(node.func, ast.Name) else node.func.attr
+             for node in sorted((n for n in ast.walk(sequence) if isinstance(n, ast.Call)),
+                                key=lambda n: (n.lineno, n.col_offset))
+             if isinstance(node.func, ast.Name | ast.Attribute)]   # in the order they are written
+    order = ["load_config", "as_run", "locked", "restore", "_prepare_folder", "Training"]
+    assert [name for name in calls if name in order] == order   # docs/design.md, "Shape", lists the same order
+    assert 1 + decisions(sequence) < 5   # read top to bottom: no branch but a path's loading and a run already done
 
 
 def test_the_loop_runs_with_the_garbage_collector_off_and_collects_between_steps(tmp_path, monkeypatch):
