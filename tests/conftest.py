@@ -29,7 +29,7 @@ import sys
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 # Fixtures that tests in both trees share, declared where they live (a test names them as arguments, no import).
-pytest_plugins = ["support.tokenizers", "support.data_prepare", "support.data_sources"]
+pytest_plugins = ["support.tokenizers", "support.data_prepare", "support.data_sources", "support.data_mixture"]
 
 import checkout_guard as guard
 import pytest

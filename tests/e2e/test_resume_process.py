@@ -1,4 +1,4 @@
-"""Resume across real processes: SIGTERM, and kill -9 mid-save and mid-training (tests/unit/test_resume.py:
+"""Resume across real processes: SIGTERM, and kill -9 mid-save and mid-training (tests/e2e/test_resume.py:
 in-process)."""
 
 import json
