@@ -24,12 +24,12 @@ import sys
 
 # One intra-op thread in this process and, inherited, in every bin/* it starts, set before torch is imported:
 # tiny's tensors gain nothing from more, and with every core busy (the suite on a shared 2-core machine) OpenMP's
-# threads wait on each other: a 200-step tiny run took 5 s with one thread and 30-55 s with two. tiny trains
-# bit-identical with either. A count set outside the tests is kept.
+# threads wait on each other, several times slower (BENCHMARKS.md, "Test suite"). tiny trains bit-identical with
+# either. A count set outside the tests is kept.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 # Fixtures that tests in both trees share, declared where they live (a test names them as arguments, no import).
-pytest_plugins = ["support.tokenizers", "support.data_prepare", "support.data_sources"]
+pytest_plugins = ["support.tokenizers", "support.data_prepare", "support.data_sources", "support.data_mixture"]
 
 import checkout_guard as guard
 import pytest

@@ -127,7 +127,8 @@ class Store:
     def read_range(self, relative: str, start: int, length: int) -> numpy.ndarray:
         """Bytes [start, start + length) of an object, in one writable uint8 array; on S3 ranged GETs for just them."""
         # Not bytearray(length), which first writes zeros over it all, nor numpy.empty, which asks for huge
-        # pages (their compaction made loads 4× slower here): torch's own allocation, seen as a numpy array.
+        # pages, whose compaction slowed loads (BENCHMARKS.md, "Checkpoint IO"): torch's own allocation, seen as a
+        # numpy array.
         # Imported here so that this module, and is_remote with it, loads without torch.
         import torch
         buffer = torch.empty(length, dtype=torch.uint8).numpy()
@@ -388,7 +389,7 @@ _THROTTLING = {"SlowDown", "Throttling", "ThrottlingException", "RequestLimitExc
 def _smart_open():
     """smart_open, with its own retries of multipart requests (6 tries, 10 s apart, on a lost connection)
     switched off through its public `smart_open.s3.RETRY`: Store._s3 retries every write, within `retries()`."""
-    import smart_open  # only for S3: importing it (boto3 and all) costs a local run 0.2 s
+    import smart_open  # only for S3: a local run does not wait for it and boto3 to import (BENCHMARKS.md, "Resume")
     import smart_open.s3
 
     policy = smart_open.s3.RETRY

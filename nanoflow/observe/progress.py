@@ -108,8 +108,8 @@ def peak_memory(device: torch.device) -> int:
     """Bytes: the most this process has had allocated on a CUDA device; on the CPU, its peak resident set."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device)
-    # Linux's RUSAGE_THREAD reports the process's peak too (the threads share one address space), in ~1 µs:
-    # RUSAGE_SELF adds up the CPU time of every torch thread first, ~0.2–0.4 ms a call on a busy machine
+    # Linux's RUSAGE_THREAD reports the process's peak too (the threads share one address space), and cheaper:
+    # RUSAGE_SELF adds up the CPU time of every torch thread first (BENCHMARKS.md, "Loop overhead")
     who = getattr(resource, "RUSAGE_THREAD", resource.RUSAGE_SELF)
     peak = resource.getrusage(who).ru_maxrss
     return peak if sys.platform == "darwin" else peak * 1024  # Linux counts kilobytes, macOS bytes

@@ -1,5 +1,5 @@
 """The background save in real processes: a full disk, kill -9 mid-write, dp=2 under torchrun (in-process:
-tests/unit/test_async_save.py)."""
+tests/e2e/test_async_save.py)."""
 
 import os
 import signal

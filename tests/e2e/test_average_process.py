@@ -1,4 +1,4 @@
-"""Averaging checkpoints on S3 and a dp=2 × tp=2 run trained under torchrun (the rest: tests/unit/test_average.py)."""
+"""Averaging checkpoints on S3 and a dp=2 × tp=2 run trained under torchrun (the rest: tests/e2e/test_average.py)."""
 
 from __future__ import annotations
 

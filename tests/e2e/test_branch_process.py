@@ -1,4 +1,4 @@
-"""Branches killed and resumed through bin/train (tests/unit/test_branch.py: in-process)."""
+"""Branches killed and resumed through bin/train (tests/e2e/test_branch.py: in-process)."""
 
 from __future__ import annotations
 

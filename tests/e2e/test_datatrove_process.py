@@ -1,4 +1,4 @@
-"""datatrove reads bin/prepare's output token for token (tests/unit/test_datatrove.py: in-process)."""
+"""datatrove reads bin/prepare's output token for token (tests/e2e/test_datatrove.py: in-process)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""bin/prepare with a non-standard EOS, with two worker processes (tests/unit/test_tokenizers.py: in-process)."""
+"""bin/prepare with a non-standard EOS, with two worker processes (tests/e2e/test_tokenizers.py: in-process)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Reading back what W&B writes offline: the records of a run's `.wandb` file (LevelDB's log format, W&B's header)."""
+"""Reading back what W&B writes offline: the records of a run's `.wandb` file (LevelDB's log format, W&B's header);
+and the overrides of an offline W&B run, which test_wandb.py and its whole-run tests share."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from pathlib import Path
 BLOCK = 32768                                  # LevelDB log blocks; a record never straddles a block's 7-byte tail
 HEADER = b":W&B" + struct.pack("<HB", 0xBEE1, 0)   # W&B's file header: its magic and version 0
 FULL, FIRST, MIDDLE, LAST = 1, 2, 3, 4
+
+OFFLINE = ['logging.wandb.project="nanoflow-test"', 'logging.wandb.mode="offline"', 'logging.wandb.name="study"']
 
 
 def records(path: Path) -> list:

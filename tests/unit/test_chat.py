@@ -308,27 +308,3 @@ def test_a_chat_exact_match_set_scores_the_last_answer_after_the_prompt_with_the
     assert eval_set.answerable == len(CONVERSATIONS)
 
 
-@pytest.mark.parametrize("turns", ["all", "last"])
-def test_target_tokens_in_metrics_are_transformers_assistant_tokens_of_the_turns_trained(tmp_path, turns):
-    from helpers import quiet
-
-    from nanoflow.observe.metrics import read_metrics
-    from nanoflow.training.loop import train
-
-    folder = chat_tokenizer(tmp_path / "tok", CHATML_GENERATION)
-    hf = transformers.AutoTokenizer.from_pretrained(str(folder))
-    row = CONVERSATIONS[1]   # two assistant turns
-    mask = hf.apply_chat_template(row, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)["assistant_masks"]
-    assert len(mask) <= 129
-    runs = "".join("1" if m else "0" for m in mask).split("0")
-    per_row = sum(mask[1:]) if turns == "all" else len([r for r in runs if r][-1])   # position 0 is never a target
-    (tmp_path / "chat.jsonl").write_text((json.dumps({"messages": row}) + "\n") * 8)
-    path = write_config(tmp_path, [stage("sft", 1, {"hf_dataset_or_datasets": "json",
-                                                    "hf_data_files": str(tmp_path / "chat.jsonl"),
-                                                    "messages_column_name": "messages", "assistant_turns": turns})],
-                        tokenizer=str(folder), vocab_size=416, sequence_length=128, micro_batch_size=2,
-                        accumulation=2, train_steps=1)
-    train(load_config(path), out=quiet(), progress=False)
-    (metrics,) = read_metrics(tmp_path / "checkpoints")
-    assert metrics["target_tokens"] == 4 * per_row
-    assert 0 < per_row and (per_row < sum(mask[1:])) == (turns == "last")   # "last": fewer than every turn's

@@ -1,7 +1,7 @@
 """Moving mixtures (dataset_weights_end): the closed form against a brute-force simulation, its bounds, the static
-blend it reduces to, config validation, continue_from across a moving stage, and training on one with a resume."""
+blend it reduces to, config validation and continue_from across a moving stage (training on one with a resume:
+tests/e2e/test_data_mixture_runs.py)."""
 
-import io as text_io
 import math
 from decimal import Decimal, localcontext
 from fractions import Fraction
@@ -9,9 +9,10 @@ from fractions import Fraction
 import numpy as np
 import pytest
 import torch
-from data_helpers import BYTES, documents, load, stage, write_folder
+from data_helpers import BYTES, load, stage
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.data_mixture import moving_stages
 
 from nanoflow.config import ConfigError
 from nanoflow.data import open_stage
@@ -220,14 +221,6 @@ def test_bad_moving_blends_are_refused():
 # ---------------------------------------------------------------------------------------------
 # Config
 
-@pytest.fixture(scope="module")
-def folders(tmp_path_factory):
-    root = tmp_path_factory.mktemp("folders")
-    rng = np.random.default_rng(11)
-    for name, (low, high) in {"a": (0, 100), "b": (100, 200), "c": (200, 256)}.items():
-        write_folder(root / name, documents(rng, 300, low, high, length=(40, 120)), files=2)
-    return root
-
 
 def folder_of(window: torch.Tensor) -> int:
     return int(next(t for t in window.tolist() if t != 256)) // 100
@@ -287,14 +280,6 @@ def test_an_hf_end_table_names_the_sources_as_the_start_table_does(tmp_path):
 # ---------------------------------------------------------------------------------------------
 # Loaders, continue_from and training
 
-def moving_stages(folders, **pretrain_data):
-    a, b, c = (str(folders / n) for n in "abc")
-    return [
-        stage("pretrain", 1, {"dataset_folder": [a, b, c], "dataset_weights": [0.8, 0.2, 0.0],
-                              "dataset_weights_end": [0.2, 0.3, 0.5]}, data={"seed": 4, **pretrain_data}),
-        stage("anneal", 9, {"dataset_folder": [c, b], "dataset_weights": [1, 1]}, data={"continue_from": "pretrain"}),
-    ]
-
 
 def test_a_moving_stage_loader_follows_its_blend_and_continue_from_reads_on(tmp_path, folders):
     config = load(tmp_path, moving_stages(folders), train_steps=12, micro_batch_size=4, accumulation=2)   # batch 8
@@ -315,65 +300,6 @@ def test_a_moving_stage_loader_follows_its_blend_and_continue_from_reads_on(tmp_
         assert read_c == [tuple(c_source.sample(int(i))[0].tolist()) for i in c_order.take(range(len(read_c)))]
     with open_stage(config, 0, BYTES, schedule) as fresh:                      # seek to any step
         assert torch.equal(fresh.batch_at(6)["input_ids"], rows[40:48])
-
-
-def test_training_on_a_moving_mixture_resumes_bit_exactly(tmp_path, folders):
-    from run_helpers import assert_same_training_state
-
-    from nanoflow.training.loop import train
-
-    def config(run, workers=0):
-        return load(tmp_path, moving_stages(folders, num_loading_workers=workers), train_steps=12,
-                    micro_batch_size=2, accumulation=2, overrides=[f'checkpoints.checkpoints_path="{run}"',
-                                                                   "checkpoints.checkpoint_interval=100"])
-
-    straight = train(config(tmp_path / "straight"), out=text_io.StringIO(), progress=False)
-    for k in (5, 9):                                 # mid moving stage, just after it
-        run = tmp_path / f"stop{k}"
-        train(config(run, workers=2), until_step=k, out=text_io.StringIO(), progress=False)
-        resumed = train(config(run), out=text_io.StringIO(), progress=False)
-        assert_same_training_state(straight, resumed)
-
-
-@pytest.mark.parametrize("async_save", [False, True])
-def test_a_run_stopped_crashed_and_stopped_again_resumes_three_times_to_the_straight_run(tmp_path, folders,
-                                                                                        monkeypatch, async_save):
-    """The class of torchtitan #3907 (the data restarts from the beginning at the second resume): a planned stop
-    mid moving blend, a crash one step later than a save, a stop just after the stage boundary — three resumes,
-    each of the previous one's checkpoint — end torch.equal to the run trained straight, with the same LRs."""
-    from run_helpers import assert_same_training_state, metrics
-
-    import nanoflow.training.loop
-    from nanoflow.training.loop import train
-
-    def config(run):
-        return load(tmp_path, moving_stages(folders), train_steps=12, micro_batch_size=2, accumulation=2,
-                    overrides=[f'checkpoints.checkpoints_path="{run}"', "checkpoints.checkpoint_interval=3",
-                               f"checkpoints.async_save={str(async_save).lower()}"])
-
-    straight = train(config(tmp_path / "straight"), out=text_io.StringIO(), progress=False)
-    run = tmp_path / "run"
-    train(config(run), until_step=4, out=text_io.StringIO(), progress=False)        # mid moving stage: 4 saved
-    real_step = nanoflow.training.loop.train_step
-
-    def crash_at_step_8(state, batch):
-        if state.step + 1 == 8:
-            raise RuntimeError("the node died")
-        return real_step(state, batch)
-
-    monkeypatch.setattr(nanoflow.training.loop, "train_step", crash_at_step_8)
-    with pytest.raises(RuntimeError, match="the node died"):
-        train(config(run), out=text_io.StringIO(), progress=False)                  # resume 1: 4 → 7, 6 saved
-    monkeypatch.setattr(nanoflow.training.loop, "train_step", real_step)
-    out = text_io.StringIO()
-    train(config(run), until_step=10, out=out, progress=False)                     # resume 2: 6 → 10, across 9
-    assert f"resuming from {run}/6" in out.getvalue(), out.getvalue()
-    out = text_io.StringIO()
-    resumed = train(config(run), out=out, progress=False)                          # resume 3: 10 → 12
-    assert f"resuming from {run}/10" in out.getvalue(), out.getvalue()
-    assert_same_training_state(straight, resumed)
-    assert {s: (m["lr"], m["loss"]) for s, m in metrics(run).items()} == \
-        {s: (m["lr"], m["loss"]) for s, m in metrics(tmp_path / "straight").items()}
 
 
 def test_the_fingerprint_of_a_moving_stage_holds_its_end_weights_and_length(tmp_path, folders):

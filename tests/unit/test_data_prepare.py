@@ -1,5 +1,5 @@
-"""bin/prepare: round trip, resume after a crash, verification; and schedules/blend.toml trained on its output,
-straight and resumed, bit for bit."""
+"""bin/prepare: round trip, resume after a crash, verification (schedules/blend.toml trained on its output:
+tests/e2e/test_data_prepare_runs.py)."""
 
 import io as text_io
 import json
@@ -11,7 +11,6 @@ from helpers import REPO
 from process_helpers import run_in_process, train_args
 
 import nanoflow.data.prepare as prepare_module
-from nanoflow import load_config
 from nanoflow.config import DatasetArgs
 from nanoflow.data import TokenFolder, load_tokenizer
 from nanoflow.data.hf_datasets import hf_specs, load_rows, tokenize_rows
@@ -114,33 +113,6 @@ def test_prepare_names_a_missing_column_or_input(tmp_path, inputs):
 # schedules/blend.toml: a blended token-folder stage, an HF stage and an SFT stage
 
 
-def blend_config(root: Path, run: Path, *extra: str):
-    return load_config(REPO / "schedules" / "blend.toml", [
-        f"data_stages.pretrain.data.dataset.dataset_folder={json.dumps([str(root / 'code'), str(root / 'prose')])}",
-        f"checkpoints.checkpoints_path={json.dumps(str(run))}", "checkpoints.checkpoint_interval=100",
-        "tokens.train_steps=12", "data_stages.anneal.start_training_step=6", "data_stages.sft.start_training_step=10",
-        "tokens.sequence_length=32", "tokens.micro_batch_size=2", "data_stages.sft.micro_batch_size=4",
-        "model.num_hidden_layers=1", "model.hidden_size=32", "model.intermediate_size=64",
-        f"data_stages.sft.data.dataset.hf_data_files={json.dumps(str(root / 'sft.jsonl'))}", *extra])
-
-
-def test_blend_schedule_trains_on_prepared_folders_and_resumes_bit_exactly(blend_folders, tmp_path):
-    from run_helpers import assert_same_training_state
-
-    from nanoflow.training.loop import train
-
-    out = text_io.StringIO()
-    straight = train(blend_config(blend_folders, tmp_path / "straight"), out=out, progress=False)
-    log = out.getvalue()
-    assert 'stage "pretrain"' in log and 'stage "anneal"' in log and 'stage "sft"' in log
-    assert log.count("sft.jsonl wrapped around (10 samples an epoch)") == 1      # the loop passes the loader's log
-    for k in (3, 7):                                # mid pretrain (workers prefetching), mid anneal
-        run = tmp_path / f"stop{k}"
-        train(blend_config(blend_folders, run), until_step=k, out=text_io.StringIO(), progress=False)
-        resumed = train(blend_config(blend_folders, run), out=text_io.StringIO(), progress=False)
-        assert_same_training_state(straight, resumed)
-
-
 @pytest.mark.slow
 def test_bin_train_reports_a_truncated_token_file_before_step_1(blend_folders, tmp_path, capsys):
     import shutil
@@ -179,7 +151,6 @@ def test_the_help_of_bin_prepare_gives_the_default_shard_size_the_code_uses(caps
     with pytest.raises(SystemExit):
         cli.prepare_main(["--help"])
     assert f"(default {prepare_module.DOCS_PER_SHARD})" in " ".join(capsys.readouterr().out.split())
-
 
 
 def test_a_compressed_jsonl_input_is_prepared_row_by_row(tmp_path, inputs):

@@ -1,8 +1,7 @@
-"""The model families against transformers' own models, both ways: a random tiny model of each family built with
-transformers' config class is read by `[model] init_from` with its logits at every position (float32, 1e-5), a
-nanoflow model of each family exports to a folder AutoModelForCausalLM loads with nanoflow's logits and whose
-config.json is what the family's config class writes; config.json keys left out are read as transformers reads
-them; what nanoflow does not reproduce is refused by name, with the family and the key."""
+"""The model families against transformers' own models: a random tiny model of each family built with transformers'
+config class is read by `[model] init_from` with its logits at every position (float32, 1e-5); config.json keys
+left out are read as transformers reads them; what nanoflow does not reproduce is refused by name, with the family
+and the key (exports of trained runs: tests/e2e/test_families_runs.py)."""
 
 from __future__ import annotations
 
@@ -13,39 +12,15 @@ import pytest
 import torch
 import transformers
 from helpers import tiny
+from support.families import CLASSES, FRESH, IDS, SHAPES, SIZES, logits
 
 import nanoflow
 import nanoflow.loss
 from nanoflow import ConfigError
 from nanoflow.config import FAMILIES, config_from_dict, model_changes, recorded_model
 from nanoflow.config.families import HEADS, WHOLE_WIDTH
-from nanoflow.interop.export import export_hf
 from nanoflow.model import Llama
 from nanoflow.run import open_run
-from nanoflow.training.loop import train
-
-CLASSES = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config, "qwen3": transformers.Qwen3Config,
-           "mistral": transformers.MistralConfig, "smollm3": transformers.SmolLM3Config,
-           "olmo2": transformers.Olmo2Config}
-# tiny.toml's vocabulary (the byte tokenizer's 257 ids fit), GQA, 4 layers; no special ids (SmolLM3's defaults are
-# beyond this vocabulary)
-SIZES = dict(vocab_size=288, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=8,
-             num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-6, initializer_range=0.1,
-             bos_token_id=None, eos_token_id=None, pad_token_id=None)
-# Each family with the shapes its released configs have that set it apart.
-SHAPES = {
-    "llama-biases": ("llama", dict(attention_bias=True, head_dim=16)),
-    "qwen2.5": ("qwen2", dict(sliding_window=131072, use_sliding_window=False, max_window_layers=21,
-                              tie_word_embeddings=True, rope_theta=1000000.0)),     # Qwen2.5-0.5B's layout
-    "qwen3": ("qwen3", dict(head_dim=16, tie_word_embeddings=True)),               # Qwen3-0.6B: head_dim ≠ hidden/heads
-    "qwen3-biases-untied": ("qwen3", dict(head_dim=4, attention_bias=True)),
-    "mistral": ("mistral", dict(head_dim=12, sliding_window=None)),                # Mistral-Nemo: head_dim stated
-    "mistral-window": ("mistral", dict(sliding_window=4096)),
-    "smollm3-list": ("smollm3", dict(no_rope_layers=[1, 0, 1, 0], no_rope_layer_interval=3)),   # the list wins
-    "smollm3-interval": ("smollm3", dict(no_rope_layer_interval=2, tie_word_embeddings=False)),
-    "olmo2": ("olmo2", dict(rope_theta=500000.0)),                                  # OLMo-2-1B's layout
-    "olmo2-biases-head_dim": ("olmo2", dict(attention_bias=True, head_dim=4, tie_word_embeddings=True)),
-}
 
 
 def hf_model(family: str, seed: int = 0, **keys) -> transformers.PreTrainedModel:
@@ -70,15 +45,6 @@ def init_from_config(tmp_path: Path, folder: Path, *overrides: str, model: dict 
     return open_run(config_from_dict(raw, "test.toml", list(overrides)), join=False).config
 
 
-def logits(model, ids: torch.Tensor) -> torch.Tensor:
-    with torch.no_grad():
-        out = model(ids)
-    return out.logits if hasattr(out, "logits") else out
-
-
-IDS = torch.randint(0, 288, (2, 64), generator=torch.Generator().manual_seed(1))   # every position up to 64
-
-
 @pytest.mark.parametrize("shape", SHAPES)
 def test_an_hf_folder_of_each_family_starts_a_run_with_transformers_logits(tmp_path, shape):
     family, keys = SHAPES[shape]
@@ -92,52 +58,6 @@ def test_an_hf_folder_of_each_family_starts_a_run_with_transformers_logits(tmp_p
     assert theirs.abs().max() > 1.0
     assert (ours - theirs).abs().max().item() <= 1e-5
     assert set(dict(state.model.named_parameters())) <= set(source.state_dict())
-
-
-@pytest.mark.parametrize("shape", SHAPES)
-def test_a_run_of_each_family_exports_what_transformers_loads_with_its_logits(tmp_path, shape):
-    family, keys = SHAPES[shape]
-    own = {k: v for k, v in keys.items() if k in ("head_dim", "tie_word_embeddings", "rope_theta")
-           or k in FAMILIES[family].own_keys}   # a fresh [model] of that shape
-    sets = [f"model.model_type={json.dumps(family)}", "model.num_hidden_layers=4", "model.hidden_size=64",
-            "model.num_attention_heads=8", "model.num_key_value_heads=2", "tokens.train_steps=2",
-            *(f"model.{k}={_toml(False if v is None else v)}" for k, v in own.items())]
-    state = train(tiny(tmp_path / "run", *sets), out=_quiet())
-    export_hf(str(tmp_path / "run"), str(tmp_path / "hf"))
-    reloaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32).eval()
-    assert type(reloaded).__name__ == FAMILIES[family].causal_lm
-    ours, theirs = logits(state.model, IDS), logits(reloaded, IDS)
-    assert (ours - theirs).abs().max().item() <= 1e-5 and ours.abs().max() > 0.1
-
-    # config.json: what the family's own config class writes for the model's values, and what transformers 4 reads
-    exported = json.loads((tmp_path / "hf" / "config.json").read_text())
-    m = state.config.model
-    values = {key: getattr(m, key) for key in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                                               "num_attention_heads", "num_key_value_heads", "max_position_embeddings",
-                                               "rms_norm_eps", "tie_word_embeddings", "initializer_range")}
-    values.update(rope_parameters={"rope_type": "default", "rope_theta": m.rope_theta},
-                  architectures=[FAMILIES[family].causal_lm], dtype="float32", pad_token_id=None,
-                  bos_token_id=exported["bos_token_id"], eos_token_id=exported["eos_token_id"])
-    if hasattr(CLASSES[family](), "head_dim") or m.head_dim != 8:
-        values["head_dim"] = m.head_dim
-    values.update({key: getattr(m, key) for key in FAMILIES[family].own_keys})
-    if family == "mistral" and m.sliding_window is False:
-        values["sliding_window"] = None   # no window: config.json's null
-    expected = CLASSES[family](**values).to_diff_dict()
-    extra = {"rope_theta", "rope_scaling", "torch_dtype", "nanoflow"}   # transformers 4's keys, where it came from
-    assert {k: v for k, v in exported.items() if k not in extra} == \
-        {k: v for k, v in expected.items() if k != "transformers_version"}
-    assert exported["rope_theta"] == m.rope_theta and exported["rope_scaling"] is None
-
-
-def _toml(value) -> str:
-    return json.dumps(value) if not isinstance(value, bool) else str(value).lower()
-
-
-def _quiet():
-    import io
-
-    return io.StringIO()
 
 
 # What an absent config.json key means, per family: the model built with the config class's defaults for these
@@ -341,13 +261,6 @@ def test_qwen_s_vocabulary_through_the_fused_loss(monkeypatch):
 # ---------------------------------------------------------------------------------------------
 # The switches compose with the rest: recompute, bf16, compile (the layouts: tests/e2e/test_families_process.py)
 
-FRESH = {
-    "qwen2": ['model.model_type="qwen2"'],
-    "qwen3": ['model.model_type="qwen3"', "model.head_dim=16", "model.attention_bias=true"],
-    "smollm3": ['model.model_type="smollm3"', "model.num_hidden_layers=4", "model.no_rope_layer_interval=2"],
-    "olmo2": ['model.model_type="olmo2"', "model.attention_bias=true"],
-}
-
 
 def one_step(config, batch):
     state, metrics = nanoflow.train_step(nanoflow.init_state(config), batch)
@@ -381,21 +294,6 @@ def test_compile_composes_with_the_family_switches(tmp_path, family):
     for name, grad in grads[0].items():
         scale = grad.abs().max().item()   # a summed loss: gradients up to 1e3; compiled kernels sum in another order
         torch.testing.assert_close(grads[1][name], grad, rtol=0, atol=1e-6 * scale, msg=name)
-
-
-def test_an_average_of_a_family_s_checkpoints_exports_as_that_family(tmp_path):
-    from nanoflow import io
-    from nanoflow.commands.cli import average_main
-
-    config = tiny(tmp_path / "run", *FRESH["qwen3"], "tokens.train_steps=4", "checkpoints.checkpoint_interval=2")
-    train(config, out=_quiet())
-    assert average_main([str(tmp_path / "run"), str(tmp_path / "avg"), "--last", "2"]) == 0
-    export_hf(str(tmp_path / "avg"), str(tmp_path / "hf"))
-    ours = Llama(config.model)
-    ours.load_state_dict(io.read_model(str(tmp_path / "avg")), strict=False)   # a tied lm_head is stored once
-    theirs = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32).eval()
-    assert type(theirs).__name__ == "Qwen3ForCausalLM"
-    assert (logits(ours, IDS[:, :32]) - logits(theirs, IDS[:, :32])).abs().max().item() <= 1e-5
 
 
 @pytest.mark.parametrize("family", [*FRESH, "llama-biases"])

@@ -8,17 +8,15 @@ import io as text_io
 
 import pytest
 import torch
-from helpers import TINY, quiet, tiny
-from run_helpers import assert_same_training_state
+from helpers import TINY, tiny
 
 from nanoflow import init_state, load_config
-from nanoflow.build import build_optimizer, is_fused
+from nanoflow.build import build_optimizer
 from nanoflow.checkpoint.checkpointer import Checkpointer
-from nanoflow.io import open_checkpoint, read_metadata
+from nanoflow.io import open_checkpoint
 from nanoflow.model import Llama
 from nanoflow.parallel.shards import load_moments, step_form
 from nanoflow.state import TrainState
-from nanoflow.training.loop import train
 
 FLAVOURS = {"fused": {"fused": True}, "foreach": {"foreach": True}, "for-loop": {"foreach": False}}
 
@@ -93,32 +91,6 @@ def test_fused_adamw_is_the_default_and_false_leaves_the_choice_to_torch(tmp_pat
     unfused = build_optimizer(state.model, tiny(tmp_path, "optimizer.optimizer_factory.torch_adam_is_fused=false")
                               .optimizer)
     assert all(group["fused"] is None and group["foreach"] is None for group in unfused.param_groups)
-
-
-def test_a_run_trained_unfused_resumes_unfused_when_the_config_leaves_it_unset(tmp_path):
-    # Checkpoints written before fused became the default record torch_adam_is_fused = false: their runs go on as
-    # they trained, bit for bit, with the key unset; a config that names the other implementation is warned of.
-    off = "optimizer.optimizer_factory.torch_adam_is_fused=false"
-    straight = train(tiny(tmp_path / "straight", off), out=quiet())
-    train(tiny(tmp_path / "run", off, "checkpoints.checkpoint_interval=100"), until_step=6, out=quiet())
-    out = quiet()
-    resumed = train(tiny(tmp_path / "run"), out=out)   # the key unset now
-    assert not is_fused(resumed.optimizer) and "torch_adam_is_fused" not in out.getvalue()
-    assert_same_training_state(straight, resumed)
-
-    train(tiny(tmp_path / "switched", off, "checkpoints.checkpoint_interval=100"), until_step=6, out=quiet())
-    out = quiet()
-    switched = train(tiny(tmp_path / "switched", "optimizer.optimizer_factory.torch_adam_is_fused=true"), out=out)
-    assert is_fused(switched.optimizer)
-    assert ("resuming with optimizer.optimizer_factory.torch_adam_is_fused = true (was false): AdamW's updates round "
-            "otherwise from here") in out.getvalue()
-
-
-def test_a_fused_run_records_fused_and_resumes_fused(tmp_path):
-    train(tiny(tmp_path, "checkpoints.checkpoint_interval=100"), until_step=5, out=quiet())
-    assert read_metadata(str(tmp_path / "5"))["config"]["optimizer"]["optimizer_factory"]["torch_adam_is_fused"] is True
-    restored = Checkpointer(tiny(tmp_path), out=quiet()).restore()
-    assert is_fused(restored.optimizer)
 
 
 def test_fused_adamw_on_a_cpu_is_the_for_loops_update_to_within_a_rounding(tmp_path):

@@ -8,13 +8,11 @@ from pathlib import Path
 import pytest
 from helpers import REPO, quiet, tiny
 
-import nanoflow.run
-from nanoflow import Checkpointer, init_state, stage_data
+from nanoflow import Checkpointer
 from nanoflow.config import ConfigError
 from nanoflow.data import TokenizerError
 from nanoflow.parallel.mesh import SINGLE
 from nanoflow.run import Run, as_run, open_run
-from nanoflow.training.loop import train
 
 PACKAGE = REPO / "nanoflow"
 
@@ -46,26 +44,6 @@ def test_remote_is_asked_in_one_place():
 def test_a_missing_init_from_is_refused_when_the_run_opens(tmp_path):
     with pytest.raises(ConfigError, match=f"model.init_from: {tmp_path / 'absent'} does not exist"):
         open_run(tiny(tmp_path, f'model.init_from="{tmp_path / "absent"}"'), join=False)
-
-
-def test_the_tokenizer_is_loaded_once_for_a_whole_run(tmp_path, monkeypatch):
-    loads = []
-    real = nanoflow.run.load_run_tokenizer
-
-    def counted(config):
-        loads.append(config)
-        return real(config)
-
-    monkeypatch.setattr(nanoflow.run, "load_run_tokenizer", counted)
-    config = tiny(tmp_path / "run")
-    state = train(config, out=quiet(), progress=False)   # 12 steps over two stages, saved at 4, 8 and 12
-    assert state.step == 12 and len(loads) == 1
-    run = open_run(config)
-    assert len(loads) == 2
-    state = Checkpointer(run, out=quiet()).restore()    # handed the run: nothing is loaded again
-    for _ in range(3):
-        stage_data(init_state(run)).close()
-    assert len(loads) == 2 and state.run is run and state.run.tokenizer is run.tokenizer
 
 
 def test_open_run_without_joining_is_a_single_process_and_checks_the_tokenizer(tmp_path):
@@ -115,42 +93,6 @@ def test_the_start_up_sequence_is_one_function_in_its_documented_order():
     order = ["load_config", "as_run", "locked", "restore", "_prepare_folder", "Training"]
     assert [name for name in calls if name in order] == order   # docs/design.md, "Shape", lists the same order
     assert 1 + decisions(sequence) < 5   # read top to bottom: no branch but a path's loading and a run already done
-
-
-def test_the_loop_runs_with_the_garbage_collector_off_and_collects_between_steps(tmp_path, monkeypatch):
-    import gc
-
-    import nanoflow.training.loop as loop
-
-    calls = []
-
-    class Recorder:   # nanoflow.training.loop's gc: what it asks of Python's collector, in order
-        def isenabled(self):
-            return gc.isenabled()
-
-        def disable(self):
-            calls.append("disable")
-
-        def enable(self):
-            calls.append("enable")
-
-        def collect(self, generation=2):
-            calls.append(f"collect {generation}")
-
-    steps = []
-    real_step = loop.train_step
-
-    def step(state, batch):
-        steps.append(state.step + 1)
-        calls.append(f"step {state.step + 1}")
-        return real_step(state, batch)
-
-    monkeypatch.setattr(loop, "gc", Recorder())
-    monkeypatch.setattr(loop, "GC_INTERVAL", 2)
-    monkeypatch.setattr(loop, "train_step", step)
-    train(tiny(tmp_path / "run"), until_step=5, out=quiet(), progress=False)
-    assert calls == ["disable", "collect 1", "step 1", "step 2", "collect 1", "step 3", "step 4", "collect 1",
-                     "step 5", *(["enable"] if gc.isenabled() else [])]
 
 
 # ---------------------------------------------------------------------------------------------

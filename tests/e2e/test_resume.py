@@ -77,7 +77,7 @@ def test_checkpoint_contents_and_layout(straight):
 
 
 # The flags act where a run starts from resume_checkpoint_path (here an older step of its own folder), once:
-# tests/unit/test_lineage.py holds the resumes after it.
+# tests/e2e/test_lineage.py holds the resumes after it.
 def test_load_optimizer_false_starts_fresh_moments_and_keeps_position(tmp_path):
     train(tiny(tmp_path), until_step=5, out=quiet())
     state = restore(tiny(tmp_path, "checkpoints.load_optimizer=false",

@@ -49,7 +49,7 @@ def test_save_copies_the_state_and_returns_while_the_files_are_written(tmp_path,
 
     def held_write_files(*args, **kwargs):
         writing.set()
-        assert release.wait(60)
+        assert release.wait(300)
         return real_write_files(*args, **kwargs)
 
     monkeypatch.setattr(checkpointer_module, "write_files", held_write_files)
@@ -61,7 +61,7 @@ def test_save_copies_the_state_and_returns_while_the_files_are_written(tmp_path,
             state, _ = train_step(state, loader.batch_at(1))
             saved = {name: p.detach().clone() for name, p in state.model.named_parameters()}
             assert checkpointer.save(state) is None
-            assert writing.wait(60)
+            assert writing.wait(300)
             assert checkpointer.poll() is None                       # not written yet: nothing committed
             assert not (tmp_path / "1" / METADATA).exists() and not (tmp_path / "latest.txt").exists()
             state, _ = train_step(state, loader.batch_at(2))          # training goes on meanwhile, in place
