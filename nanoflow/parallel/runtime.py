@@ -111,7 +111,7 @@ def attention_kernel(model_config, device: torch.device, sequence_length: int) -
     from nanoflow.attention import grouped_heads_plan
 
     heads, kv_heads = model_config.num_attention_heads, model_config.num_key_value_heads
-    head_dim = model_config.hidden_size // heads
+    head_dim = getattr(model_config, "head_dim", None) or model_config.hidden_size // heads   # Qwen3 states its own
     dtype = torch.bfloat16 if compute_dtype(model_config.dtype, device) == "bfloat16" else torch.float32
     length = min(sequence_length, 1024)   # the kernels' rules do not depend on the length beyond a few rows
     with attention_kernels():
