@@ -11,6 +11,10 @@ the sum of the documents' squared lengths instead of a row's squared length, and
 held. Consecutive rows that hold one document each take one causal SDPA call together, and a batch of
 such rows only is plain causal SDPA, unchanged. (Batching documents of equal length into one call, through
 a gather and a scatter of q, k, v and the output, was measured too: BENCHMARKS.md, "Document masking".)
+
+Grouped heads go to SDPA as they are (enable_gqa), except where that would take the math kernel and k and v
+repeated to every query head a fused one (on CUDA: float32, or flash and cuDNN ruled out): then they are
+repeated first (grouped_heads_plan, at the end of this module).
 """
 
 from __future__ import annotations
@@ -63,6 +67,29 @@ def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         group = q.shape[1] // k.shape[1]   # query head h reads kv head h // group, as enable_gqa reads it
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
     return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+
+
+@torch.compiler.disable   # its calls follow each batch's documents: a compiled layer calls it as it is
+def _per_document(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, documents: Documents) -> torch.Tensor:
+    if q.shape[0] != len(documents.lengths) or any(sum(row) != q.shape[2] for row in documents.lengths):
+        raise ValueError(f"documents of {len(documents.lengths)} rows given to attention over "
+                         f"{q.shape[0]} rows of {q.shape[2]} positions")
+    # Blocks of rows: a run of rows that are one document each (one call), or one row of several documents.
+    blocks: list[tuple[int, tuple[int, ...] | None]] = []   # (rows, the row's documents' lengths; None: a run)
+    for row in documents.lengths:
+        if len(row) == 1 and blocks and blocks[-1][1] is None:
+            blocks[-1] = (blocks[-1][0] + 1, None)
+        else:
+            blocks.append((1, None if len(row) == 1 else row))
+    sizes = [rows for rows, _ in blocks]
+    outputs = []
+    for (_, block), qs, ks, vs in zip(blocks, q.split(sizes), k.split(sizes), v.split(sizes), strict=True):
+        if block is None:
+            outputs.append(_sdpa(qs, ks, vs))
+        else:   # each document a slice of the row's positions (views: split's backward is one concatenation)
+            parts = zip(qs.split(block, 2), ks.split(block, 2), vs.split(block, 2), strict=True)
+            outputs.append(torch.cat([_sdpa(a, b, c) for a, b, c in parts], dim=2))
+    return torch.cat(outputs)
 
 
 # Grouped-query attention and SDPA's kernels, in torch 2.13 (aten/src/ATen/native/transformers/cuda/sdp_utils.cpp,
@@ -124,26 +151,3 @@ def _expands(q: torch.Tensor, k: torch.Tensor) -> bool:
     if q.device.type == "cpu" or torch.compiler.is_compiling():
         return False
     return grouped_heads_plan(q.shape[1], k.shape[1], q.shape[-1], q.dtype, q.device)[1]
-
-
-@torch.compiler.disable   # its calls follow each batch's documents: a compiled layer calls it as it is
-def _per_document(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, documents: Documents) -> torch.Tensor:
-    if q.shape[0] != len(documents.lengths) or any(sum(row) != q.shape[2] for row in documents.lengths):
-        raise ValueError(f"documents of {len(documents.lengths)} rows given to attention over "
-                         f"{q.shape[0]} rows of {q.shape[2]} positions")
-    # Blocks of rows: a run of rows that are one document each (one call), or one row of several documents.
-    blocks: list[tuple[int, tuple[int, ...] | None]] = []   # (rows, the row's documents' lengths; None: a run)
-    for row in documents.lengths:
-        if len(row) == 1 and blocks and blocks[-1][1] is None:
-            blocks[-1] = (blocks[-1][0] + 1, None)
-        else:
-            blocks.append((1, None if len(row) == 1 else row))
-    sizes = [rows for rows, _ in blocks]
-    outputs = []
-    for (_, block), qs, ks, vs in zip(blocks, q.split(sizes), k.split(sizes), v.split(sizes), strict=True):
-        if block is None:
-            outputs.append(_sdpa(qs, ks, vs))
-        else:   # each document a slice of the row's positions (views: split's backward is one concatenation)
-            parts = zip(qs.split(block, 2), ks.split(block, 2), vs.split(block, 2), strict=True)
-            outputs.append(torch.cat([_sdpa(a, b, c) for a, b, c in parts], dim=2))
-    return torch.cat(outputs)
