@@ -11,6 +11,10 @@ the sum of the documents' squared lengths instead of a row's squared length, and
 held. Consecutive rows that hold one document each take one causal SDPA call together, and a batch of
 such rows only is plain causal SDPA, unchanged. (Batching documents of equal length into one call, through
 a gather and a scatter of q, k, v and the output, was measured too: BENCHMARKS.md, "Document masking".)
+
+Grouped heads go to SDPA as they are (enable_gqa), except where that would take the math kernel and k and v
+repeated to every query head a fused one (on CUDA: float32, or flash and cuDNN ruled out): then they are
+repeated first (grouped_heads_plan, at the end of this module).
 """
 
 from __future__ import annotations
@@ -59,6 +63,9 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 
 def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    if k.shape[1] != q.shape[1] and _expands(q, k):
+        group = q.shape[1] // k.shape[1]   # query head h reads kv head h // group, as enable_gqa reads it
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
     return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
 
 
@@ -83,3 +90,64 @@ def _per_document(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, documents: 
             parts = zip(qs.split(block, 2), ks.split(block, 2), vs.split(block, 2), strict=True)
             outputs.append(torch.cat([_sdpa(a, b, c) for a, b, c in parts], dim=2))
     return torch.cat(outputs)
+
+
+# Grouped-query attention and SDPA's kernels, in torch 2.13 (aten/src/ATen/native/transformers/cuda/sdp_utils.cpp,
+# can_use_*_attention: each kernel's dense check is check_batch_size_and_num_heads_dense<supports_gqa, ...>):
+# flash takes grouped heads (supports_gqa = true), cuDNN too (<true, false>: k and v may even differ, since
+# pytorch#150337), the memory-efficient kernel does not (<false>: grouped heads are refused; pytorch#191085 adds
+# them after 2.13) and the math kernel takes anything. So where flash and cuDNN cannot run (float32, head_dim over
+# their limits, cuDNN under deterministic algorithms, GPUs outside their range), a grouped call falls to the math
+# kernel, which holds [heads × seq × seq] scores, while the same call with k and v repeated to every query head
+# runs the memory-efficient kernel: the same attention (each query head reads its own group's k and v either way).
+
+def expand_grouped_heads(grouped: str, expanded: str) -> bool:
+    """Whether to repeat k and v to every query head before SDPA, given the kernel SDPA picks for the grouped call
+    (`enable_gqa`, kv heads as they are) and for the same call with kv heads repeated: only when that turns the math
+    kernel into a fused one (the repeat costs a copy of k and v, which the fused kernels save many times over)."""
+    return grouped == "math" and expanded != "math"
+
+
+def kernel_choices(heads: int, kv_heads: int, head_dim: int, length: int, dtype: torch.dtype,
+                   device: torch.device) -> tuple[str, str]:
+    """The kernels torch's dispatcher picks for causal attention of these shapes, under the current SDPA settings
+    (sdpa_kernel's context, deterministic algorithms): for the grouped call and for k and v repeated to `heads`."""
+    def probe(count: int) -> torch.Tensor:
+        return torch.zeros(1, count, length, head_dim, dtype=dtype, device=device, requires_grad=True)
+
+    def name(choice: int) -> str:   # SDPBackend's member, lower case: "flash_attention", "math", ...
+        from torch.nn.attention import SDPBackend
+
+        return next((n.lower() for n, b in SDPBackend.__members__.items() if int(b.value) == int(choice)), str(choice))
+
+    query = probe(heads)
+    grouped = torch._fused_sdp_choice(query, probe(kv_heads), probe(kv_heads), is_causal=True,
+                                      enable_gqa=kv_heads != heads)
+    return name(grouped), name(torch._fused_sdp_choice(query, probe(heads), probe(heads), is_causal=True))
+
+
+_EXPANDS: dict[tuple, bool] = {}   # expand_grouped_heads's answer, by device, dtype, heads and determinism
+PROBE_LENGTH = 256   # the kernels' rules look at the sequence length only below a few dozen positions
+
+
+def grouped_heads_plan(heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device,
+                       length: int = PROBE_LENGTH) -> tuple[str, bool]:
+    """(the kernel causal attention of these shapes runs, whether k and v are repeated to every query head for it),
+    asked of torch's dispatcher under the current SDPA settings and remembered for the forwards that follow."""
+    key = (device.type, dtype, heads, kv_heads, head_dim, torch.are_deterministic_algorithms_enabled())
+    grouped, expanded = kernel_choices(heads, kv_heads, head_dim, length, dtype, device)
+    expands = kv_heads != heads and expand_grouped_heads(grouped, expanded)
+    _EXPANDS[key] = expands
+    return (expanded if expands else grouped), expands
+
+
+def _expands(q: torch.Tensor, k: torch.Tensor) -> bool:
+    """Whether this grouped call repeats k and v (grouped_heads_plan, asked once per shape of heads). A CPU is not
+    asked (its flash kernel takes grouped heads: nanoflow.parallel.runtime.attention_kernel's answer for it at
+    start-up says so). Inside a compiled region: the answer given before compiling, or no repeat."""
+    key = (q.device.type, q.dtype, q.shape[1], k.shape[1], q.shape[-1], torch.are_deterministic_algorithms_enabled())
+    if key in _EXPANDS:
+        return _EXPANDS[key]
+    if q.device.type == "cpu" or torch.compiler.is_compiling():
+        return False
+    return grouped_heads_plan(q.shape[1], k.shape[1], q.shape[-1], q.dtype, q.device)[1]

@@ -16,6 +16,9 @@ each target position, the argmax given the true prefix is the true token: one te
 gives the verdict token-by-token decoding would, for every example of a batch at once
 (tests/unit/test_evaluation.py decodes token by token and checks that both agree).
 
+The model scores from its final hidden states a chunk of positions at a time (nanoflow.loss.token_scores, the
+fused loss's chunks): the logits of a whole micro-batch, [rows × sequence × vocabulary], never exist.
+
 Evaluation runs under torch.inference_mode and touches no parameter, moment or data order: a run
 with evaluation trains the very weights a run without it trains.
 """
@@ -30,7 +33,6 @@ import math
 import attrs
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from nanoflow.build import build_model
 from nanoflow.config import Config, EvalDatasetArgs
@@ -171,15 +173,14 @@ def score(model: torch.nn.Module, eval_set: EvalSet, topology: Topology, dtype: 
                                strict=True):
             x, y = x.to(target_device), y.to(target_device)
             with _autocast(dtype, target_device):
-                logits = model(x, position_ids=where)
-            if hasattr(logits, "full_tensor"):   # a DTensor under tensor parallelism
-                logits = logits.full_tensor()
-            logits = logits.float()
+                nll, argmax_right = model(x, y, ignore_index=IGNORE_INDEX, position_ids=where, scores=True)
             targets = y != IGNORE_INDEX
-            sums[0] += F.cross_entropy(logits.flatten(0, 1), y.flatten(), ignore_index=IGNORE_INDEX, reduction="sum")
+            # Each position's float32 value summed in float64: how the positions fall into micro-batches and
+            # ranks moves the total by float64 roundings only, far below the float32 values' own
+            sums[0] += nll.sum(dtype=torch.float64)
             sums[1] += targets.sum()
             if eval_set.metric == "exact_match":
-                right = ((logits.argmax(dim=-1) == y) | ~targets).all(dim=1) & targets.any(dim=1)
+                right = (argmax_right | ~targets).all(dim=1) & targets.any(dim=1)
                 sums[2] += right.sum()
     loss, tokens, right = all_reduce_sum(sums, topology).tolist()
     result = {"loss": loss / max(tokens, 1), "tokens": int(tokens)}
@@ -212,11 +213,7 @@ def choice_loglikelihoods(model: torch.nn.Module, eval_set: EvalSet, topology: T
         for x, y in zip(ids.split(eval_set.micro_batch_size), labels.split(eval_set.micro_batch_size), strict=True):
             x, y = x.to(target_device), y.to(target_device)
             with _autocast(dtype, target_device):
-                logits = model(x)
-            if hasattr(logits, "full_tensor"):   # a DTensor under tensor parallelism
-                logits = logits.full_tensor()
-            nll = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), ignore_index=IGNORE_INDEX,
-                                  reduction="none").view(y.shape)
+                nll, _ = model(x, y, ignore_index=IGNORE_INDEX, scores=True)
             real = max(0, min(len(x), start + mine - row))   # padding rows have no place in the vector
             found[row:row + real] = -nll[:real].sum(dim=1, dtype=torch.float64)
             row += len(x)

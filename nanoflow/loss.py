@@ -113,6 +113,35 @@ def cross_entropy_sum(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.
                                     scale, wanted)
 
 
+def token_scores(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, ignore_index: int,
+                 chunk_logits: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per position, without gradients: −log softmax(hidden @ weight.T)[label] (float32, 0 where the label is
+    `ignore_index`) and whether the argmax of the logits is the label, both of labels' shape.
+
+    Evaluation's scores, over the fused path's chunks (`chunk_logits` as `cross_entropy_sum`'s): one chunk of
+    logits alive at a time, never the whole batch's. Each position's values are those of `F.cross_entropy(...,
+    reduction="none")` and `argmax` on `lm_head(hidden).float()`: the same matmul in the same dtype, the same
+    row-wise functions, a chunk of rows at a time.
+    """
+    hidden, weight = _whole(hidden), _whole(weight)
+    vocab = weight.shape[0]
+    positions = chunk_positions(vocab, hidden.device) if chunk_logits is None else max(1, chunk_logits // vocab)
+    dtype = _compute_dtype(hidden, weight)
+    flat_hidden, flat_labels = hidden.flatten(0, -2), labels.flatten()
+    nll = torch.empty(flat_labels.shape, dtype=torch.float32, device=hidden.device)
+    right = torch.empty(flat_labels.shape, dtype=torch.bool, device=hidden.device)
+    with torch.no_grad(), torch.autocast(hidden.device.type, enabled=False):
+        w = weight.to(dtype)
+        for start in range(0, flat_hidden.shape[0], positions):
+            logits = (flat_hidden[start:start + positions].to(dtype) @ w.t()).float()
+            targets = flat_labels[start:start + positions]
+            nll[start:start + positions] = F.cross_entropy(logits, targets, ignore_index=ignore_index,
+                                                           reduction="none")
+            right[start:start + positions] = logits.argmax(dim=-1) == targets
+            del logits   # before the next chunk's are made
+    return nll.view(labels.shape), right.view(labels.shape)
+
+
 def _whole(tensor: torch.Tensor) -> torch.Tensor:
     """A DTensor's full value (sequence parallelism leaves the final norm split by position; a sharded
     head is gathered), through autograd, so its gradient goes back to the shards; a tensor as it is."""

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from nanoflow.attention import Documents, causal_attention
-from nanoflow.loss import describe, lm_loss
+from nanoflow.loss import describe, lm_loss, token_scores
 
 
 class RMSNorm(nn.Module):
@@ -282,14 +282,19 @@ class Llama(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None,
                 ignore_index: int = -100, grad_scale: torch.Tensor | None = None,
-                position_ids: torch.Tensor | None = None) -> torch.Tensor:
+                position_ids: torch.Tensor | None = None, scores: bool = False
+                ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Logits [B, T, vocab_size]; or, given labels [B, T], the cross-entropy summed over the positions
         whose label is not `ignore_index` (nanoflow.loss: the fused path never holds the whole logits;
-        `grad_scale`, the gradient the caller's backward will bring, makes its rounding the plain order's).
+        `grad_scale`, the gradient the caller's backward will bring, makes its rounding the plain order's);
+        or, given labels and `scores`, evaluation's per-position (−log-likelihood, argmax is the label) pair,
+        [B, T] each, without gradients (nanoflow.loss.token_scores: a chunk of logits at a time).
         `position_ids` [B, T]: packed documents, restarting at 0 at each one (None: 0..T-1, one per row)."""
         hidden = self.model(input_ids, position_ids)
         if labels is None:
             return self.lm_head(hidden)
+        if scores:
+            return token_scores(hidden, self.lm_head.weight, labels, ignore_index)
         return lm_loss(hidden, self.lm_head.weight, labels, ignore_index, grad_scale, self.loss_method)
 
     def describe_loss(self) -> str:

@@ -29,7 +29,8 @@ CUBLAS_WORKSPACE = ":4096:8"            # cuBLAS's deterministic setting, as tor
 FLIGHT_RECORDER_ENTRIES = 20_000        # collectives each rank remembers for a dump (torchtitan's default)
 # flash first (it takes grouped-query attention on sm80–sm90), cuDNN before the math kernel: where flash cannot
 # run (Blackwell, float32) cuDNN still can, also with GQA, while torch's own order tries it last of all.
-# The memory-efficient kernel refuses GQA, so with grouped heads it only serves plain multi-head attention.
+# The memory-efficient kernel refuses GQA in torch 2.13: where it is the only fused kernel left, nanoflow.attention
+# repeats k and v to every query head for it (the reasons and torch's source lines are there).
 ATTENTION_PRIORITY = ("FLASH_ATTENTION", "CUDNN_ATTENTION", "EFFICIENT_ATTENTION", "MATH")
 
 
@@ -104,21 +105,18 @@ def attention_kernels():
 
 
 def attention_kernel(model_config, device: torch.device, sequence_length: int) -> str:
-    """The kernel scaled_dot_product_attention picks for the model's causal attention on `device`, as torch's
-    own dispatcher decides it for these shapes and this compute dtype (grouped heads included)."""
-    from torch.nn.attention import SDPBackend
+    """The kernel scaled_dot_product_attention runs for the model's causal attention on `device`, as torch's own
+    dispatcher decides it for these shapes and this compute dtype (grouped heads included: where the grouped call
+    would take the math kernel and repeated k and v a fused one, nanoflow.attention repeats them, and says so)."""
+    from nanoflow.attention import grouped_heads_plan
 
     heads, kv_heads = model_config.num_attention_heads, model_config.num_key_value_heads
-    head_dim = model_config.hidden_size // heads
+    head_dim = getattr(model_config, "head_dim", None) or model_config.hidden_size // heads   # Qwen3 states its own
     dtype = torch.bfloat16 if compute_dtype(model_config.dtype, device) == "bfloat16" else torch.float32
     length = min(sequence_length, 1024)   # the kernels' rules do not depend on the length beyond a few rows
-
-    def tensor(count: int) -> torch.Tensor:
-        return torch.zeros(1, count, length, head_dim, dtype=dtype, device=device, requires_grad=True)
-
     with attention_kernels():
-        choice = torch._fused_sdp_choice(tensor(heads), tensor(kv_heads), tensor(kv_heads), is_causal=True,
-                                         enable_gqa=kv_heads != heads)
-    name = next((n for n, b in SDPBackend.__members__.items() if int(b.value) == int(choice)), str(choice))
+        name, repeated = grouped_heads_plan(heads, kv_heads, head_dim, dtype, device, length)
     grouped = f", grouped-query {heads}/{kv_heads} heads" if kv_heads != heads else ""
-    return f"{name.lower()} ({str(dtype).removeprefix('torch.')}, head_dim {head_dim}{grouped})"
+    if repeated:
+        grouped += f", k and v repeated to {heads} heads: the grouped call would take the math kernel"
+    return f"{name} ({str(dtype).removeprefix('torch.')}, head_dim {head_dim}{grouped})"

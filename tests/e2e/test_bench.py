@@ -24,7 +24,7 @@ SMALLEST = {
     "checkpoint_io.py": ([], [rf"save ≤ 1\.5× torch\.save: {N} .*load ≤ 1\.2× torch\.load: {N}"]),
     "dataloader.py": ([], [rf"8 × 256: .*loader / bare = {N}", rf"32 × 2048: .*loader / bare = {N}",
                            rf"= {N}× what train_step consumes", rf"seek ratio worst {N}"]),
-    "evaluation.py": ([], [rf"eval / train = {N}", rf"= {N} % of the wall time"]),
+    "evaluation.py": ([], [rf"eval / train = {N}", rf"= {N} % of the wall time", rf"chunked / whole = {N} .* = {N}"]),
     "loop_overhead.py": ([], [rf"loop / train_step alone: {N}"]),
     "memory.py": ([], [rf"worst run: peak − baseline = {N} MB = {N} × state"]),
     "peers.py": (["--here", "--peers", "hf"], [rf"hf \(transformers [^)]+\): .*tokens/s ÷ nanoflow's = {N}; "
@@ -44,6 +44,8 @@ SMALLEST = {
     "layouts.py": ([], [rf"resumed on dp1: weights {N}, moments {N}, loss {N} from one process's run; weights {N} "
                         rf"from dp1's own", rf"resumed on dp2: .* weights {N} from dp2's own"]),
     "threads.py": ([], [rf"busy \+0: .*; two / one = {N}, choice / one = {N}"]),
+    "tp_head.py": ([], [rf"head \+ loss / step = {N} of the CPU time \(FLOPs say {N}\)",
+                        rf"\| 2 \| {N} \| {N} \| {N} \| {N} \|"]),
 }
 
 

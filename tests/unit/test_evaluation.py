@@ -4,19 +4,25 @@
 from __future__ import annotations
 
 import sys
+from types import SimpleNamespace
 
+import attrs
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from data_helpers import BYTES
 from support.evaluation import SUMS, write_run
+from torch.utils._python_dispatch import TorchDispatchMode
 
+import nanoflow.loss
 from nanoflow.build import build_model
 from nanoflow.config import ConfigError, load_config
 from nanoflow.data import write_token_file
 from nanoflow.data.loader import StageLoader
 from nanoflow.data.sources import IGNORE_INDEX
-from nanoflow.evaluation import EvalSet, load_eval_set, pick, score
+from nanoflow.evaluation import EvalSet, choice_loglikelihoods, load_eval_set, pick, score
+from nanoflow.model import Llama
 from nanoflow.parallel.mesh import SINGLE
 from nanoflow.schedule import Schedule
 
@@ -129,6 +135,53 @@ def _row(prompt, answer, width):
     inputs[0, :len(sequence) - 1] = sequence[:-1]
     labels[0, len(prompt) - 1:len(sequence) - 1] = sequence[len(prompt):]
     return inputs, labels
+
+
+class LargestOutput(TorchDispatchMode):
+    """The most elements any operator's output holds while the mode is on."""
+
+    def __init__(self):
+        super().__init__()
+        self.largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor):
+                self.largest = max(self.largest, t.numel())
+        return out
+
+
+@pytest.mark.parametrize("metric", ["loss", "exact_match", "multiple_choice"])
+def test_scoring_holds_a_chunk_of_logits_never_the_whole_batchs(monkeypatch, metric):
+    vocab, rows, width = 4096, 4, 64   # a micro-batch of 256 positions: 1,048,576 logits
+    monkeypatch.setattr(nanoflow.loss, "CPU_CHUNK_BYTES", 4 * vocab * 8)   # 8 positions a chunk
+    cfg = SimpleNamespace(vocab_size=vocab, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                          num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=width,
+                          rms_norm_eps=1e-6, rope_theta=10_000.0, tie_word_embeddings=False, initializer_range=0.5)
+    model = Llama(cfg)
+    model.reset_parameters(torch.Generator().manual_seed(0))
+    generator = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, vocab, (rows, width), generator=generator)
+    labels = torch.randint(0, vocab, (rows, width), generator=generator)
+    labels[:, :width // 2] = IGNORE_INDEX
+    with torch.inference_mode(), LargestOutput() as whole:   # what the old scoring ran: the micro-batch's logits
+        logits = model(ids).float()
+    assert whole.largest == rows * width * vocab   # the detector sees them
+    with torch.inference_mode():
+        nll = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX,
+                              reduction="none").view(rows, width)
+    eval_set = EvalSet("big", metric, ids, labels, micro_batch_size=rows)
+    if metric == "multiple_choice":   # each row a choice of one example; the first is right
+        eval_set = attrs.evolve(eval_set, choices=SimpleNamespace())
+        with LargestOutput() as mode:
+            found = choice_loglikelihoods(model, eval_set, SINGLE)
+        assert np.allclose(found, -nll.double().sum(dim=1).numpy(), rtol=1e-6)
+    else:
+        with LargestOutput() as mode:
+            result = score(model, eval_set, SINGLE)
+        assert result["loss"] == pytest.approx(float(nll.double().sum()) / result["tokens"], rel=1e-6)
+    assert mode.largest <= max(8 * vocab, vocab * cfg.hidden_size)   # a chunk of logits, or the head itself
 
 
 # ---------------------------------------------------------------------------------------------

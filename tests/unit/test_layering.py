@@ -149,7 +149,7 @@ MAY_IMPORT = {
     "model": {"loss", "attention"},           # the decoder knows nothing of training
     "flops": {"config"},
     "console": {"errors"},
-    "parallel": PURE | {"io", "model", "loss"},
+    "parallel": PURE | {"io", "model", "loss", "attention"},
     "state": PURE | {"model", "parallel"},
     "step": PURE | {"model", "loss", "parallel", "state", "data"},
     "preflight": PURE | {"io", "data", "model", "flops", "parallel"},

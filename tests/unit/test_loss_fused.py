@@ -9,7 +9,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import nanoflow.loss
 from nanoflow import init_state, load_config, train_step
-from nanoflow.loss import cross_entropy_sum, describe, lm_loss, plain_cross_entropy_sum
+from nanoflow.loss import cross_entropy_sum, describe, lm_loss, plain_cross_entropy_sum, token_scores
 from nanoflow.model import Llama
 
 
@@ -113,6 +113,24 @@ def test_the_fused_path_never_makes_more_than_a_chunk_of_logits():
         sizes[name] = mode.largest
     assert sizes["plain"] >= positions * vocab                       # the measure sees full logits where they are
     assert sizes["fused"] <= max(chunk, vocab * hidden_size), sizes   # a chunk of logits, or the head's gradient
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("chunk_logits", [97, 97 * 7, 10**9])   # 1 and 7 positions a chunk (72 positions), all
+def test_token_scores_are_cross_entropy_and_argmax_of_the_whole_logits_position_by_position(chunk_logits, dtype):
+    hidden, weight = (t.detach() for t in leaves((3, 24, 16), (97, 16)))
+    labels = masked_labels((3, 24), 97)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
+        logits = torch.nn.functional.linear(hidden, weight).float()   # what the model's lm_head gives evaluation
+        labels[1, ::2] = logits[1, ::2].argmax(dim=-1)   # positions whose label is the argmax
+        nll, right = token_scores(hidden, weight, labels, -100, chunk_logits=chunk_logits)
+    expected = torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100,
+                                                 reduction="none").view(labels.shape)
+    assert nll.dtype == torch.float32 and nll.shape == right.shape == labels.shape
+    assert torch.allclose(nll, expected, rtol=1e-6, atol=1e-6)
+    assert torch.equal(nll == 0, labels == -100)   # ignored positions: nothing
+    assert torch.equal(right, logits.argmax(dim=-1) == labels)
+    assert right[1, ::2].all()
 
 
 def test_lm_loss_takes_the_path_it_is_asked_for_and_the_header_says_it(monkeypatch):

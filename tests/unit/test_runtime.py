@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 from helpers import tiny
 
+import nanoflow.attention
 import nanoflow.model
 from nanoflow import init_state
 from nanoflow.model import Llama
@@ -127,6 +128,47 @@ def test_the_attention_kernel_is_torchs_own_choice_for_the_models_shapes(tmp_pat
         "flash_attention (float32, head_dim 8, grouped-query 4/2 heads)"
     plain = tiny(tmp_path, "model.dtype=float32", "model.num_key_value_heads=4").model
     assert runtime.attention_kernel(plain, torch.device("cpu"), 32) == "flash_attention (float32, head_dim 8)"
+
+
+@pytest.mark.parametrize(("grouped", "expanded", "repeat"), [
+    ("flash_attention", "flash_attention", False),      # bf16 on sm80-sm90: flash takes the grouped heads
+    ("cudnn_attention", "cudnn_attention", False),      # where flash cannot, cuDNN takes them too
+    ("math", "efficient_attention", True),              # float32, or deterministic without flash: only the
+    ("math", "math", False),                            # memory-efficient kernel is left, and it refuses them
+])
+def test_grouped_heads_are_repeated_only_where_that_turns_the_math_kernel_into_a_fused_one(grouped, expanded, repeat):
+    assert nanoflow.attention.expand_grouped_heads(grouped, expanded) is repeat
+
+
+def test_where_the_grouped_call_would_take_the_math_kernel_k_and_v_are_repeated_and_the_header_says_so(
+        tmp_path, monkeypatch):
+    # A dispatcher as torch 2.13's CUDA one answers for float32: math for grouped heads, efficient for whole ones
+    # (on this CPU its flash kernel runs either way, so the repeated call's bits can be held to the grouped call's)
+    asked = []
+
+    def dispatcher(q, k, v, is_causal=False, enable_gqa=False, **_):
+        asked.append((q.shape[1], k.shape[1], enable_gqa))
+        return 0 if k.shape[1] != q.shape[1] else 2
+    monkeypatch.setattr(torch, "_fused_sdp_choice", dispatcher)
+    monkeypatch.setattr(nanoflow.attention, "_EXPANDS", {})
+    model = tiny(tmp_path, "model.dtype=float32").model   # 4 heads over 2 kv heads, head_dim 8
+    assert runtime.attention_kernel(model, torch.device("cpu"), 32) == "efficient_attention (float32, head_dim 8, " \
+        "grouped-query 4/2 heads, k and v repeated to 4 heads: the grouped call would take the math kernel)"
+    assert asked == [(4, 2, True), (4, 4, False)]
+    generator = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 4, 16, 8, generator=generator)
+    k, v = torch.randn(2, 2, 16, 8, generator=generator), torch.randn(2, 2, 16, 8, generator=generator)
+    called = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
+                        lambda q, k, v, **kw: called.append(k.shape[1]) or sdpa(q, k, v, **kw))
+    out = nanoflow.attention.causal_attention(q, k, v)
+    assert called == [4]   # the kernel got every query head's own k and v
+    assert torch.equal(out, sdpa(q, k, v, is_causal=True, enable_gqa=True))
+    monkeypatch.setattr(nanoflow.attention, "_EXPANDS", {})   # a CPU asks nothing of its own: grouped as given
+    called.clear()
+    nanoflow.attention.causal_attention(q, k, v)
+    assert called == [2] and len(asked) == 2
 
 
 def test_fsdp2s_root_hands_the_loss_its_float32_grad_scale_under_bfloat16(tmp_path, monkeypatch):
