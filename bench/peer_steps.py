@@ -6,7 +6,8 @@ Imports only the standard library, torch and the peer's own package (nanoflow's 
 so it runs in a venv that has nothing of this repository installed. FOLDER holds what bench/peers.py
 wrote: shape.json (the model and optimizer), weights.json + weights.bin (the shared initial weights, in
 HF LlamaForCausalLM's names, float32 little-endian) and batches.bin (int64 token rows, [steps, batch,
-sequence + 1]). No pickle anywhere.
+sequence + 1]). No pickle anywhere. With "compile" in shape.json every side compiles its whole model
+(nanoflow: `[model] compile = true`).
 
 Protocol, one JSON line each way: the worker prints {"ready": …} once built, then for each
 "step INDEX LR" line on stdin runs one optimizer step on batch INDEX at that learning rate and prints
@@ -105,6 +106,8 @@ class HF(Plain):
         model = transformers.LlamaForCausalLM(config)
         model.load_state_dict(weights, strict=True)
         model.train()
+        if shape.get("compile"):
+            model.compile()   # the whole model, in place
         super().__init__(model, shape)
         self.version = f"transformers {transformers.__version__}"
 
@@ -134,6 +137,8 @@ class LitGPT(Plain):
         missing = {k for k in model.state_dict() if k not in converted and "rope" not in k and "mask" not in k}
         if missing:
             raise SystemExit(f"litgpt: no converted weight for {sorted(missing)[:4]}")
+        if shape.get("compile"):
+            model.compile()   # the whole model, in place, before Fabric wraps it
         self.fabric = lightning.Fabric(accelerator="cpu", devices=1, precision="32-true")
         optimizer = adamw(model.parameters(), shape)
         self.model, self.optimizer = self.fabric.setup(model, optimizer)
@@ -196,7 +201,7 @@ class OLMoCore:
         tokens = shape["batch"] * shape["sequence"]
         self.module = TransformerTrainModule(model=model, optim=optim, rank_microbatch_size=tokens,
                                              max_sequence_length=shape["sequence"], max_grad_norm=shape["clip"],
-                                             device=torch.device("cpu"))
+                                             compile_model=bool(shape.get("compile")), device=torch.device("cpu"))
         self.trainer = self.Trainer()
         self.module._attach_trainer(self.trainer)
         converted = {}

@@ -2,6 +2,7 @@
 
     python bench/peers.py [--vocab 288 50304] [--steps 40] [--peers hf olmo-core litgpt] [--no-install]
     python bench/peers.py --smoke --here        # seconds: a tiny shape, peers importable here only
+    python bench/peers.py --compile ...         # every side's whole model torch.compile'd
 
 Peers: HF transformers' LlamaForCausalLM in a plain PyTorch loop, OLMo-core's Transformer trained by its
 TransformerTrainModule, litgpt's GPT under Lightning Fabric. Each is installed on first use into its own
@@ -68,10 +69,11 @@ def shape_of(args, vocab: int) -> dict:
         f"optimizer.learning_rate_scheduler.lr_decay_starting_step={steps // 2}",
         f"optimizer.learning_rate_scheduler.lr_decay_steps={steps - steps // 2}",
         "optimizer.learning_rate_scheduler.lr_decay_style=cosine",
+        f"model.compile={str(args.compile).lower()}",
     ]
     return {"vocab": vocab, "hidden": hidden, "intermediate": intermediate, "layers": layers, "heads": heads,
             "kv_heads": heads, "sequence": sequence, "positions": 512, "batch": batch, "steps": steps,
-            "nanoflow_config": CONFIG, "nanoflow_overrides": overrides}
+            "nanoflow_config": CONFIG, "nanoflow_overrides": overrides, "compile": args.compile}
 
 
 def write_fixtures(folder: str, shape: dict) -> list[float]:
@@ -259,6 +261,8 @@ def main(argv=None) -> int:
     parser.add_argument("--here", action="store_true", help="run peers in this interpreter, no venvs (a smoke check)")
     parser.add_argument("--smoke", action="store_true", help="a tiny shape, vocab 288, 4 steps")
     parser.add_argument("--threads", type=int, default=1, help="torch threads a side (default 1)")
+    parser.add_argument("--compile", action="store_true",
+                        help="every side compiles its whole model (nanoflow: [model] compile = true); warm-up ≥ 2")
     args = parser.parse_args(argv)
     args.vocab = args.vocab or ([288] if args.smoke else [288, 50304])
     args.steps = args.steps or (4 if args.smoke else 40)

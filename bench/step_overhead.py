@@ -10,9 +10,10 @@ After a warm-up of both sides, the steps are interleaved (nanoflow, bare, bare, 
 order flips every round) so drift in the machine's speed hits both sides alike. Prints the median
 tokens/s of each side, the ratio nanoflow / bare (target ≥ 0.97) and a Markdown table row.
 
---compile also runs the comparison compiled: nanoflow's side with `[model] compile = true` (the
-kernel compiles each decoder layer in place), the bare side with the same `layer.compile()` on each
-of its layers (skipped, with the reason, when torch.compile does not work on this machine).
+--compile also runs the comparison compiled: nanoflow's side with `[model] compile = true` (on one
+process the kernel compiles the whole forward, loss included, as one graph), the bare side with the whole
+model compiled in place (`model.compile()`) (skipped, with the reason, when torch.compile does not work on
+this machine).
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ class Nanoflow:
     name = "nanoflow"
 
     def __init__(self, config):
-        self.state = nanoflow.init_state(config)   # with [model] compile = true, each layer compiled in place
+        self.state = nanoflow.init_state(config)   # with [model] compile = true, the forward compiled whole
         self.weights = {k: v.detach().clone() for k, v in self.state.model.state_dict().items()}
 
     def step(self, batch) -> None:
@@ -81,8 +82,7 @@ class Bare:
             lr=config.optimizer.learning_rate_scheduler.learning_rate,
             betas=(factory.adam_beta1, factory.adam_beta2), eps=factory.adam_eps)
         if config.model.compile:
-            for layer in model.model.layers:
-                layer.compile()  # as nanoflow.state.new_model does
+            model.compile()  # the whole model, in place: what a PyTorch user writes
         self.model = model
 
     def step(self, batch) -> None:

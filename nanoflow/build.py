@@ -87,7 +87,9 @@ def build_model(config: Config, topology: Topology = SINGLE, *, init: bool = Tru
         model.reset_parameters(torch.Generator(device=device()).manual_seed(config.general.seed))
     rope = stage_rope(config, stage)
     model.set_rope(rope.theta, rope.scaling)
-    if config.model.compile:
+    if config.model.compile and topology.mesh is None:
+        model.compile_whole()   # one graph, loss included; parameter names stay HF's
+    elif config.model.compile:   # FSDP2's and tp's hooks run per layer: each layer its own graph, as torchtitan
         for layer in model.model.layers:
             layer.compile()  # in place: parameter names stay HF's
     return parallelize(model, topology, config)

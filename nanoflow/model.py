@@ -15,6 +15,7 @@ positions and attention stays within each document (nanoflow.attention).
 """
 
 import math
+from collections.abc import Callable
 from types import SimpleNamespace
 
 import torch
@@ -242,25 +243,38 @@ class LlamaModel(nn.Module):
         sin are computed in forward, outside the layers, so a compiled layer is not recompiled for it."""
         self.rope_theta, self.rope_scaling = theta, scaling
 
-    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None) -> torch.Tensor:
+    def positions(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor, Documents | None]:
+        """cos, sin and the documents of a forward over `input_ids` (None: each row one document), worked out
+        eagerly, outside any compiled region: a new RoPE (a stage's) or a new packing reaches the compiled code
+        as new tensor values, never as a constant it was traced with."""
         T = input_ids.shape[1]
         if T > self.max_position_embeddings:
             raise ValueError(f"sequence length {T} exceeds max_position_embeddings={self.max_position_embeddings}")
-        x = self.embed_tokens(input_ids)
+        device = self.embed_tokens.weight.device
         if position_ids is None:
             documents = None
-            cos, sin = rope_cos_sin(T, self.head_dim, self.rope_theta, x.device, self.rope_scaling)
+            cos, sin = rope_cos_sin(T, self.head_dim, self.rope_theta, device, self.rope_scaling)
         else:
             if position_ids.shape != input_ids.shape:
                 raise ValueError(f"position_ids of shape {list(position_ids.shape)} for input_ids of shape "
                                  f"{list(input_ids.shape)}")
             documents = Documents.from_position_ids(position_ids)
-            cos, sin = rope_cos_sin(position_ids, self.head_dim, self.rope_theta, x.device, self.rope_scaling)
+            cos, sin = rope_cos_sin(position_ids, self.head_dim, self.rope_theta, device, self.rope_scaling)
             cos, sin = cos[:, None], sin[:, None]   # [rows, 1, T, head_dim]: the same angles for every head
+        return cos, sin, documents
+
+    def decode(self, input_ids: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+               documents: Documents | None = None) -> torch.Tensor:
+        """The final hidden states, given `positions`' tables (float32)."""
+        x = self.embed_tokens(input_ids)
         cos, sin = cos.to(x.dtype), sin.to(x.dtype)  # HF rounds the tables to the activation dtype too
         for layer in self.layers:
             x = layer(x, cos, sin, documents)
         return self.norm(x)
+
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        return self.decode(input_ids, *self.positions(input_ids, position_ids))
 
 
 class Llama(nn.Module):
@@ -290,12 +304,32 @@ class Llama(nn.Module):
         or, given labels and `scores`, evaluation's per-position (−log-likelihood, argmax is the label) pair,
         [B, T] each, without gradients (nanoflow.loss.token_scores: a chunk of logits at a time).
         `position_ids` [B, T]: packed documents, restarting at 0 at each one (None: 0..T-1, one per row)."""
-        hidden = self.model(input_ids, position_ids)
+        cos, sin, documents = self.model.positions(input_ids, position_ids)
+        if documents is not None and documents.whole_rows:
+            documents = None   # attention is then plain causal attention: the compiled body takes it
+        body = self._body if self._compiled_body is None or documents is not None else self._compiled_body
+        return body(input_ids, cos, sin, documents, labels, ignore_index, grad_scale)
+
+    _compiled_body: Callable[..., torch.Tensor] | None = None   # compile_whole's: _body compiled
+
+    def _body(self, input_ids: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, documents: Documents | None,
+              labels: torch.Tensor | None, ignore_index: int, grad_scale: torch.Tensor | None) -> torch.Tensor:
+        hidden = self.model.decode(input_ids, cos, sin, documents)
         if labels is None:
             return self.lm_head(hidden)
         if scores:
             return token_scores(hidden, self.lm_head.weight, labels, ignore_index)
         return lm_loss(hidden, self.lm_head.weight, labels, ignore_index, grad_scale, self.loss_method)
+
+    def compile_whole(self) -> None:
+        """torch.compile the forward after `positions` as one graph (fullgraph: a break is an error, not a silent
+        eager piece): the embedding, every layer, the norm and the head or the fused loss. RoPE's tables and
+        the documents are worked out eagerly and passed in, so a stage's new RoPE is new input values, not a
+        recompile; a new shape (a stage's sequence length or micro-batch) compiles once more. Static shapes: the
+        graph of a shape is the same whatever ran before it, so a resumed run computes what the run it resumes
+        computed. Rows of several packed documents run the body eagerly (their attention follows each batch's
+        documents). Parameter names are unchanged: the module is not wrapped."""
+        self._compiled_body = torch.compile(self._body, fullgraph=True, dynamic=False)
 
     def describe_loss(self) -> str:
         """The loss `forward(ids, labels)` computes, in words (the start-up header's)."""

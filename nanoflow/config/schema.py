@@ -110,8 +110,8 @@ class ModelArgs:
     dtype: Literal["auto", "float32", "bfloat16"] = key(
         '"bfloat16": bf16 autocast, the master weights and AdamW moments float32; "auto": bfloat16 on a CUDA device, '
         "float32 on a CPU (a checkpoint records, and a resume compares, what it resolved to)", "auto")
-    compile: bool = key("torch.compile each decoder layer (worth it on GPUs; on CPUs the first steps pay for the "
-                        "compilation)", False)
+    compile: bool = key("torch.compile the whole forward, loss included, as one graph (each decoder layer alone "
+                        "under FSDP2 or tp); the first step of each stage pays for the compilation", False)
     init_from: str | None = key("start a new run from these weights: a checkpoint (run or step folder), or an "
                                 "HF model folder (config.json + safetensors) of a family above, whose config.json "
                                 "then gives every architecture key left out here; read at step 0 only", None,
