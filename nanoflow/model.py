@@ -307,6 +307,9 @@ class Llama(nn.Module):
         cos, sin, documents = self.model.positions(input_ids, position_ids)
         if documents is not None and documents.whole_rows:
             documents = None   # attention is then plain causal attention: the compiled body takes it
+        if scores and labels is not None:   # evaluation: eager, it runs a few times a run
+            hidden = self.model.decode(input_ids, cos, sin, documents)
+            return token_scores(hidden, self.lm_head.weight, labels, ignore_index)
         body = self._body if self._compiled_body is None or documents is not None else self._compiled_body
         return body(input_ids, cos, sin, documents, labels, ignore_index, grad_scale)
 
@@ -317,8 +320,6 @@ class Llama(nn.Module):
         hidden = self.model.decode(input_ids, cos, sin, documents)
         if labels is None:
             return self.lm_head(hidden)
-        if scores:
-            return token_scores(hidden, self.lm_head.weight, labels, ignore_index)
         return lm_loss(hidden, self.lm_head.weight, labels, ignore_index, grad_scale, self.loss_method)
 
     def compile_whole(self) -> None:
