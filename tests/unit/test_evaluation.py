@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from data_helpers import BYTES
 from support.evaluation import SUMS, write_run
-from torch.utils._python_dispatch import TorchDispatchMode
+from support.largest import LargestTensor
 
 import nanoflow.loss
 from nanoflow.build import build_model
@@ -137,21 +137,6 @@ def _row(prompt, answer, width):
     return inputs, labels
 
 
-class LargestOutput(TorchDispatchMode):
-    """The most elements any operator's output holds while the mode is on."""
-
-    def __init__(self):
-        super().__init__()
-        self.largest = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in out if isinstance(out, (tuple, list)) else (out,):
-            if isinstance(t, torch.Tensor):
-                self.largest = max(self.largest, t.numel())
-        return out
-
-
 @pytest.mark.parametrize("metric", ["loss", "exact_match", "multiple_choice"])
 def test_scoring_holds_a_chunk_of_logits_never_the_whole_batchs(monkeypatch, metric):
     vocab, rows, width = 4096, 4, 64   # a micro-batch of 256 positions: 1,048,576 logits
@@ -165,7 +150,7 @@ def test_scoring_holds_a_chunk_of_logits_never_the_whole_batchs(monkeypatch, met
     ids = torch.randint(0, vocab, (rows, width), generator=generator)
     labels = torch.randint(0, vocab, (rows, width), generator=generator)
     labels[:, :width // 2] = IGNORE_INDEX
-    with torch.inference_mode(), LargestOutput() as whole:   # what the old scoring ran: the micro-batch's logits
+    with torch.inference_mode(), LargestTensor() as whole:   # what the old scoring ran: the micro-batch's logits
         logits = model(ids).float()
     assert whole.largest == rows * width * vocab   # the detector sees them
     with torch.inference_mode():
@@ -174,11 +159,11 @@ def test_scoring_holds_a_chunk_of_logits_never_the_whole_batchs(monkeypatch, met
     eval_set = EvalSet("big", metric, ids, labels, micro_batch_size=rows)
     if metric == "multiple_choice":   # each row a choice of one example; the first is right
         eval_set = attrs.evolve(eval_set, choices=SimpleNamespace())
-        with LargestOutput() as mode:
+        with LargestTensor() as mode:
             found = choice_loglikelihoods(model, eval_set, SINGLE)
         assert np.allclose(found, -nll.double().sum(dim=1).numpy(), rtol=1e-6)
     else:
-        with LargestOutput() as mode:
+        with LargestTensor() as mode:
             result = score(model, eval_set, SINGLE)
         assert result["loss"] == pytest.approx(float(nll.double().sum()) / result["tokens"], rel=1e-6)
     assert mode.largest <= max(8 * vocab, vocab * cfg.hidden_size)   # a chunk of logits, or the head itself

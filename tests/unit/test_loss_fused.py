@@ -5,7 +5,7 @@ gradient accumulation in train_step), no full logits ever made, and the choice b
 import pytest
 import torch
 from helpers import TINY, assert_same_steps
-from torch.utils._python_dispatch import TorchDispatchMode
+from support.largest import LargestTensor
 
 import nanoflow.loss
 from nanoflow import init_state, load_config, train_step
@@ -83,21 +83,6 @@ def test_a_second_backward_is_refused_not_silently_wrong():
     loss.backward(retain_graph=True)
     with pytest.raises(RuntimeError, match="backward ran twice"):
         loss.backward()
-
-
-class LargestTensor(TorchDispatchMode):
-    """The most elements any operator's output holds while the mode is on."""
-
-    def __init__(self):
-        super().__init__()
-        self.largest = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in out if isinstance(out, (tuple, list)) else (out,):
-            if isinstance(t, torch.Tensor):
-                self.largest = max(self.largest, t.numel())
-        return out
 
 
 def test_the_fused_path_never_makes_more_than_a_chunk_of_logits():
