@@ -59,5 +59,12 @@ def config(path: Path) -> dict:
 
 
 def offline_runs(folder: Path) -> list[Path]:
-    """The .wandb files of every offline run under `folder`/wandb, oldest first."""
+    """The .wandb files of every offline run under `folder`/wandb, oldest first, once W&B has written them whole.
+
+    run.finish() returns before W&B's service process has written the file out (seen as a file of the header alone,
+    now and then, under load); W&B's own teardown - what its exit hook runs when a process ends - waits for the
+    service to exit, so the files are complete after it. The next wandb.init starts a service again."""
+    import wandb
+
+    wandb.teardown()
     return sorted((folder / "wandb").glob("offline-run-*/run-*.wandb"), key=lambda p: p.parent.name)
