@@ -2,11 +2,9 @@
 
 import pytest
 import torch
-from helpers import quiet, tiny
-from run_helpers import assert_same_training_state
+from helpers import tiny
 
 from nanoflow.build import build_model
-from nanoflow.training.loop import train
 
 
 def test_the_whole_forward_is_compiled_and_keeps_hf_names(tmp_path):
@@ -45,15 +43,3 @@ def test_packed_documents_run_the_body_eagerly_and_whole_rows_compiled(tmp_path,
     assert calls == []   # their attention follows each batch's documents: traced, it would recompile per batch
     model(ids, position_ids=torch.arange(32).repeat(2, 1))
     assert calls == ["compiled"]
-
-
-@pytest.mark.slow
-def test_a_compiled_run_resumed_in_a_fresh_process_is_bit_identical(tmp_path):
-    """Static shapes: the graph of a stage's shape does not depend on the shapes compiled before it, so a run
-    resumed after the stage switch (compiling that stage's graph first) computes what the straight run did."""
-    straight = train(tiny(tmp_path / "straight", "model.compile=true"), out=quiet(), progress=False)
-    train(tiny(tmp_path / "resumed", "model.compile=true", "checkpoints.checkpoint_interval=100"), until_step=10,
-          out=quiet(), progress=False)
-    torch._dynamo.reset()   # as a new process: nothing compiled
-    resumed = train(tiny(tmp_path / "resumed", "model.compile=true"), out=quiet(), progress=False)
-    assert_same_training_state(straight, resumed)
