@@ -1,7 +1,7 @@
 """What does a user wait for to restore weights + AdamW moments, next to torch.load + load_state_dict?
 
     python bench/restore.py [--rounds N] [--hidden H --intermediate I --layers L] [--dir DIR] [--threads T]
-                            [--cold] [--fresh]
+                            [--cold] [--one-process]
 
 The state: the curriculum's Llama (schedules/curriculum.toml) at the size asked (default 768 hidden,
 2048 intermediate, 7 layers: 49.8 M parameters; `--hidden 1024 --intermediate 2816 --layers 12` gives
@@ -18,12 +18,13 @@ rounds gives both orders alike), each from nothing to a model and optimizer read
   torch:     the same `build_model(init=False)` and `build_optimizer`, then torch.load(weights_only=True),
              model.load_state_dict, optimizer.load_state_dict (no checksum).
 
-Each side starts from the same memory state: the other side's restored state is checked against a
-reference restore (held throughout, untimed) and freed before the next restore starts. (Holding it
-would make whichever side runs second take fresh pages from the kernel while the first reuses freed
-memory: an order effect of its own, which the flipped order only halves.) Even so, a restore in a
-process that has restored before reuses memory its allocator kept; with --fresh, each restore runs
-in a process of its own (imports done, then the one restore timed), as a resuming run does.
+Each restore runs in a process of its own (imports done, then the one restore timed), as a resuming
+run does: both sides take every page of their tensors fresh from the kernel. With --one-process, all
+restores run in this process: each side's state is checked against a reference restore (held
+throughout, untimed) and freed before the other side's restore starts (holding it would make whichever
+side runs second take fresh pages from the kernel while the first reuses freed memory: an order effect
+of its own, which the flipped order only halves); even so, how much freed memory the allocator hands
+back to a restore varies from round to round, and the figures with it.
 Page cache: warm by default (files just written, both read from memory); with --cold, each side's
 files are fsynced and dropped from the page cache (posix_fadvise DONTNEED) before each of its
 restores, so both read from the disk.
@@ -141,8 +142,9 @@ def main(argv=None) -> int:
     parser.add_argument("--dir", default="/tmp", help="where the files are written (a fresh folder inside it)")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     parser.add_argument("--cold", action="store_true", help="drop each side's files from the page cache before it reads")
-    parser.add_argument("--fresh", action="store_true", help="each restore in a process of its own")
-    parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)  # (side, path): one restore, for --fresh
+    parser.add_argument("--one-process", action="store_true", help="every restore in this process (faster, "
+                        "but the allocator's leftovers make the figures vary)")
+    parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)  # (side, path): one restore in its own process
     args = parse(parser, argv, rounds=2, hidden=64, intermediate=128, layers=1)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -164,11 +166,11 @@ def main(argv=None) -> int:
         restores = {"nanoflow": nanoflow_restore, "torch": torch_restore}
         reference = restores["nanoflow"](config, folder)
         assert same(reference, restores["torch"](config, torch_file)), "the two restores differ"
-        if args.fresh:
+        if not args.one_process:
             del reference  # the children's restores run the same functions, checked equal here
 
         def measure(name: str) -> tuple[float, float, int]:
-            if args.fresh:
+            if not args.one_process:
                 return in_a_fresh_process(args, name, paths[name])
             restored, wall, cpu, faulted = timed(lambda: restores[name](config, paths[name]))
             assert same(restored, reference), f"{name}'s restore differs from the saved state"
@@ -176,7 +178,7 @@ def main(argv=None) -> int:
 
         cache = "cold: each side's files dropped from the page cache before it reads" if args.cold \
             else "warm: files just written"
-        where = "each restore in a fresh process" if args.fresh else "one process"
+        where = "one process" if args.one_process else "each restore in a fresh process"
         print(f"state: {params / 1e6:.1f} M parameters, torch file {size / 1e6:.0f} MB; files in {work}; "
               f"page cache {cache}; {where}", flush=True)
         walls, cpus, faults = ({name: [] for name in SIDES} for _ in range(3))
