@@ -162,7 +162,8 @@ def main(argv=None) -> int:
         size = os.path.getsize(torch_file)
         del state
         paths = {"nanoflow": folder, "torch": torch_file}
-        files = {"nanoflow": [os.path.join(folder, name) for name in os.listdir(folder)], "torch": [torch_file]}
+        files = {"nanoflow": [os.path.join(where, name) for where, _, names in os.walk(folder) for name in names],
+                 "torch": [torch_file]}
         restores = {"nanoflow": nanoflow_restore, "torch": torch_restore}
         reference = restores["nanoflow"](config, folder)
         assert same(reference, restores["torch"](config, torch_file)), "the two restores differ"
