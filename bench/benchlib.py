@@ -19,6 +19,16 @@ SMOKE_SHAPE = [*SMOKE_MODEL, "tokens.sequence_length=32", "tokens.micro_batch_si
                "data_stages.sft.micro_batch_size=2"]
 
 
+def curriculum_at(hidden: int, intermediate: int, layers: int, heads: int = 8):
+    """The curriculum's config with its Llama at this size."""
+    import nanoflow
+
+    return nanoflow.load_config(CONFIG, overrides=[
+        f"model.hidden_size={hidden}", f"model.intermediate_size={intermediate}",
+        f"model.num_hidden_layers={layers}", f"model.num_attention_heads={heads}", f"model.num_key_value_heads={heads}",
+    ])
+
+
 def state_with_moments(hidden: int, intermediate: int, layers: int, heads: int = 8):
     """(config, TrainState) of the curriculum's Llama at this size; one AdamW step on small random gradients
     has made every exp_avg and exp_avg_sq, so a checkpoint of it holds what a real one holds."""
@@ -26,10 +36,7 @@ def state_with_moments(hidden: int, intermediate: int, layers: int, heads: int =
 
     import nanoflow
 
-    config = nanoflow.load_config(CONFIG, overrides=[
-        f"model.hidden_size={hidden}", f"model.intermediate_size={intermediate}",
-        f"model.num_hidden_layers={layers}", f"model.num_attention_heads={heads}", f"model.num_key_value_heads={heads}",
-    ])
+    config = curriculum_at(hidden, intermediate, layers, heads)
     state = nanoflow.init_state(config)
     generator = torch.Generator().manual_seed(0)
     for p in state.model.parameters():

@@ -7,11 +7,15 @@ Everything is built in a temporary folder: two token folders of random ids (writ
 writer), generated text files read as an HF "text" source, a generated SFT jsonl, a blend of the two
 folders, and a moving blend of them (dataset_weights_end: the shares move over the whole stage). Each
 loader reads whole global batches (32 × 2048 tokens) through `batch_at`, from steps
-spread over the stage, so reads are random across the files as in training. The seek test times
-`open_stage` + the first `batch_at` of a loader whose first batch starts at sample 0, and of one
-whose first batch starts at sample 10**8, interleaved (the order flips every round) and reported as
-medians. The train_step figure is the curriculum's model (schedules/curriculum.toml) at sequence
-length 2048, measured in the same process after the loaders.
+spread over the stage, so reads are random across the files as in training. The loaders and
+train_step (the curriculum's model, schedules/curriculum.toml, at sequence length 2048) are timed in
+the same rounds, the order flipped every round; the multiple is the median over rounds of that
+round's slowest loader against that round's train_step, by wall time and by CPU seconds. The seek
+test times `open_stage` + the first `batch_at` of a loader whose first batch starts at sample 0, and
+of one whose first batch starts at sample 10**8, interleaved (the order flips every round) and
+reported as medians. The loader's own cost is `batch_at` against a bare np.memmap read of the same
+files, interleaved batch by batch (the order flipping), as the ratio of summed times and the median
+of the paired batches, by wall time and by CPU seconds.
 """
 
 from __future__ import annotations
@@ -106,14 +110,50 @@ learning_rate = 3e-3
     return text
 
 
-def throughput(loader, batches: int, rng) -> float:
-    """Samples/s of batch_at over `batches` steps spread over the stage (random places in the data)."""
-    steps = rng.choice(np.arange(loader.steps.start, loader.steps.stop), batches, replace=False)
-    loader.batch_at(int(steps[0]))       # warm: pages of the first files, numpy paths
-    start = time.perf_counter()
-    for step in steps:
-        loader.batch_at(int(step))
-    return batches * loader.stage.global_batch_size / (time.perf_counter() - start)
+def clocks() -> tuple[float, float]:
+    return time.perf_counter(), time.process_time()
+
+
+def since(started: tuple[float, float]) -> tuple[float, float]:
+    """(wall s, CPU s of the process's threads) since `started` (clocks())."""
+    wall, cpu = clocks()
+    return wall - started[0], cpu - started[1]
+
+
+def loaders_against_train_step(loaders: dict, step, rounds: int, batches: int, rng) -> tuple[dict, dict]:
+    """Each loader's batch_at over `batches` steps spread over its stage (random places in the data), and one
+    train_step (`step`), timed in the same rounds, the order flipped every round. ({name: [samples/s]}, {name:
+    [samples per CPU s]}) a round each, the name "train_step" counting samples of sequence length too."""
+    names = [*loaders, "train_step"]
+    wall: dict = {name: [] for name in names}
+    cpu: dict = {name: [] for name in names}
+    for loader in loaders.values():
+        loader.batch_at(loader.steps.start)   # warm: pages of the first files, numpy paths
+    step()                                    # warm: the first step's allocations
+    for r in range(rounds):
+        for name in (names if r % 2 == 0 else names[::-1]):
+            if name == "train_step":
+                started = clocks()
+                samples = step()
+            else:
+                loader = loaders[name]
+                steps = rng.choice(np.arange(loader.steps.start, loader.steps.stop), batches, replace=False)
+                started = clocks()
+                for s in steps:
+                    loader.batch_at(int(s))
+                samples = batches * loader.stage.global_batch_size
+            seconds, cpu_seconds = since(started)
+            wall[name].append(samples / seconds)
+            cpu[name].append(samples / cpu_seconds)
+    return wall, cpu
+
+
+def multiple(rates: dict) -> tuple[str, float]:
+    """(the slowest loader by median, the median over rounds of the round's slowest loader / train_step)."""
+    loaders = [name for name in rates if name != "train_step"]
+    slowest = min(loaders, key=lambda name: statistics.median(rates[name]))
+    per_round = [min(rates[name][r] for name in loaders) / rates["train_step"][r] for r in range(len(rates["train_step"]))]
+    return slowest, statistics.median(per_round)
 
 
 def seek_seconds(config, index: int, schedule, start_sample: int, cache: str, repeats: int = 5) -> float:
@@ -130,9 +170,10 @@ def seek_seconds(config, index: int, schedule, start_sample: int, cache: str, re
     return total / repeats
 
 
-def against_memmap(root: Path, seq: int, rows: int, batches: int, rng, profile: bool) -> tuple[float, float, str]:
-    """(loader samples/s, bare memmap samples/s) for batches of rows × seq from the token folder, the two
-    interleaved batch by batch; with `profile`, the loader's top functions by own time (cProfile).
+def against_memmap(root: Path, seq: int, rows: int, batches: int, rng, profile: bool) -> tuple[dict, str]:
+    """For batches of rows × seq from the token folder, the two interleaved batch by batch (the order flipping):
+    {"loader", "bare": samples/s; "wall", "cpu": loader / bare by summed times; "paired wall", "paired cpu": the
+    median over batches of bare's time / the loader's}; with `profile`, the loader's top functions by own time.
 
     The bare side is what a batch costs at the least: `rows` random windows of seq + 1 tokens sliced from a
     np.memmap of one of the same .ds files, stacked, widened to int64, shifted into inputs and labels."""
@@ -150,12 +191,22 @@ def against_memmap(root: Path, seq: int, rows: int, batches: int, rng, profile: 
     steps = rng.integers(1, 10**6, batches)
     loader.batch_at(int(steps[0]))
     bare()
-    seconds = {"loader": 0.0, "bare": 0.0}
+    seconds: dict = {"loader": [], "bare": []}
+    cpu_seconds: dict = {"loader": [], "bare": []}
     for i, step in enumerate(steps):
         for side in (("loader", "bare") if i % 2 == 0 else ("bare", "loader")):
-            started = time.perf_counter()
+            started = clocks()
             loader.batch_at(int(step)) if side == "loader" else bare()
-            seconds[side] += time.perf_counter() - started
+            wall, cpu = since(started)
+            seconds[side].append(wall)
+            cpu_seconds[side].append(cpu)
+    # process_time ticks finer than a batch here, yet a batch may read 0 CPU s: those pairs say nothing
+    cpu_pairs = [b / a for a, b in zip(cpu_seconds["loader"], cpu_seconds["bare"], strict=True) if a > 0 and b > 0]
+    figures = {"loader": batches * rows / sum(seconds["loader"]), "bare": batches * rows / sum(seconds["bare"]),
+               "wall": sum(seconds["bare"]) / sum(seconds["loader"]),
+               "cpu": sum(cpu_seconds["bare"]) / sum(cpu_seconds["loader"]),
+               "paired wall": statistics.median(b / a for a, b in zip(seconds["loader"], seconds["bare"], strict=True)),
+               "paired cpu": statistics.median(cpu_pairs) if cpu_pairs else float("nan")}
     top = ""
     if profile:
         import cProfile
@@ -171,19 +222,21 @@ def against_memmap(root: Path, seq: int, rows: int, batches: int, rng, profile: 
         pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(8)
         top = "\n".join(line for line in text.getvalue().splitlines() if line.strip()[:1].isdigit())
     loader.close()
-    return batches * rows / seconds["loader"], batches * rows / seconds["bare"], top
+    return figures, top
 
 
-def train_tokens_per_second(steps: int, model: list[str]) -> float:
-    state = init_state(curriculum_at_2048(model))
+def train_stepper(model: list[str]):
+    """One train_step of the curriculum's model at sequence length 2048 on a fixed batch of 2 samples, a call;
+    it returns the samples it consumed."""
+    held = [init_state(curriculum_at_2048(model))]
     generator = torch.Generator().manual_seed(0)
     batch = {"input_ids": torch.randint(0, 256, (2, SEQ), generator=generator)}
     batch["labels"] = torch.roll(batch["input_ids"], -1, 1)
-    state, _ = train_step(state, batch)                       # warm-up
-    started = time.perf_counter()
-    for _ in range(steps):
-        state, _ = train_step(state, batch)
-    return steps * 2 * SEQ / (time.perf_counter() - started)
+
+    def step() -> int:
+        held[0], _ = train_step(held[0], batch)
+        return 2
+    return step
 
 
 def main() -> None:
@@ -192,7 +245,8 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true", help="where the loader's time goes against a bare memmap read")
     parser.add_argument("--scale", type=float, default=None, help=argparse.SUPPRESS)
     args = parse(parser, None, quick=True, scale=0.02)
-    scale, rounds, batches, repeats = (0.1, 3, 10, 5) if args.quick else (1.0, 15, 60, 5)
+    # batches: each loader's a round of the interleaved rounds against train_step (one step a round)
+    scale, rounds, batches, repeats = (0.1, 3, 4, 5) if args.quick else (1.0, 15, 8, 5)
     if args.smoke:
         rounds, batches, repeats = 1, 2, 1
     scale = args.scale or scale
@@ -211,20 +265,23 @@ def main() -> None:
         print(f"inputs written in {time.perf_counter() - started:.1f}s; python {platform.python_version()}, "
               f"torch {torch.__version__}, {os.cpu_count()} CPUs, {torch.get_num_threads()} torch threads")
 
-        print(f"\n{'source':<30} {'samples':>10} {'first open':>11} {'samples/s':>10} {'tokens/s':>12} "
-              f"{'per batch':>10}")
-        rates = {}
+        loaders, first_open = {}, {}
         for index, stage in enumerate(config.data_stages):
             opened = time.perf_counter()
-            loader = open_stage(config, index, BYTES, schedule, cache_dir=cache)   # HF: tokenized here, once
-            first_open = time.perf_counter() - opened
-            size = sum(len(p.source) for p in loader.parts)
-            rate = throughput(loader, batches, rng)
-            loader.close()
+            loaders[stage.name] = open_stage(config, index, BYTES, schedule, cache_dir=cache)  # HF: tokenized here
+            first_open[stage.name] = time.perf_counter() - opened
+        model = SMOKE_MODEL if args.smoke else []   # the curriculum's model, in --smoke a smaller one
+        wall, cpu = loaders_against_train_step(loaders, train_stepper(model), rounds, batches, rng)
+        print(f"\n{rounds} rounds of {batches} batches of each loader and one train_step, the order flipping; medians")
+        print(f"{'source':<30} {'samples':>10} {'first open':>11} {'samples/s':>10} {'tokens/s':>12} "
+              f"{'per batch':>10}")
+        for index, (name, loader) in enumerate(loaders.items()):
+            rate = statistics.median(wall[name])
             build = schedule.stages[index].global_batch_size / rate
-            rates[stage.name] = rate
-            print(f"{stage.name:<30} {size:>10,} {first_open:>10.2f}s {rate:>10,.0f} {rate * SEQ:>12,.0f} "
+            size = sum(len(p.source) for p in loader.parts)
+            print(f"{name:<30} {size:>10,} {first_open[name]:>10.2f}s {rate:>10,.0f} {rate * SEQ:>12,.0f} "
                   f"{build * 1e3:>8.2f}ms")
+            loader.close()
 
         print(f"\nseek: open_stage + first batch_at, median of {rounds} rounds of {repeats}")
         print(f"{'source':<30} {'offset 0':>10} {'offset 1e8':>11} {'1e8 / 0':>8}")
@@ -241,25 +298,27 @@ def main() -> None:
         print("\nthe loader's own cost: batch_at of the token folder / a bare np.memmap read of the same files, "
               "interleaved batch by batch")
         for seq, rows in ((256, 8), (SEQ, 32)):
-            ours, bare, top = against_memmap(root, seq, rows, 5 if args.smoke else 200, rng, args.profile)
-            print(f"  {rows} × {seq}: loader {ours:,.0f} samples/s, bare memmap {bare:,.0f} samples/s: "
-                  f"loader / bare = {ours / bare:.2f}")
+            got, top = against_memmap(root, seq, rows, 5 if args.smoke else 300, rng, args.profile)
+            print(f"  {rows} × {seq}: loader {got['loader']:,.0f} samples/s, bare memmap {got['bare']:,.0f} samples/s: "
+                  f"loader / bare = {got['wall']:.2f} (median of paired batches {got['paired wall']:.2f}; "
+                  f"by CPU s {got['cpu']:.2f}, paired {got['paired cpu']:.2f})")
             if top:
                 print("  the loader's top functions by own time (ncalls tottime percall cumtime percall):")
                 print("\n".join("    " + line.strip() for line in top.splitlines()))
 
-        model = SMOKE_MODEL if args.smoke else []   # the curriculum's model, in --smoke a smaller one
-        train_rate = train_tokens_per_second(1 if args.smoke else 2 if args.quick else 8, model)
         loop_steps = 1 if args.smoke else 3 if args.quick else 10
         print(f"\ntraining loop (curriculum model, token folder, 2 × {SEQ} tokens a step, {loop_steps} steps):")
         for workers in (0, 2):
             wait, step_time = training_loop(root, workers, loop_steps, model)
             print(f"  num_loading_workers = {workers}: waits {wait * 1e3:.2f}ms a step in batch_at, "
                   f"step {step_time * 1e3:.0f}ms")
-        slowest = min(rates.values()) * SEQ
-        print(f"\ntrain_step (curriculum model, 2 × {SEQ} tokens a step): {train_rate:,.0f} tokens/s")
-        print(f"slowest loader: {slowest:,.0f} tokens/s = {slowest / train_rate:,.0f}× what train_step consumes "
-              f"(target >= 20×); seek ratio worst {max(ratios):.3f} (target <= 1.2)")
+        slowest, paired = multiple(wall)
+        _, paired_cpu = multiple(cpu)
+        print(f"\ntrain_step (curriculum model, 2 × {SEQ} tokens a step): {statistics.median(wall['train_step']) * SEQ:,.0f} "
+              f"tokens/s, {statistics.median(cpu['train_step']) * SEQ:,.0f} tokens per CPU s")
+        print(f"slowest loader ({slowest}): {statistics.median(wall[slowest]) * SEQ:,.0f} tokens/s; each round's "
+              f"slowest loader = {paired:,.0f}× what train_step consumes, median of paired rounds (by CPU s "
+              f"{paired_cpu:,.0f}×; target >= 20×); seek ratio worst {max(ratios):.3f} (target <= 1.2)")
 
 
 def training_loop(root: Path, workers: int, steps: int, model: list[str]) -> tuple[float, float]:
