@@ -32,6 +32,7 @@ chooses the plain path by itself: it stays as the reference the tests hold the f
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 import torch.nn.functional as F
@@ -158,6 +159,56 @@ def _compute_dtype(*tensors: torch.Tensor) -> torch.dtype:
     return torch.promote_types(tensors[0].dtype, tensors[1].dtype)
 
 
+class _ChunkBuffers:
+    """The fused loss's per-chunk tensors, made once a call and reused by every chunk.
+
+    A fresh chunk-sized tensor is memory the allocator maps anew (it is above the size malloc keeps for
+    reuse) and the kernel zeroes page by page as it is first written; made once, every later chunk writes
+    into memory already mapped. Each step is the one torch takes with its own temporaries (the same kernels
+    on the same values), so the results are theirs bit for bit.
+    """
+
+    def __init__(self, rows: int, head_shape: torch.Size, dtype: torch.dtype, device: torch.device):
+        vocab, hidden_size = head_shape
+        self.dtype = dtype
+        self.float_logits = torch.empty((rows, vocab), dtype=torch.float32, device=device)
+        self.shifted = torch.empty_like(self.float_logits)   # exp(logits − max): logsumexp's temporary
+        # The matmul's own dtype, where it is below float32: its logits, then the rounded gradient.
+        self.low = None if dtype == torch.float32 else torch.empty((rows, vocab), dtype=dtype, device=device)
+        self.low_head = None if dtype == torch.float32 else \
+            torch.empty((vocab, hidden_size), dtype=dtype, device=device)
+
+    def logits(self, h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """`(h @ w.t()).float()` into the buffer."""
+        rows = h.shape[0]
+        if self.low is None:
+            return torch.mm(h, w.t(), out=self.float_logits[:rows])
+        return self.float_logits[:rows].copy_(torch.mm(h, w.t(), out=self.low[:rows]))
+
+    def logsumexp(self, logits: torch.Tensor) -> torch.Tensor:
+        """`torch.logsumexp(logits, dim=-1)`, its steps with the temporary in the buffer."""
+        maxes = logits.amax(dim=-1, keepdim=True)
+        maxes.masked_fill_(maxes.abs() == math.inf, 0)
+        shifted = torch.sub(logits, maxes, out=self.shifted[:logits.shape[0]]).exp_()
+        return shifted.sum(dim=-1).log_().add_(maxes[:, 0])
+
+    def rounded(self, grad: torch.Tensor) -> torch.Tensor:
+        """`grad.to(dtype)`: itself in float32, else a copy into the buffer."""
+        return grad if self.low is None else self.low[:grad.shape[0]].copy_(grad)
+
+    def product(self, grad: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> None:
+        """`out[:] = grad @ w`, straight into `out` where the dtypes agree."""
+        if out.dtype == grad.dtype:
+            torch.mm(grad, w, out=out)
+        else:
+            out.copy_(grad @ w)
+
+    def head_product(self, grad: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        """`grad.t() @ h` in the matmul's dtype below float32, into the buffer."""
+        assert self.low_head is not None
+        return torch.mm(grad.t(), h, out=self.low_head)
+
+
 class _FusedCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, labels, ignore_index: int, positions: int, scale, wanted: bool):
@@ -167,35 +218,34 @@ class _FusedCrossEntropy(torch.autograd.Function):
         total = torch.zeros((), dtype=torch.float32, device=hidden.device)
         grad_hidden = torch.empty_like(hidden) if want_hidden else None
         grad_weight = None  # float32, summed over chunks
+        buffers = _ChunkBuffers(min(positions, hidden.shape[0]), weight.shape, dtype, hidden.device)
         with torch.autocast(hidden.device.type, enabled=False):  # the dtype is chosen above, once
             w = weight.to(dtype)
             for start in range(0, hidden.shape[0], positions):
                 h = hidden[start:start + positions].to(dtype)
-                logits = (h @ w.t()).float()
+                logits = buffers.logits(h, w)
                 targets = labels[start:start + positions]
                 is_target = targets != ignore_index
                 safe_targets = torch.where(is_target, targets, 0)[:, None]
-                lse = torch.logsumexp(logits, dim=-1)   # one call (its temporary: one more chunk, freed at once)
+                lse = buffers.logsumexp(logits)
                 picked = logits.gather(1, safe_targets)[:, 0]
                 total += torch.where(is_target, lse - picked, 0.0).sum()
                 if not (want_hidden or want_weight):
-                    del logits
                     continue
                 # d(lse − logit[label]) / d logits = softmax − one_hot(label), zero at ignored positions
                 grad = logits.sub_(lse[:, None]).exp_()  # in place: one chunk alive
                 grad.scatter_add_(1, safe_targets, torch.full((h.shape[0], 1), -1.0, device=grad.device))
                 grad *= (scale * is_target)[:, None]
-                grad = grad.to(dtype)  # the gradient of `.float()` rounds back to the matmul's dtype, as the plain path
+                grad = buffers.rounded(grad)  # the gradient of `.float()` rounds back to the matmul's dtype
                 if grad_hidden is not None:   # want_hidden
-                    grad_hidden[start:start + positions] = grad @ w
+                    buffers.product(grad, w, grad_hidden[start:start + positions])
                 if want_weight:
                     if grad_weight is None:
                         grad_weight = (grad.t() @ h).float()
                     elif dtype == torch.float32:
                         grad_weight.addmm_(grad.t(), h)  # into the sum: no product of the head's size made
                     else:  # the matmul's own bf16 product, added in float32 in place (no float32 copy of it)
-                        grad_weight += grad.t() @ h
-                del logits, grad  # before the next chunk's logits are made, not when they replace these
+                        grad_weight += buffers.head_product(grad, h)
         if want_weight and grad_weight is None:  # no positions at all
             grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
         # Gradients, not activations: held from this forward to the backward, which frees them.
