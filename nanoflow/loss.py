@@ -9,9 +9,10 @@ gradient: 4 × 8 × 4096 × 128,256 bytes = 16.8 GB for the float32 copy alone.
 and, in the forward pass, turns each chunk's logits at once into their gradient (softmax − one-hot,
 zero at ignored positions) and multiplies it into the hidden states' and the head's gradients: three
 matmuls a chunk, as the plain path, and one chunk of logits alive at a time. A chunk is sized in bytes
-for the device (`chunk_bytes`): its float32 logits, 64 MiB on a CPU, up to 2 GiB on a GPU (few chunks: each
-chunk's head gradient is a pass over the head's whole size, and each chunk launches its kernels); its
-log-sum-exp is one call over the chunk. The head's gradient is summed over chunks in float32, into one
+for the device (`chunk_bytes`): its float32 logits, 128 MiB on a CPU, up to 2 GiB on a GPU (few chunks: each
+chunk's head gradient is a pass over the head's whole size, and each chunk launches its kernels). The
+chunk's tensors are made once a call and reused; its log-sum-exp is torch's, its temporary in blocks of
+rows (`SCRATCH_BYTES`: few blocks, since on busy cores each operation waits for all its threads). The head's gradient is summed over chunks in float32, into one
 buffer (in place: no product of the head's size is made beyond the matmul's own). Backward only scales the
 kept gradients by the incoming one. Given `grad_scale` — the gradient the caller's backward will bring (the
 step's 1 / target tokens) — the chunk's gradient is scaled before it is rounded and multiplied, as
@@ -37,8 +38,9 @@ import math
 import torch
 import torch.nn.functional as F
 
-CPU_CHUNK_BYTES = 2**26    # float32 logits a chunk on a CPU: 64 MiB (130 positions at vocabulary 128,256)
+CPU_CHUNK_BYTES = 2**27    # float32 logits a chunk on a CPU: 128 MiB (261 positions at vocabulary 128,256)
 GPU_CHUNK_BYTES = 2**31    # ... on a GPU, or 1/32 of its memory if less: 2 GiB (4,186 positions at 128,256)
+SCRATCH_BYTES = 2**25      # float32 a block of the fused loss's logsumexp takes: 32 MiB (few, for busy threads)
 METHODS = ("fused", "plain")
 
 
@@ -172,7 +174,9 @@ class _ChunkBuffers:
         vocab, hidden_size = head_shape
         self.dtype = dtype
         self.float_logits = torch.empty((rows, vocab), dtype=torch.float32, device=device)
-        self.shifted = torch.empty_like(self.float_logits)   # exp(logits − max): logsumexp's temporary
+        # exp(logits − max), logsumexp's temporary, a few rows at a time (at least 2: see `logsumexp`)
+        self.block_rows = max(2, SCRATCH_BYTES // (4 * vocab))
+        self.shifted = torch.empty((min(rows, self.block_rows + 1), vocab), dtype=torch.float32, device=device)
         # The matmul's own dtype, where it is below float32: its logits, then the rounded gradient.
         self.low = None if dtype == torch.float32 else torch.empty((rows, vocab), dtype=dtype, device=device)
         self.low_head = None if dtype == torch.float32 else \
@@ -186,11 +190,24 @@ class _ChunkBuffers:
         return self.float_logits[:rows].copy_(torch.mm(h, w.t(), out=self.low[:rows]))
 
     def logsumexp(self, logits: torch.Tensor) -> torch.Tensor:
-        """`torch.logsumexp(logits, dim=-1)`, its steps with the temporary in the buffer."""
+        """`torch.logsumexp(logits, dim=-1)`: its steps, with its temporary a block of rows at a time.
+
+        Each row's sum is torch's alike for any block of 2 rows or more (a row is summed whole by one
+        thread; only a reduction to a single value is split across threads), so a block never has one row
+        where the chunk has more.
+        """
+        rows = logits.shape[0]
         maxes = logits.amax(dim=-1, keepdim=True)
         maxes.masked_fill_(maxes.abs() == math.inf, 0)
-        shifted = torch.sub(logits, maxes, out=self.shifted[:logits.shape[0]]).exp_()
-        return shifted.sum(dim=-1).log_().add_(maxes[:, 0])
+        sums = torch.empty(rows, dtype=torch.float32, device=logits.device)
+        start = 0
+        while start < rows:
+            end = min(start + self.block_rows, rows)
+            end = rows if rows - end == 1 else end   # no block of one row left behind
+            shifted = torch.sub(logits[start:end], maxes[start:end], out=self.shifted[:end - start]).exp_()
+            torch.sum(shifted, dim=-1, out=sums[start:end])
+            start = end
+        return sums.log_().add_(maxes[:, 0])
 
     def rounded(self, grad: torch.Tensor) -> torch.Tensor:
         """`grad.to(dtype)`: itself in float32, else a copy into the buffer."""
