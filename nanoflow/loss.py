@@ -9,9 +9,10 @@ gradient: 4 × 8 × 4096 × 128,256 bytes = 16.8 GB for the float32 copy alone.
 and, in the forward pass, turns each chunk's logits at once into their gradient (softmax − one-hot,
 zero at ignored positions) and multiplies it into the hidden states' and the head's gradients: three
 matmuls a chunk, as the plain path, and one chunk of logits alive at a time. A chunk is sized in bytes
-for the device (`chunk_bytes`): its float32 logits, 64 MiB on a CPU, up to 2 GiB on a GPU (few chunks: each
-chunk's head gradient is a pass over the head's whole size, and each chunk launches its kernels); its
-log-sum-exp is one call over the chunk. The head's gradient is summed over chunks in float32, into one
+for the device (`chunk_bytes`): its float32 logits, 128 MiB on a CPU, up to 2 GiB on a GPU (few chunks: each
+chunk's head gradient is a pass over the head's whole size, and each chunk launches its kernels). The
+chunk's tensors are made once a call and reused; its log-sum-exp is torch's, its temporary in blocks of
+rows (`SCRATCH_BYTES`: few blocks, since on busy cores each operation waits for all its threads). The head's gradient is summed over chunks in float32, into one
 buffer (in place: no product of the head's size is made beyond the matmul's own). Backward only scales the
 kept gradients by the incoming one. Given `grad_scale` — the gradient the caller's backward will bring (the
 step's 1 / target tokens) — the chunk's gradient is scaled before it is rounded and multiplied, as
@@ -32,12 +33,14 @@ chooses the plain path by itself: it stays as the reference the tests hold the f
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 import torch.nn.functional as F
 
-CPU_CHUNK_BYTES = 2**26    # float32 logits a chunk on a CPU: 64 MiB (130 positions at vocabulary 128,256)
+CPU_CHUNK_BYTES = 2**27    # float32 logits a chunk on a CPU: 128 MiB (261 positions at vocabulary 128,256)
 GPU_CHUNK_BYTES = 2**31    # ... on a GPU, or 1/32 of its memory if less: 2 GiB (4,186 positions at 128,256)
+SCRATCH_BYTES = 2**25      # float32 a block of the fused loss's logsumexp takes: 32 MiB (few, for busy threads)
 METHODS = ("fused", "plain")
 
 
@@ -158,6 +161,71 @@ def _compute_dtype(*tensors: torch.Tensor) -> torch.dtype:
     return torch.promote_types(tensors[0].dtype, tensors[1].dtype)
 
 
+class _ChunkBuffers:
+    """The fused loss's per-chunk tensors, made once a call and reused by every chunk.
+
+    A fresh chunk-sized tensor is memory the allocator maps anew (it is above the size malloc keeps for
+    reuse) and the kernel zeroes page by page as it is first written; made once, every later chunk writes
+    into memory already mapped. Each step is the one torch takes with its own temporaries (the same kernels
+    on the same values), so the results are theirs bit for bit.
+    """
+
+    def __init__(self, rows: int, head_shape: torch.Size, dtype: torch.dtype, device: torch.device):
+        vocab, hidden_size = head_shape
+        self.dtype = dtype
+        self.float_logits = torch.empty((rows, vocab), dtype=torch.float32, device=device)
+        # exp(logits − max), logsumexp's temporary, a few rows at a time (at least 2: see `logsumexp`)
+        self.block_rows = max(2, SCRATCH_BYTES // (4 * vocab))
+        self.shifted = torch.empty((min(rows, self.block_rows + 1), vocab), dtype=torch.float32, device=device)
+        # The matmul's own dtype, where it is below float32: its logits, then the rounded gradient.
+        self.low = None if dtype == torch.float32 else torch.empty((rows, vocab), dtype=dtype, device=device)
+        self.low_head = None if dtype == torch.float32 else \
+            torch.empty((vocab, hidden_size), dtype=dtype, device=device)
+
+    def logits(self, h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """`(h @ w.t()).float()` into the buffer."""
+        rows = h.shape[0]
+        if self.low is None:
+            return torch.mm(h, w.t(), out=self.float_logits[:rows])
+        return self.float_logits[:rows].copy_(torch.mm(h, w.t(), out=self.low[:rows]))
+
+    def logsumexp(self, logits: torch.Tensor) -> torch.Tensor:
+        """`torch.logsumexp(logits, dim=-1)`: its steps, with its temporary a block of rows at a time.
+
+        Each row's sum is torch's alike for any block of 2 rows or more (a row is summed whole by one
+        thread; only a reduction to a single value is split across threads), so a block never has one row
+        where the chunk has more.
+        """
+        rows = logits.shape[0]
+        maxes = logits.amax(dim=-1, keepdim=True)
+        maxes.masked_fill_(maxes.abs() == math.inf, 0)
+        sums = torch.empty(rows, dtype=torch.float32, device=logits.device)
+        start = 0
+        while start < rows:
+            end = min(start + self.block_rows, rows)
+            end = rows if rows - end == 1 else end   # no block of one row left behind
+            shifted = torch.sub(logits[start:end], maxes[start:end], out=self.shifted[:end - start]).exp_()
+            torch.sum(shifted, dim=-1, out=sums[start:end])
+            start = end
+        return sums.log_().add_(maxes[:, 0])
+
+    def rounded(self, grad: torch.Tensor) -> torch.Tensor:
+        """`grad.to(dtype)`: itself in float32, else a copy into the buffer."""
+        return grad if self.low is None else self.low[:grad.shape[0]].copy_(grad)
+
+    def product(self, grad: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> None:
+        """`out[:] = grad @ w`, straight into `out` where the dtypes agree."""
+        if out.dtype == grad.dtype:
+            torch.mm(grad, w, out=out)
+        else:
+            out.copy_(grad @ w)
+
+    def head_product(self, grad: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        """`grad.t() @ h` in the matmul's dtype below float32, into the buffer."""
+        assert self.low_head is not None
+        return torch.mm(grad.t(), h, out=self.low_head)
+
+
 class _FusedCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, labels, ignore_index: int, positions: int, scale, wanted: bool):
@@ -167,35 +235,34 @@ class _FusedCrossEntropy(torch.autograd.Function):
         total = torch.zeros((), dtype=torch.float32, device=hidden.device)
         grad_hidden = torch.empty_like(hidden) if want_hidden else None
         grad_weight = None  # float32, summed over chunks
+        buffers = _ChunkBuffers(min(positions, hidden.shape[0]), weight.shape, dtype, hidden.device)
         with torch.autocast(hidden.device.type, enabled=False):  # the dtype is chosen above, once
             w = weight.to(dtype)
             for start in range(0, hidden.shape[0], positions):
                 h = hidden[start:start + positions].to(dtype)
-                logits = (h @ w.t()).float()
+                logits = buffers.logits(h, w)
                 targets = labels[start:start + positions]
                 is_target = targets != ignore_index
                 safe_targets = torch.where(is_target, targets, 0)[:, None]
-                lse = torch.logsumexp(logits, dim=-1)   # one call (its temporary: one more chunk, freed at once)
+                lse = buffers.logsumexp(logits)
                 picked = logits.gather(1, safe_targets)[:, 0]
                 total += torch.where(is_target, lse - picked, 0.0).sum()
                 if not (want_hidden or want_weight):
-                    del logits
                     continue
                 # d(lse − logit[label]) / d logits = softmax − one_hot(label), zero at ignored positions
                 grad = logits.sub_(lse[:, None]).exp_()  # in place: one chunk alive
                 grad.scatter_add_(1, safe_targets, torch.full((h.shape[0], 1), -1.0, device=grad.device))
                 grad *= (scale * is_target)[:, None]
-                grad = grad.to(dtype)  # the gradient of `.float()` rounds back to the matmul's dtype, as the plain path
+                grad = buffers.rounded(grad)  # the gradient of `.float()` rounds back to the matmul's dtype
                 if grad_hidden is not None:   # want_hidden
-                    grad_hidden[start:start + positions] = grad @ w
+                    buffers.product(grad, w, grad_hidden[start:start + positions])
                 if want_weight:
                     if grad_weight is None:
                         grad_weight = (grad.t() @ h).float()
                     elif dtype == torch.float32:
                         grad_weight.addmm_(grad.t(), h)  # into the sum: no product of the head's size made
                     else:  # the matmul's own bf16 product, added in float32 in place (no float32 copy of it)
-                        grad_weight += grad.t() @ h
-                del logits, grad  # before the next chunk's logits are made, not when they replace these
+                        grad_weight += buffers.head_product(grad, h)
         if want_weight and grad_weight is None:  # no positions at all
             grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
         # Gradients, not activations: held from this forward to the backward, which frees them.

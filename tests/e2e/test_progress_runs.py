@@ -23,7 +23,7 @@ def test_train_logs_the_header_and_writes_the_new_keys_that_report_reads(tmp_pat
     assert lines[1].endswith("; torch's fastest algorithms"), lines[1]
     assert lines[2] == "layout: dp 1 × tp 1 (tp_mode ALL_REDUCE), recompute_layer off, compile off"
     assert lines[3] == "start: fresh start at step 1 of 12"
-    assert lines[4].startswith("loss: fused linear cross-entropy, chunks of 58,254 positions on a CPU"), lines[4]
+    assert lines[4].startswith("loss: fused linear cross-entropy, chunks of 116,508 positions on a CPU"), lines[4]
     # tiny.toml: 4 heads over 2 kv heads of 8 dimensions; torch's dispatcher picks its CPU flash kernel for them
     assert lines[5] == ("attention: scaled_dot_product_attention → flash_attention (float32, head_dim 8, "
                         "grouped-query 4/2 heads)"), lines[5]

@@ -131,7 +131,7 @@ def test_lm_loss_takes_the_path_it_is_asked_for_and_the_header_says_it(monkeypat
     with pytest.raises(ValueError, match="loss method 'auto': expected one of fused, plain"):
         lm_loss(hidden, weight, labels, -100, method="auto")
     assert Llama.loss_method == "fused"
-    assert describe(50_304) == ("fused linear cross-entropy, chunks of 333 positions on a CPU (64 MiB of float32 "
+    assert describe(50_304) == ("fused linear cross-entropy, chunks of 667 positions on a CPU (128 MiB of float32 "
                                 "logits), up to 10,672 on a GPU")
     assert describe(288, "plain") == "plain cross-entropy over the whole micro-batch's logits"
 
@@ -202,3 +202,47 @@ def test_with_the_step_s_grad_scale_the_gradients_are_the_former_chunked_loss_s_
         grad *= (grad_total * is_target)[:, None]
         assert torch.equal(hidden.grad.flatten(0, 1), grad @ weight)
         assert torch.equal(weight.grad, torch.zeros(weight.shape) + grad.t() @ h)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_blocked_logsumexp_is_torch_s_bit_for_bit_whatever_the_blocks(threads, monkeypatch):
+    # Above torch's grain size (32,768 elements) a one-row reduction is split across threads and sums in
+    # another order; the blocks keep at least two rows, so each row is summed as torch.logsumexp sums it.
+    vocab = 40_000
+    logits = torch.randn(12, vocab, generator=torch.Generator().manual_seed(0)) * 4
+    logits[3] = -torch.inf   # a row of -inf: torch's max of it is taken as 0
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for block_rows in (2, 3, 5, 11, 12, 64):   # 12 rows in blocks of 11: the last row joins the block before it
+            monkeypatch.setattr(nanoflow.loss, "SCRATCH_BYTES", 4 * vocab * block_rows)
+            for rows in (12, 7, 1):
+                buffers = nanoflow.loss._ChunkBuffers(rows, torch.Size((vocab, 8)), torch.float32, torch.device("cpu"))
+                assert torch.equal(buffers.logsumexp(logits[:rows]), torch.logsumexp(logits[:rows], dim=-1))
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_the_fused_forward_makes_its_chunk_sized_tensors_once_a_call():
+    # A chunk-sized tensor made per chunk is memory mapped and zeroed anew each time (it is above what
+    # malloc keeps for reuse): the loss makes them once and every chunk writes into them.
+    vocab, positions = 1000, 64
+    hidden, weight = leaves((positions, 8), (vocab, 8))
+    labels = torch.randint(0, vocab, (positions,), generator=torch.Generator().manual_seed(2))
+    made = []
+
+    class CountLarge(torch.utils._python_dispatch.TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            inputs = {t.untyped_storage().data_ptr() for t in torch.utils._pytree.tree_leaves((args, kwargs))
+                      if isinstance(t, torch.Tensor)}
+            out = func(*args, **(kwargs or {}))
+            for t in torch.utils._pytree.tree_leaves(out):   # new memory: not a view of, or written into, an input
+                if isinstance(t, torch.Tensor) and t.numel() >= 4 * vocab \
+                        and t.untyped_storage().data_ptr() not in inputs:
+                    made.append((str(func), t.numel()))
+            return out
+
+    with CountLarge():
+        cross_entropy_sum(hidden, weight, labels, -100, chunk_logits=4 * vocab).backward()   # 16 chunks
+    # the logits' buffer and logsumexp's block, then the head's gradient (the first chunk's product)
+    assert made == [("aten.empty.memory_format", 4 * vocab)] * 2 + [("aten.mm.default", vocab * 8)], made
