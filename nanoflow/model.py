@@ -150,6 +150,12 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + rotate_half(x) * sin
 
 
+def _per_head(table: torch.Tensor) -> torch.Tensor:
+    """cos or sin as `LlamaModel.positions` gives them ([T, head_dim], or [rows, 1, T, head_dim]) laid out to
+    broadcast over [B, T, heads, head_dim]: [T, 1, head_dim], or [rows, T, 1, head_dim]."""
+    return table.unsqueeze(-2) if table.dim() == 2 else table.transpose(1, 2)
+
+
 def architecture(cfg):
     """The family's switches (nanoflow.config.Architecture); a config without them (a bare namespace) is a Llama's."""
     arch = getattr(cfg, "architecture", None)
@@ -186,9 +192,12 @@ class Attention(nn.Module):
         q, k, v = (t.view(B, T, -1, self.head_dim) for t in (q, k, v))
         if self.qk_norm == "head":
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         if self.use_rope:
+            # Rotated in the projections' own [B, T, heads, head_dim] layout, before the transpose: the gradients
+            # of q and k then come back in that layout too, and reach the projections without a copy.
+            cos, sin = _per_head(cos), _per_head(sin)
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         y = causal_attention(q, k, v, documents)  # within each document when the batch packs several
         return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))
 
