@@ -12,7 +12,8 @@ matmuls a chunk, as the plain path, and one chunk of logits alive at a time. A c
 for the device (`chunk_bytes`): its float32 logits, 128 MiB on a CPU, up to 2 GiB on a GPU (few chunks: each
 chunk's head gradient is a pass over the head's whole size, and each chunk launches its kernels). The
 chunk's tensors are made once a call and reused; its log-sum-exp is torch's, its temporary in blocks of
-rows (`SCRATCH_BYTES`: few blocks, since on busy cores each operation waits for all its threads). The head's gradient is summed over chunks in float32, into one
+rows on a CPU (`SCRATCH_BYTES`: few blocks, since on busy cores each operation waits for all its threads), the
+whole chunk on a GPU. The head's gradient is summed over chunks in float32, into one
 buffer (in place: no product of the head's size is made beyond the matmul's own). Backward only scales the
 kept gradients by the incoming one. Given `grad_scale` — the gradient the caller's backward will bring (the
 step's 1 / target tokens) — the chunk's gradient is scaled before it is rounded and multiplied, as
@@ -161,6 +162,12 @@ def _compute_dtype(*tensors: torch.Tensor) -> torch.dtype:
     return torch.promote_types(tensors[0].dtype, tensors[1].dtype)
 
 
+def logsumexp_block_rows(rows: int, vocab_size: int, device: torch.device) -> int:
+    """Rows of a chunk the fused loss's logsumexp takes at once: SCRATCH_BYTES of them on a CPU (at least 2),
+    the whole chunk on a GPU (one kernel a step; its caching allocator reuses the memory anyway)."""
+    return rows if device.type == "cuda" else max(2, SCRATCH_BYTES // (4 * vocab_size))
+
+
 class _ChunkBuffers:
     """The fused loss's per-chunk tensors, made once a call and reused by every chunk.
 
@@ -175,7 +182,7 @@ class _ChunkBuffers:
         self.dtype = dtype
         self.float_logits = torch.empty((rows, vocab), dtype=torch.float32, device=device)
         # exp(logits − max), logsumexp's temporary, a few rows at a time (at least 2: see `logsumexp`)
-        self.block_rows = max(2, SCRATCH_BYTES // (4 * vocab))
+        self.block_rows = logsumexp_block_rows(rows, vocab, device)
         self.shifted = torch.empty((min(rows, self.block_rows + 1), vocab), dtype=torch.float32, device=device)
         # The matmul's own dtype, where it is below float32: its logits, then the rounded gradient.
         self.low = None if dtype == torch.float32 else torch.empty((rows, vocab), dtype=dtype, device=device)

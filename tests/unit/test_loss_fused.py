@@ -246,3 +246,11 @@ def test_the_fused_forward_makes_its_chunk_sized_tensors_once_a_call():
         cross_entropy_sum(hidden, weight, labels, -100, chunk_logits=4 * vocab).backward()   # 16 chunks
     # the logits' buffer and logsumexp's block, then the head's gradient (the first chunk's product)
     assert made == [("aten.empty.memory_format", 4 * vocab)] * 2 + [("aten.mm.default", vocab * 8)], made
+
+
+def test_logsumexp_takes_the_whole_chunk_on_a_gpu_and_blocks_of_rows_on_a_cpu():
+    from nanoflow.loss import SCRATCH_BYTES, logsumexp_block_rows
+
+    assert logsumexp_block_rows(4_186, 128_256, torch.device("cuda")) == 4_186
+    assert logsumexp_block_rows(261, 128_256, torch.device("cpu")) == SCRATCH_BYTES // (4 * 128_256) == 65
+    assert logsumexp_block_rows(261, 20_000_000, torch.device("cpu")) == 2   # never one row: see the block test
