@@ -178,16 +178,14 @@ class _ChunkBuffers:
     """
 
     def __init__(self, rows: int, head_shape: torch.Size, dtype: torch.dtype, device: torch.device):
-        vocab, hidden_size = head_shape
-        self.dtype = dtype
+        vocab = head_shape[0]
         self.float_logits = torch.empty((rows, vocab), dtype=torch.float32, device=device)
         # exp(logits − max), logsumexp's temporary, a few rows at a time (at least 2: see `logsumexp`)
         self.block_rows = logsumexp_block_rows(rows, vocab, device)
         self.shifted = torch.empty((min(rows, self.block_rows + 1), vocab), dtype=torch.float32, device=device)
         # The matmul's own dtype, where it is below float32: its logits, then the rounded gradient.
         self.low = None if dtype == torch.float32 else torch.empty((rows, vocab), dtype=dtype, device=device)
-        self.low_head = None if dtype == torch.float32 else \
-            torch.empty((vocab, hidden_size), dtype=dtype, device=device)
+        self.low_head: torch.Tensor | None = None   # the head's size: made by the second chunk, if one comes
 
     def logits(self, h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         """`(h @ w.t()).float()` into the buffer."""
@@ -229,7 +227,8 @@ class _ChunkBuffers:
 
     def head_product(self, grad: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
         """`grad.t() @ h` in the matmul's dtype below float32, into the buffer."""
-        assert self.low_head is not None
+        if self.low_head is None:
+            self.low_head = grad.new_empty((grad.shape[1], h.shape[1]))
         return torch.mm(grad.t(), h, out=self.low_head)
 
 
