@@ -5,16 +5,18 @@ the former chunked loss (the head's matmul redone in backward), at several vocab
 
 Time: forward + backward of the whole model (Llama, 256 hidden, 688 intermediate, 4 layers, 4 heads)
 on `--batch` × `--sequence` tokens, with each loss, rounds interleaved (the order reversed every
-other round), after one warm-up round; the median. Memory: the loss alone (the final hidden states
-and the head as leaves, forward + backward), in one process started with MALLOC_MMAP_THRESHOLD_ so
-that freed tensors leave the resident set, the resident set's peak reset before each measurement;
-peak − before, the least of the rounds. Ratios are to the plain path.
+other round), after one warm-up round; the medians of wall and CPU seconds. Memory: the loss alone (the
+final hidden states and the head as leaves, forward + backward), in a process of its own started with
+MALLOC_MMAP_THRESHOLD_ so that freed tensors leave the resident set (not timed: there every tensor is a
+mapping of its own), the resident set's peak reset before each measurement; peak − before, the least of
+the rounds. Ratios are to the plain path.
 """
 
 from __future__ import annotations
 
 import argparse
 import ctypes
+import json
 import os
 import platform
 import statistics
@@ -104,7 +106,8 @@ def model_for(vocab: int, sequence: int):
     return model
 
 
-def measure(vocab: int, args) -> dict:
+def measure_time(vocab: int, args) -> dict:
+    """Each loss's median forward + backward time of the whole model: wall and CPU seconds."""
     import torch
 
     losses = paths()
@@ -113,18 +116,29 @@ def measure(vocab: int, args) -> dict:
     labels = torch.randint(0, vocab, (args.batch, args.sequence), generator=generator)
     model = model_for(vocab, args.sequence)
     times = {name: [] for name in losses}
+    cpu = {name: [] for name in losses}
     for round_ in range(args.rounds + 1):  # round 0 warms up
         for name in (list(losses) if round_ % 2 else list(losses)[::-1]):
             model.zero_grad(set_to_none=True)
-            started = time.perf_counter()
+            started, started_cpu = time.perf_counter(), time.process_time()
             hidden = model.model(ids)
             losses[name](hidden, model.lm_head.weight, labels, -100).backward()
             if round_:
                 times[name].append(time.perf_counter() - started)
-    del model
+                cpu[name].append(time.process_time() - started_cpu)
+    return {name: (statistics.median(times[name]), statistics.median(cpu[name])) for name in losses}
+
+
+def measure_memory(vocab: int, args) -> dict:
+    """Each loss's own peak resident set (the least of the rounds), in a process whose freed tensors leave
+    the set (MALLOC_MMAP_THRESHOLD_: every tensor its own mapping, so this process is not timed)."""
+    import torch
+
+    losses = paths()
+    generator = torch.Generator().manual_seed(1)
+    flat = torch.randint(0, vocab, (args.batch * args.sequence,), generator=generator)
     hidden = torch.randn(args.batch * args.sequence, 256, generator=generator).requires_grad_()
     weight = (torch.randn(vocab, 256, generator=generator) * 0.02).requires_grad_()
-    flat = labels.flatten()
     peaks = {name: [] for name in losses}
     for round_ in range(args.rounds):
         for name in (list(losses) if round_ % 2 else list(losses)[::-1]):
@@ -132,7 +146,7 @@ def measure(vocab: int, args) -> dict:
             before = reset_peak()
             losses[name](hidden, weight, flat, -100).backward()
             peaks[name].append(status("VmHWM") - before)
-    return {name: (statistics.median(times[name]), min(peaks[name])) for name in losses}
+    return {name: min(peaks[name]) for name in losses}
 
 
 def main() -> int:
@@ -143,28 +157,38 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--sequence", type=int, default=256)
     parser.add_argument("--smoke", action="store_true", help="vocab 288 and 2,048, 1 thread, 1 round, 2 × 32 (a smoke test)")
+    parser.add_argument("--memory-child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.smoke:
         args.vocab, args.threads, args.rounds, args.batch, args.sequence = "288,2048", "1", 1, 2, 32
-    if os.environ.get("MALLOC_MMAP_THRESHOLD_") is None:  # freed tensors must leave the resident set
-        env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
-        return subprocess.run([sys.executable, *sys.argv], env=env, check=False).returncode
     import torch
 
     vocabs = [int(v) for v in args.vocab.split(",")]
+    if args.memory_child:   # one JSON line: vocabulary → {loss: bytes}
+        print(json.dumps({vocab: measure_memory(vocab, args) for vocab in vocabs}))
+        return 0
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}   # freed tensors must leave the resident set
+    child = subprocess.run([sys.executable, *sys.argv, "--memory-child", "--threads", "1"], env=env, check=False,
+                           capture_output=True, text=True)
+    if child.returncode:
+        raise SystemExit(f"the memory measurement's process failed:\n{child.stderr[-3000:]}")
+    memory = {int(vocab): peaks for vocab, peaks in json.loads(child.stdout.splitlines()[-1]).items()}
     print(f"torch {torch.__version__}, {os.cpu_count()} CPU cores ({platform.processor() or platform.machine()}), "
           f"load average {os.getloadavg()[0]:.1f} at the start; {args.batch} × {args.sequence} positions, float32, "
-          f"{args.rounds} rounds\n")
+          f"{args.rounds} rounds; time: wall seconds, medians (CPU seconds: the last columns)\n")
     print("| threads | vocab | plain s | fused s | chunked s | fused / plain | chunked / plain "
-          "| plain MB | fused MB | chunked MB | fused / plain | chunked / plain |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "| plain MB | fused MB | chunked MB | fused / plain | chunked / plain "
+          "| fused / plain, CPU s | chunked / plain, CPU s |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for threads in (int(t) for t in args.threads.split(",")):
         torch.set_num_threads(threads)
         for vocab in vocabs:
-            r = measure(vocab, args)
-            (tp, mp), (tf, mf), (tc, mc) = r["plain"], r["fused"], r["chunked"]
+            r = measure_time(vocab, args)
+            (tp, cp), (tf, cf), (tc, cc) = r["plain"], r["fused"], r["chunked"]
+            mp, mf, mc = (memory[vocab][name] for name in ("plain", "fused", "chunked"))
             print(f"| {threads} | {vocab:,} | {tp:.3f} | {tf:.3f} | {tc:.3f} | {tf / tp:.2f} | {tc / tp:.2f} "
-                  f"| {mp / MB:,.0f} | {mf / MB:,.0f} | {mc / MB:,.0f} | {mf / mp:.3f} | {mc / mp:.3f} |", flush=True)
+                  f"| {mp / MB:,.0f} | {mf / MB:,.0f} | {mc / MB:,.0f} | {mf / mp:.3f} | {mc / mp:.3f} "
+                  f"| {cf / cp:.2f} | {cc / cp:.2f} |", flush=True)
     print(f"\nload average {os.getloadavg()[0]:.1f} at the end")
     return 0
 
